@@ -1,0 +1,50 @@
+"""The exporter assembled: store, ingestion, watcher and HTTP server."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from grpo_monitor.config import ExporterConfig
+from grpo_monitor.health import ExporterHealth
+from grpo_monitor.http import ExporterServer
+from grpo_monitor.ingest import Ingestor
+from grpo_monitor.store import RunStore
+from grpo_monitor.watch import SnapshotWatcher
+
+
+class Exporter:
+    def __init__(self, config: ExporterConfig) -> None:
+        self.config = config
+        self.store = RunStore(config.limits)
+        self.health = ExporterHealth()
+        self.ingestor = Ingestor(
+            config.snapshot_dir.absolute(), self.store, self.health,
+            max_file_bytes=config.max_file_bytes, max_line_bytes=config.max_line_bytes)
+        self.watcher = SnapshotWatcher(
+            self.ingestor, poll=config.poll, poll_interval=config.poll_interval,
+            rescan_interval=config.rescan_interval, run_timeout=config.run_timeout)
+        self.server = ExporterServer(config.listen_address, self.metrics, self.watcher.ready.is_set)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def metrics(self) -> bytes:
+        """One scrape: the run families (pre-rendered) and the exporter's own health."""
+        body = "".join(self.store.render()).encode()
+        return body + generate_latest(self.health.registry)
+
+    def start(self) -> "Exporter":
+        self.watcher.start()
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.watcher.stop()
+
+    def __enter__(self) -> "Exporter":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

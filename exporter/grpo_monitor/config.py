@@ -1,0 +1,52 @@
+"""Exporter settings and the Prometheus-style value syntaxes of their flags."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_monitor.store import Limits
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_BYTES = re.compile(r"(\d+)\s*([KMGT]i?B|B)?", re.IGNORECASE)
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Prometheus duration such as ``90s``, ``1h30m`` or ``500ms``."""
+    text = text.strip()
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h30m)")
+    return total
+
+
+def parse_bytes(text: str) -> int:
+    """Bytes in ``16MiB``, ``512KB`` or a plain integer."""
+    m = _BYTES.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 16MiB, 512KB)")
+    return int(m.group(1)) * _BYTE_UNITS[(m.group(2) or "b").lower()]
+
+
+@dataclass
+class ExporterConfig:
+    snapshot_dir: Path
+    listen_address: str = ":9400"
+    poll: bool = False
+    poll_interval: float = 1.0
+    rescan_interval: float = 30.0
+    # An hour: ten 6-minute steps of a large run, far beyond the stall alerts' windows, so a
+    # stalled run is alerted on long before it leaves /metrics.
+    run_timeout: float = 3600.0
+    max_file_bytes: int = 16 * 2**20
+    max_line_bytes: int = 2**20
+    limits: Limits = field(default_factory=Limits)

@@ -1,0 +1,77 @@
+"""Prometheus text exposition (format 0.0.4) for the per-run families.
+
+prometheus-client renders about 80k samples/s here, so 1024 ranks x the full signal set (24.5k
+series) would cost ~300 ms a scrape. Instead each (run, rank) keeps its sample lines rendered
+once when its snapshot arrives, and a scrape only joins cached strings family by family (the
+format requires one family's samples to be contiguous). See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from grpo_monitor.keys import SIGNALS
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    type: str  # "gauge" or "counter"
+    help: str
+
+    def header(self) -> str:
+        return f"# HELP {self.name} {escape_help(self.help)}\n# TYPE {self.name} {self.type}\n"
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def format_value(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if value == math.inf:
+        return "+Inf"
+    if value == -math.inf:
+        return "-Inf"
+    return repr(float(value))
+
+
+def labels(**pairs: str) -> str:
+    """``{a="x",b="y"}`` for the given label pairs, values escaped, order kept."""
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs.items()) + "}"
+
+
+# Families whose series carry the labels run and rank (and prompt_type, quantile, key, ...).
+STEP = Family("grpo_step", "gauge", "Training step of the newest snapshot.")
+LAST_SNAPSHOT = Family(
+    "grpo_last_snapshot_timestamp_seconds", "gauge",
+    "Trainer clock (unix seconds) of the newest snapshot; the file's mtime when it has no time.")
+WORLD_SIZE = Family("grpo_world_size", "gauge", "Number of ranks the trainer reports.")
+UNKNOWN_VALUE = Family(
+    "grpo_metric_value", "gauge",
+    "A numeric snapshot key outside the canonical set, labelled by key (capped per run).")
+NONFINITE = Family(
+    "grpo_nonfinite_values_total", "counter",
+    "NaN or infinite values seen in snapshots, by canonical key.")
+EVENTS = Family("grpo_events_total", "counter", "Trainer events seen in snapshots, by type.")
+CARDINALITY_DROPPED = Family(
+    "grpo_cardinality_dropped_total", "counter",
+    "Values not exported because a per-run cardinality cap was reached, by kind.")
+
+# One Family per distinct metric name, in catalog order; the quantile signals share theirs.
+# Families with a `quantile` label are typed summary (quantiles only, no _sum/_count): they
+# are the quantiles of the step's observations, and promtool rejects the label on a gauge.
+SIGNAL_FAMILIES: dict[str, Family] = {}
+for _s in SIGNALS:
+    unit = "" if _s.unit in ("ratio", "seconds", "tokens") else f" Unit: {_s.unit}."
+    kind = "summary" if any(k == "quantile" for k, _ in _s.labels) else "gauge"
+    SIGNAL_FAMILIES.setdefault(_s.metric, Family(_s.metric, kind, _s.help + unit))
+
+RANK_FAMILIES: tuple[Family, ...] = (
+    STEP, LAST_SNAPSHOT, WORLD_SIZE, *SIGNAL_FAMILIES.values(), UNKNOWN_VALUE, NONFINITE, EVENTS)

@@ -1,0 +1,70 @@
+"""The exporter's own health series, on a private prometheus-client registry."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from grpo_monitor import __version__
+
+# Why input could not be used (the `reason` label), what happened, and what is kept of it.
+# Every reason is pre-declared at 0 so that `increase(grpo_snapshot_errors_total[5m])` works
+# from the first error on.
+ERROR_REASONS: dict[str, tuple[str, str]] = {
+    "read_error": ("open/stat/read failed: permissions, a symlink loop, an I/O error",
+                   "nothing; read again when the file changes"),
+    "oversized": ("a `*.json` file over `--snapshot.max-file-bytes`, or a `*.jsonl` line over "
+                  "`--snapshot.max-line-bytes`", "the other lines"),
+    "invalid_json": ("not JSON, or not UTF-8", "the other lines"),
+    "incomplete": ("a `*.json` file that ends mid-document (most likely still being written)",
+                   "nothing yet; read again on its next change"),
+    "invalid_record": ("JSON, but not a usable record: not an object, no integer `step` >= 0, a "
+                       "wrong type in the envelope", "the other lines"),
+    "invalid_value": ("one metric value that is not a number (a list, a word)", "the rest of the record"),
+    "invalid_key": ("an empty or over-long (> 200 characters) metric key", "the rest of the record"),
+    "invalid_samples": ("a malformed `samples` list", "the record's metrics"),
+    "invalid_events": ("a malformed `events` list", "the record's metrics"),
+    "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),
+    "dir_missing": ("the snapshot folder disappeared (counted once per disappearance)",
+                    "everything read so far; the folder is watched again when it returns"),
+}
+SHAPES: tuple[str, ...] = ("native", "verl", "flat")
+
+
+class ExporterHealth:
+    def __init__(self) -> None:
+        # *_created series double the exporter's own series for no use in PromQL; node_exporter
+        # and most Go exporters do not expose them either.
+        disable_created_metrics()
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        Info("grpo_exporter_build", "grpo-monitor build information.", registry=self.registry).info(
+            {"version": __version__})
+        self.ingested = Counter(
+            "grpo_snapshots_ingested", "Snapshot records ingested, by record shape.", ["shape"],
+            registry=self.registry)
+        self.errors = Counter(
+            "grpo_snapshot_errors", "Snapshot input that could not be used (in part or whole), by reason.",
+            ["reason"], registry=self.registry)
+        self.files = Gauge(
+            "grpo_snapshot_files", "Snapshot files the exporter is following.", registry=self.registry)
+        self.runs = Gauge(
+            "grpo_runs", "Runs currently exported (not expired).", registry=self.registry)
+        self.ready = Gauge(
+            "grpo_exporter_ready", "1 once the snapshots already on disk at start-up are replayed.",
+            registry=self.registry)
+        self.expired = Counter(
+            "grpo_runs_expired", "Runs dropped from /metrics after no snapshot for --snapshot.run-timeout.",
+            registry=self.registry)
+        for shape in SHAPES:
+            self.ingested.labels(shape)
+        for reason in ERROR_REASONS:
+            self.errors.labels(reason)

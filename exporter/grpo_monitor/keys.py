@@ -1,0 +1,122 @@
+"""The canonical signal keys of snapshot contract v1, their aliases and their metric names.
+
+This table is the single source of truth for three public interfaces: the keys a trainer may
+write, the alias names of TRL / verl / OpenRLHF / the seeds that map onto them, and the
+Prometheus series each key becomes. docs/metrics.md is generated from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One canonical key and the series it is exported as."""
+
+    key: str
+    metric: str
+    help: str
+    unit: str
+    aliases: tuple[str, ...] = ()
+    # Extra constant labels, e.g. {"quantile": "0.95"} for the quantile families.
+    labels: tuple[tuple[str, str], ...] = field(default=())
+
+
+SIGNALS: tuple[Signal, ...] = (
+    # Reward feedback (seed 000 §2.2).
+    Signal("reward/mean", "grpo_reward_mean", "Mean reward over the step's rollouts.", "reward",
+           ("reward_mean", "reward", "critic/score/mean", "rollout/reward_mean")),
+    Signal("reward/std", "grpo_reward_std", "Standard deviation of the step's rewards.", "reward",
+           ("reward_std", "rollout/reward_std", "critic/score/std")),
+    Signal("reward/min", "grpo_reward_min", "Smallest reward of the step.", "reward",
+           ("reward_min", "critic/score/min")),
+    Signal("reward/max", "grpo_reward_max", "Largest reward of the step.", "reward",
+           ("reward_max", "critic/score/max")),
+    Signal("reward/p25", "grpo_reward_quantile", "Reward quantiles of the step.", "reward",
+           ("reward_p25", "reward_quantiles/25"), (("quantile", "0.25"),)),
+    Signal("reward/p50", "grpo_reward_quantile", "Reward quantiles of the step.", "reward",
+           ("reward/median", "reward_median", "reward_p50", "reward_quantiles/50"),
+           (("quantile", "0.5"),)),
+    Signal("reward/p75", "grpo_reward_quantile", "Reward quantiles of the step.", "reward",
+           ("reward_p75", "reward_quantiles/75"), (("quantile", "0.75"),)),
+    Signal("reward/p95", "grpo_reward_quantile", "Reward quantiles of the step.", "reward",
+           ("reward_p95", "reward_quantiles/95"), (("quantile", "0.95"),)),
+    Signal("group/reward_gap", "grpo_group_reward_gap",
+           "Mean over prompt groups of the max - min reward within the group.", "reward",
+           ("group_reward_gap",)),
+    Signal("group/reward_std", "grpo_group_reward_std",
+           "Mean over prompt groups of the reward standard deviation within the group.", "reward",
+           ("group_reward_std",)),
+    Signal("group/zero_std_frac", "grpo_group_zero_std_ratio",
+           "Fraction of prompt groups whose rewards are all equal (zero advantage).", "ratio",
+           ("frac_reward_zero_std", "group_zero_std_frac")),
+    Signal("adv/mean_abs", "grpo_advantage_abs_mean", "Mean absolute group-normalised advantage.",
+           "advantage", ("advantage_mean_abs", "adv_abs_mean")),
+    # Distribution stability (seed 000 §2.3).
+    Signal("kl/mean", "grpo_kl_mean", "Mean KL divergence of the policy to the reference model.",
+           "nats", ("kl_mean", "kl", "actor/kl_loss")),
+    Signal("kl/p50", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
+           "nats", ("kl_p50",), (("quantile", "0.5"),)),
+    Signal("kl/p95", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
+           "nats", ("kl_p95",), (("quantile", "0.95"),)),
+    Signal("kl/p99", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
+           "nats", ("kl_p99",), (("quantile", "0.99"),)),
+    Signal("kl/max", "grpo_kl_max", "Largest per-sequence KL to the reference.", "nats",
+           ("kl_max",)),
+    # Policy behaviour (seed 000 §2.1).
+    Signal("entropy/mean", "grpo_entropy_mean", "Mean token entropy of the policy.", "nats",
+           ("entropy", "entropy_mean", "actor/entropy")),
+    Signal("response/len_mean", "grpo_response_length_mean_tokens", "Mean response length.",
+           "tokens", ("response_len_mean", "completions/mean_length", "response_length/mean", "response_length")),
+    Signal("response/len_max", "grpo_response_length_max_tokens", "Longest response length.",
+           "tokens", ("response_len_max", "completions/max_length", "response_length/max")),
+    Signal("response/clip_ratio", "grpo_response_truncated_ratio",
+           "Fraction of responses cut at the generation length limit.", "ratio",
+           ("response_clip_ratio", "completions/clipped_ratio", "response_length/clip_ratio")),
+    Signal("policy/clip_frac", "grpo_policy_clip_ratio",
+           "Fraction of tokens whose probability ratio hit the PPO clip range.", "ratio",
+           ("clip_frac", "clip_ratio/region_mean", "actor/pg_clipfrac")),
+    # Training mechanics.
+    Signal("loss", "grpo_loss", "Policy loss.", "loss", ("actor/pg_loss", "policy_loss")),
+    Signal("grad/norm", "grpo_grad_norm", "Gradient norm before clipping.", "norm",
+           ("grad_norm", "grad/grad_norm", "actor/grad_norm")),
+    Signal("train/lr", "grpo_learning_rate", "Learning rate.", "rate",
+           ("lr", "learning_rate", "actor/lr", "actor_lr")),
+    Signal("eval/sample_acc", "grpo_sample_accuracy_ratio",
+           "Fraction of sampled responses graded correct by a verifier.", "ratio",
+           ("sample_acc", "eval/sample_accuracy")),
+    # Cluster health from the trainer's side (seed 000 §2.4, §4.5).
+    Signal("perf/step_time_s", "grpo_step_duration_seconds", "Wall time of one training step.",
+           "seconds", ("step_time", "perf/time_per_step", "timing_s/step")),
+    Signal("perf/samples_per_s", "grpo_throughput_samples_per_second", "Training throughput.",
+           "samples/s", ("samples_per_sec", "samples_per_s")),
+    Signal("perf/tokens_per_s", "grpo_throughput_tokens_per_second", "Training throughput.",
+           "tokens/s", ("perf/throughput", "tokens_per_sec")),
+)
+
+SIGNALS_BY_KEY: dict[str, Signal] = {s.key: s for s in SIGNALS}
+
+# alias or canonical key -> canonical key. A canonical key written next to one of its aliases
+# wins (see snapshot.normalize_metrics).
+ALIASES: dict[str, str] = {}
+for _s in SIGNALS:
+    for _a in _s.aliases:
+        if _a in ALIASES or _a in SIGNALS_BY_KEY:
+            raise AssertionError(f"alias {_a!r} is ambiguous")
+        ALIASES[_a] = _s.key
+
+
+def canonical_key(name: str) -> str | None:
+    """Return the canonical key for a canonical or alias name, or None for an unknown key.
+
+    Hugging Face's wandb integration prefixes the trainer's keys with ``train/``
+    (``train/reward``, ``train/kl``); such a name maps like the bare one.
+    """
+    if name in SIGNALS_BY_KEY:
+        return name
+    hit = ALIASES.get(name)
+    if hit is None and name.startswith("train/"):
+        bare = name[len("train/"):]
+        hit = bare if bare in SIGNALS_BY_KEY else ALIASES.get(bare)
+    return hit

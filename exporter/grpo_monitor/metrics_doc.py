@@ -1,0 +1,96 @@
+"""Render docs/metrics.md from the code's own catalogs, so the reference cannot drift.
+
+``python -m grpo_monitor.metrics_doc > docs/metrics.md`` (``make docs``); a test fails when the
+committed file differs from this output.
+"""
+
+from __future__ import annotations
+
+from grpo_monitor import exposition as ex
+from grpo_monitor.health import ERROR_REASONS
+from grpo_monitor.keys import SIGNALS
+
+HEADER = """\
+# Metrics reference
+
+Generated from the code by `make docs` (`python -m grpo_monitor.metrics_doc`); do not edit by
+hand. The exporter serves them at `/metrics` (default `:9400`). Names follow Prometheus'
+conventions: the `grpo_` prefix, base units, `_total` for counters, `_ratio` for 0–1 fractions;
+`promtool check metrics` on a scrape prints nothing.
+
+## Labels
+
+| label | meaning |
+|---|---|
+| `run` | the record's `run`, else the first folder under the snapshot folder (`default` at its top) |
+| `rank` | the record's `rank`, else `rank-N` / `rankN` in the file name, else `0` |
+| `prompt_type` | present only on the `by_type` breakdown of a record; absent on the overall value |
+| `quantile` | on the `*_quantile` families (typed `summary`, quantiles only) |
+| `key` | the snapshot key, on the generic and the non-finite families |
+
+Each series holds the newest value its (run, rank[, prompt_type]) reported: a record that leaves
+a key out keeps the key's last value (quantiles logged every 100 steps stay visible). A run
+whose files have not changed for `--snapshot.run-timeout` (default 1h) leaves `/metrics`.
+
+## Training signals
+
+One gauge per canonical snapshot key; the aliases are the names TRL, verl, OpenRLHF and the
+seeds use for the same signal, and a key is also recognised with wandb's `train/` prefix. When a
+record carries both a canonical key and one of its aliases, the canonical key wins.
+
+| metric | labels | unit | canonical key | aliases |
+|---|---|---|---|---|
+"""
+
+RUN_FAMILIES = """
+## Run bookkeeping
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| `{step}` | gauge | run, rank | `step` of the newest record |
+| `{last}` | gauge | run, rank | the record's `time` (trainer clock, unix seconds); the file's mtime when absent |
+| `{world}` | gauge | run, rank | `world_size` as the record states it |
+| `{unknown}` | gauge | run, rank, key[, prompt_type] | any other numeric key, under the per-run cap `--metrics.max-unknown-keys` (default 256) |
+| `{nonfinite}` | counter | run, rank, key | NaN / ±Inf values seen (they are exported as they are, too) |
+| `{events}` | counter | run, rank, type | `events` entries, by `type` (e.g. `checkpoint_save`), capped by `--metrics.max-event-types` |
+| `{dropped}` | counter | run, kind | values a cardinality cap dropped: `unknown_key`, `prompt_type`, `event_type` |
+"""
+
+EXPORTER = """
+## The exporter's own health
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| `grpo_snapshots_ingested_total` | counter | shape | records ingested, by shape: `native`, `verl`, `flat` |
+| `grpo_snapshot_errors_total` | counter | reason | input that could not be used, in part or whole (reasons below) |
+| `grpo_snapshot_files` | gauge | | snapshot files being followed |
+| `grpo_runs` | gauge | | runs currently exported |
+| `grpo_runs_expired_total` | counter | | runs dropped after `--snapshot.run-timeout` |
+| `grpo_exporter_ready` | gauge | | 1 once the files on disk at start-up are replayed (also `/-/ready`) |
+| `grpo_exporter_build_info` | gauge | version | constant 1 |
+| `process_*`, `python_*` | | | prometheus-client's process and platform collectors |
+
+Every error is logged once per file and reason, with the file's name; later ones are counted.
+
+| reason | what happened | what is kept |
+|---|---|---|
+"""
+
+def render() -> str:
+    out = [HEADER]
+    for s in SIGNALS:
+        labels = "run, rank[, prompt_type]" + "".join(f", {k}=\"{v}\"" for k, v in s.labels)
+        aliases = ", ".join(f"`{a}`" for a in s.aliases) or "—"
+        out.append(f"| `{s.metric}` | {labels} | {s.unit} | `{s.key}` | {aliases} |\n")
+    out.append(RUN_FAMILIES.format(
+        step=ex.STEP.name, last=ex.LAST_SNAPSHOT.name, world=ex.WORLD_SIZE.name,
+        unknown=ex.UNKNOWN_VALUE.name, nonfinite=ex.NONFINITE.name, events=ex.EVENTS.name,
+        dropped=ex.CARDINALITY_DROPPED.name))
+    out.append(EXPORTER)
+    for reason, (what, kept) in ERROR_REASONS.items():
+        out.append(f"| `{reason}` | {what} | {kept} |\n")
+    return "".join(out)
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,309 @@
+"""Append a trainer rank's training signals to a JSONL snapshot file (snapshot contract v1).
+
+Why it is shaped this way:
+
+* Whole lines. Each record is encoded to one buffer, newline included, and appended with a
+  single ``os.write`` on an ``O_APPEND`` descriptor: a reader that parses only newline-terminated
+  lines (as the exporter does) never sees half a record, records never interleave, and the
+  trainer never has to coordinate with the exporter.
+* Cheap. ``log()`` runs inside the training loop on every step, so the constant part of the
+  line (run, rank, host) is encoded once and only the step's values go through ``json``.
+* Never raise. A full or broken disk must not kill a week-long run: disk errors and values the
+  encoder cannot handle are counted (``write_errors``, ``dropped_records``), warned about once,
+  and the file is reopened on a later ``log()`` once the disk is back.
+* Bounded. Past ``max_bytes`` the file is renamed to a numbered segment that keeps the
+  ``rank-<N>`` prefix and ``.jsonl`` suffix, so the exporter still reads it as history, and only
+  the newest ``keep_segments`` segments are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+__all__ = ["SnapshotWriter"]
+
+_log = logging.getLogger("grpo_monitor.sdk")
+# A broken disk is retried at most this often, so that it costs no syscall storm per step.
+_RETRY_INTERVAL_S = 1.0
+# O_RDWR, not O_WRONLY: _open reads the last byte of an existing file.
+_OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+def _to_json_value(value: Any) -> Any:
+    # numpy scalars and 0-d tensors have .item(); Mapping views are not dicts to the C encoder.
+    item = getattr(value, "item", None)
+    if item is not None:
+        return item()
+    if isinstance(value, Mapping):
+        return dict(value)
+    return float(value)
+
+
+# allow_nan stays on: NaN / Infinity are training signals and the contract accepts the tokens.
+_encode_json = json.JSONEncoder(separators=(",", ":"), default=_to_json_value).encode
+
+try:
+    import orjson
+
+    _ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+    def _encode(value: Any) -> bytes:
+        # orjson formats floats ~15x faster than json (shortest round-trip, lossless), but
+        # writes NaN / Infinity as null; a null in its output sends the value down the json
+        # path, which writes the tokens the contract reads as signals.
+        data = orjson.dumps(value, default=_to_json_value, option=_ORJSON_OPTIONS)
+        return _encode_json(value).encode() if b"null" in data else data
+except ImportError:  # orjson is a dependency, but the SDK must not break without it
+
+    def _encode(value: Any) -> bytes:
+        return _encode_json(value).encode()
+
+
+def _dist_rank_and_world_size() -> tuple[int, int] | None:
+    # Only consult torch.distributed when the trainer already imported it: importing the SDK
+    # must never pull in torch.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip():
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+    return None
+
+
+class SnapshotWriter:
+    """Append one JSON record per ``log()`` call to ``<snapshot_dir>/<run>/rank-<N>.jsonl``.
+
+    ``rank`` / ``world_size`` default to ``torch.distributed`` when it is imported and
+    initialised, else to the ``RANK`` (then ``LOCAL_RANK``) and ``WORLD_SIZE`` environment
+    variables, else 0 and 1. Disk errors never raise: see ``write_errors`` and
+    ``dropped_records``.
+    """
+
+    def __init__(
+        self,
+        snapshot_dir: str | os.PathLike[str],
+        run: str,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        max_bytes: int = 64 * 2**20,
+        keep_segments: int = 16,
+    ) -> None:
+        if not run or run in (".", "..") or "/" in run or os.sep in run:
+            raise ValueError(f"run must be a plain folder name, got {run!r}")
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        if keep_segments < 0:
+            raise ValueError(f"keep_segments must be >= 0, got {keep_segments}")
+
+        dist = _dist_rank_and_world_size() if rank is None or world_size is None else None
+        if rank is None:
+            env_rank = _env_int("RANK", "LOCAL_RANK")
+            rank = dist[0] if dist else (env_rank if env_rank is not None else 0)
+        if world_size is None:
+            env_world = _env_int("WORLD_SIZE")
+            world_size = dist[1] if dist else (env_world if env_world is not None else 1)
+
+        self.run: str = run
+        self.rank: int = int(rank)
+        self.world_size: int = int(world_size)
+        self.local_rank: int | None = _env_int("LOCAL_RANK")
+        self.host: str = socket.gethostname()
+        self.dir: str = os.path.join(os.fspath(snapshot_dir), run)
+        self.path: str = os.path.join(self.dir, f"rank-{self.rank}.jsonl")
+        self.max_bytes: int = max_bytes
+        self.keep_segments: int = keep_segments
+        self.write_errors: int = 0
+        self.dropped_records: int = 0
+
+        header = _encode({
+            "run": self.run, "rank": self.rank, "world_size": self.world_size,
+            "host": self.host, "local_rank": self.local_rank,
+        })
+        self._prefix: bytes = header[:-1] + b',"step":'
+        self._segment_re = re.compile(rf"^rank-{self.rank}\.(\d{{6,}})\.jsonl$")
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._size = 0
+        # Set while the file ends in a fragment without newline (a write cut short): the next
+        # record then starts with "\n", so only the fragment is unreadable, not that record too.
+        self._torn = False
+        self._retry_at = 0.0
+        self._seq = 0
+        self._closed = False
+        self._warned_disk = False
+        self._warned_value = False
+        with self._lock:
+            self._open()
+
+    # -- public surface ---------------------------------------------------------------------
+
+    def log(
+        self,
+        metrics: Mapping[str, float],
+        step: int,
+        *,
+        by_type: Mapping[str, Mapping[str, float]] | None = None,
+        samples: Sequence[Mapping[str, Any]] | None = None,
+        events: Sequence[Mapping[str, Any]] | None = None,
+    ) -> bool:
+        """Append one record; return whether it reached the file. Never raises."""
+        try:
+            parts = [self._prefix, b"%d" % int(step), b',"time":%r,"metrics":' % time.time(),
+                     _encode(metrics)]
+            if by_type is not None:
+                parts += (b',"by_type":', _encode(by_type))
+            if samples is not None:
+                parts += (b',"samples":', _encode(samples))
+            if events is not None:
+                parts += (b',"events":', _encode(events))
+            parts.append(b"}\n")
+            data = b"".join(parts)
+        # The default hook calls the caller's .item() / float(): anything may come out of it,
+        # and a bad value is no reason to stop training.
+        except Exception as exc:  # noqa: BLE001
+            self.dropped_records += 1
+            if not self._warned_value:
+                self._warned_value = True
+                _log.warning("grpo_monitor: dropped a record of %s that cannot be encoded as "
+                             "JSON (%r); further ones are dropped silently", self.path, exc)
+            return False
+        with self._lock:
+            return self._append(data)
+
+    def close(self) -> None:
+        """Close the file; later ``log()`` calls are dropped."""
+        with self._lock:
+            self._closed = True
+            self._close_fd()
+
+    def __enter__(self) -> SnapshotWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # __init__ may have failed before the descriptor existed.
+        if getattr(self, "_fd", None) is not None:
+            self._close_fd()
+
+    # -- internals (called with the lock held) ----------------------------------------------
+
+    def _append(self, data: bytes) -> bool:
+        if self._fd is None and (self._closed or not self._reopen()):
+            self.dropped_records += 1
+            return False
+        if self._size and self._size + len(data) > self.max_bytes and not self._rotate():
+            self.dropped_records += 1
+            return False
+        fd = self._fd
+        assert fd is not None  # _reopen() / _rotate() returned True
+        if self._torn:
+            data = b"\n" + data
+        written = 0
+        try:
+            # A regular file takes the whole buffer in one write unless the disk fills up or a
+            # signal lands; finish the line then rather than leave a fragment.
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError as exc:
+            self._size += written
+            self._torn = self._torn or written > 0
+            self._fail(exc)
+            self.dropped_records += 1
+            return False
+        self._size += written
+        self._torn = False
+        return True
+
+    def _reopen(self) -> bool:
+        if time.monotonic() < self._retry_at:
+            return False
+        return self._open()
+
+    def _open(self) -> bool:
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            fd = os.open(self.path, _OPEN_FLAGS, 0o644)
+        except OSError as exc:
+            self._fail(exc)
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            # A previous process may have died mid-line; do not glue our first record onto it.
+            self._torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        except OSError as exc:
+            os.close(fd)
+            self._fail(exc)
+            return False
+        self._fd, self._size = fd, size
+        return True
+
+    def _rotate(self) -> bool:
+        self._close_fd()
+        try:
+            segments = self._segments()
+            # Continue after the highest segment on disk, or in memory when keep_segments=0
+            # left none there: a name is never reused while an exporter may still track it.
+            self._seq = max(self._seq, segments[-1][0] if segments else 0) + 1
+            name = f"rank-{self.rank}.{self._seq:06d}.jsonl"
+            os.rename(self.path, os.path.join(self.dir, name))
+            segments.append((self._seq, name))
+            for _, old in segments[: max(len(segments) - self.keep_segments, 0)]:
+                try:
+                    os.unlink(os.path.join(self.dir, old))
+                except FileNotFoundError:
+                    pass
+        except OSError as exc:
+            self._fail(exc)
+            return False
+        return self._open()
+
+    def _segments(self) -> list[tuple[int, str]]:
+        found = []
+        with os.scandir(self.dir) as entries:
+            for entry in entries:
+                match = self._segment_re.match(entry.name)
+                if match:
+                    found.append((int(match.group(1)), entry.name))
+        found.sort()
+        return found
+
+    def _fail(self, exc: OSError) -> None:
+        self.write_errors += 1
+        self._close_fd()
+        self._retry_at = time.monotonic() + _RETRY_INTERVAL_S
+        if not self._warned_disk:
+            self._warned_disk = True
+            _log.warning("grpo_monitor: cannot write snapshots to %s (%s); records are dropped "
+                         "and counted, and the file is retried at most every %.0f s",
+                         self.path, exc, _RETRY_INTERVAL_S)
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,177 @@
+"""The latest signals per run and rank, and their pre-rendered exposition.
+
+Written by the single ingest thread, read by scrapes. A snapshot merges into its rank's state
+(a key a record leaves out keeps its last value: quantiles logged every 100 steps stay visible),
+then the rank's sample lines are rendered once; a scrape only joins them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from grpo_monitor import exposition as ex
+from grpo_monitor.keys import SIGNALS
+from grpo_monitor.snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run cardinality caps: a trainer must not be able to blow up Prometheus."""
+
+    max_unknown_keys: int = 256
+    max_prompt_types: int = 32
+    max_event_types: int = 32
+
+
+@dataclass
+class RankState:
+    run: str
+    rank: int
+    step: int = 0
+    time: float = 0.0
+    world_size: int | None = None
+    values: dict[str, float] = field(default_factory=dict)
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)
+    # (key, prompt_type or "") -> value, for keys outside the canonical set.
+    unknown: dict[tuple[str, str], float] = field(default_factory=dict)
+    nonfinite: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    blocks: dict[str, str] = field(default_factory=dict)
+
+    def render(self) -> None:
+        base = f'run="{ex.escape_label(self.run)}",rank="{self.rank}"'
+        out: dict[str, list[str]] = defaultdict(list)
+        out[ex.STEP.name].append(f"{ex.STEP.name}{{{base}}} {self.step}\n")
+        out[ex.LAST_SNAPSHOT.name].append(
+            f"{ex.LAST_SNAPSHOT.name}{{{base}}} {ex.format_value(self.time)}\n")
+        if self.world_size is not None:
+            out[ex.WORLD_SIZE.name].append(f"{ex.WORLD_SIZE.name}{{{base}}} {self.world_size}\n")
+        typed = [(f'{base},prompt_type="{ex.escape_label(t)}"', v) for t, v in self.by_type.items()]
+        for sig in SIGNALS:
+            extra = "".join(f',{k}="{v}"' for k, v in sig.labels)
+            lines = out[sig.metric]
+            if sig.key in self.values:
+                lines.append(f"{sig.metric}{{{base}{extra}}} {ex.format_value(self.values[sig.key])}\n")
+            for lbl, vals in typed:
+                if sig.key in vals:
+                    lines.append(f"{sig.metric}{{{lbl}{extra}}} {ex.format_value(vals[sig.key])}\n")
+        for (key, ptype), value in self.unknown.items():
+            pt = f',prompt_type="{ex.escape_label(ptype)}"' if ptype else ""
+            out[ex.UNKNOWN_VALUE.name].append(
+                f'{ex.UNKNOWN_VALUE.name}{{{base},key="{ex.escape_label(key)}"{pt}}} {ex.format_value(value)}\n')
+        for key, n in self.nonfinite.items():
+            out[ex.NONFINITE.name].append(
+                f'{ex.NONFINITE.name}{{{base},key="{ex.escape_label(key)}"}} {n}\n')
+        for etype, n in self.events.items():
+            out[ex.EVENTS.name].append(f'{ex.EVENTS.name}{{{base},type="{ex.escape_label(etype)}"}} {n}\n')
+        self.blocks = {name: "".join(lines) for name, lines in out.items() if lines}
+
+
+@dataclass
+class RunState:
+    name: str
+    last_write: float = 0.0  # newest mtime of a file that fed this run
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    unknown_keys: set[str] = field(default_factory=set)
+    prompt_types: set[str] = field(default_factory=set)
+    event_types: set[str] = field(default_factory=set)
+    dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    block: str = ""
+
+    def admit(self, kind: str, seen: set[str], name: str, cap: int) -> bool:
+        if name in seen:
+            return True
+        if len(seen) < cap:
+            seen.add(name)
+            return True
+        self.dropped[kind] += 1
+        return False
+
+    def render(self) -> None:
+        name = ex.CARDINALITY_DROPPED.name
+        run = ex.escape_label(self.name)
+        self.block = "".join(f'{name}{{run="{run}",kind="{k}"}} {n}\n' for k, n in self.dropped.items())
+
+
+class RunStore:
+    """Thread-safe map run -> rank -> latest signals."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._runs: dict[str, RunState] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, snap: Snapshot, wrote_at: float) -> None:
+        """Merge one snapshot; ``wrote_at`` is the mtime of the file it came from."""
+        lim = self.limits
+        with self._lock:
+            run = self._runs.get(snap.run)
+            if run is None:
+                run = self._runs[snap.run] = RunState(snap.run)
+                # Pre-declare the kinds so that rate() sees a 0 before the first drop.
+                run.dropped.update({"unknown_key": 0, "prompt_type": 0, "event_type": 0})
+            run.last_write = max(run.last_write, wrote_at)
+            rank = run.ranks.get(snap.rank)
+            if rank is None:
+                rank = run.ranks[snap.rank] = RankState(snap.run, snap.rank)
+            rank.step, rank.time = snap.step, snap.time
+            if snap.world_size is not None:
+                rank.world_size = snap.world_size
+            rank.values.update(snap.metrics)
+            self._count_nonfinite(rank, snap.metrics)
+            for name, value in snap.unknown.items():
+                if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
+                    rank.unknown[(name, "")] = value
+                    self._count_nonfinite(rank, {name: value})
+            for ptype in snap.by_type:  # record order: which types a cap keeps is stable
+                if not run.admit("prompt_type", run.prompt_types, ptype, lim.max_prompt_types):
+                    continue
+                typed = snap.by_type.get(ptype, {})
+                rank.by_type.setdefault(ptype, {}).update(typed)
+                self._count_nonfinite(rank, typed)
+                for name, value in snap.by_type_unknown.get(ptype, {}).items():
+                    if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
+                        rank.unknown[(name, ptype)] = value
+                        self._count_nonfinite(rank, {name: value})
+            for event in snap.events:
+                if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
+                    rank.events[event.type] += 1
+            rank.render()
+            run.render()
+
+    @staticmethod
+    def _count_nonfinite(rank: RankState, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            if not math.isfinite(value):
+                rank.nonfinite[key] += 1
+
+    def expire(self, now: float, timeout: float) -> list[str]:
+        """Drop runs whose files have not been written for ``timeout`` seconds; their names."""
+        with self._lock:
+            gone = [name for name, run in self._runs.items() if now - run.last_write > timeout]
+            for name in gone:
+                del self._runs[name]
+        return gone
+
+    def run_count(self) -> int:
+        with self._lock:
+            return len(self._runs)
+
+    def render(self) -> list[str]:
+        """The exposition text of every run family, as chunks to join."""
+        chunks: list[str] = []
+        with self._lock:
+            ranks = [r for run in self._runs.values() for r in run.ranks.values()]
+            for fam in ex.RANK_FAMILIES:
+                blocks = [b for r in ranks if (b := r.blocks.get(fam.name)) is not None]
+                if blocks:
+                    chunks.append(fam.header())
+                    chunks.extend(blocks)
+            run_blocks = [run.block for run in self._runs.values() if run.block]
+            if run_blocks:
+                chunks.append(ex.CARDINALITY_DROPPED.header())
+                chunks.extend(run_blocks)
+        return chunks

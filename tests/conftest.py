@@ -1,0 +1,103 @@
+"""Shared fixtures: a real exporter on a free loopback port, scraped over real HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from grpo_monitor.app import Exporter
+from grpo_monitor.config import ExporterConfig
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> object:
+    """Poll until ``predicate()`` is truthy; fail with its last value after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
+        time.sleep(interval)
+
+
+def scrape(url: str) -> Samples:
+    """GET /metrics and parse it with prometheus-client's parser: {(name, labels): value}."""
+    resp = requests.get(f"{url}/metrics", timeout=5)
+    resp.raise_for_status()
+    out: Samples = {}
+    for fam in text_string_to_metric_families(resp.text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+class Running:
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+        self.url = exporter.url
+
+    def scrape(self) -> Samples:
+        return scrape(self.url)
+
+    def wait_value(self, name: str, expected: Callable[[float | None], bool] | float,
+                   timeout: float = 10.0, **labels: str) -> float | None:
+        """Scrape until the series has the expected value (or satisfies a predicate)."""
+        check = expected if callable(expected) else (lambda v: v == expected)
+        box: list[float | None] = [None]
+
+        def ok() -> bool:
+            box[0] = value(self.scrape(), name, **labels)
+            return bool(check(box[0]))
+
+        try:
+            wait_for(ok, timeout)
+        except AssertionError:
+            raise AssertionError(f"{name}{labels} = {box[0]!r}, expected {expected!r}") from None
+        return box[0]
+
+    def errors(self, reason: str) -> float:
+        return value(self.scrape(), "grpo_snapshot_errors_total", reason=reason) or 0.0
+
+
+@pytest.fixture
+def snapshot_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "snapshots"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def start_exporter(snapshot_dir: Path) -> Iterator[Callable[..., Running]]:
+    """Start an exporter (several may run, e.g. to test a restart); all stop at teardown."""
+    started: list[Exporter] = []
+
+    def start(**overrides: object) -> Running:
+        # The default rescan interval (30 s) stays: tests must see inotify events work, not the
+        # safety net.
+        config = ExporterConfig(snapshot_dir=snapshot_dir, listen_address="127.0.0.1:0",
+                                **overrides)  # type: ignore[arg-type]
+        exporter = Exporter(config).start()
+        started.append(exporter)
+        wait_for(exporter.watcher.ready.is_set)
+        return Running(exporter)
+
+    yield start
+    for exporter in started:
+        exporter.stop()
+
+
+@pytest.fixture
+def exporter(start_exporter: Callable[..., Running]) -> Running:
+    return start_exporter()

@@ -1,0 +1,48 @@
+"""The built-in synthetic run behind `make demo`, through the real SDK and exporter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import Running, value
+from grpo_monitor.simulate import healthy_run, write_run
+
+
+def test_synthetic_run_reaches_metrics(exporter: Running, snapshot_dir: Path) -> None:
+    write_run(snapshot_dir, "demo", 600, ranks=2, step_seconds=2.0)
+    exporter.wait_value("grpo_step", 600, run="demo", rank="1")
+    exporter.wait_value("grpo_step", 600, run="demo", rank="0")
+    s = exporter.scrape()
+    lbl = {"run": "demo", "rank": "0"}
+    assert 0.35 < value(s, "grpo_reward_mean", **lbl) < 0.6  # type: ignore[operator]
+    assert value(s, "grpo_reward_mean", prompt_type="hard", **lbl) < value(s, "grpo_reward_mean", **lbl)  # type: ignore[operator]
+    assert value(s, "grpo_events_total", type="checkpoint_save", **lbl) == 1
+    # Other ranks report their performance only.
+    assert value(s, "grpo_step_duration_seconds", run="demo", rank="1") is not None
+    assert value(s, "grpo_reward_mean", run="demo", rank="1") is None
+    assert value(s, "grpo_world_size", **lbl) == 2
+
+
+def test_healthy_run_has_the_seed_shape() -> None:
+    steps = list(healthy_run(3000))
+    first, last = steps[0].metrics, steps[-1].metrics
+    # Seed 000 §2.3 and table §3.3: reward rises, KL climbs then flattens, entropy falls
+    # 30-60% and settles, length within ±15%.
+    assert last["reward/mean"] > first["reward/mean"] + 0.3
+    kl = [s.metrics["kl/mean"] for s in steps]
+    assert kl[999] - kl[899] > 3 * (kl[2999] - kl[2899])
+    drop = 1 - last["entropy/mean"] / first["entropy/mean"]
+    assert 0.3 <= drop <= 0.6
+    lengths = [s.metrics["response/len_mean"] for s in steps]
+    assert max(lengths) / min(lengths) < 1.3
+
+
+def test_demo_command_runs_and_exits() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_monitor.cli", "demo", "--exit-after-run", "--steps", "5",
+         "--step-seconds", "0.01", "--web.listen-address", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "scrape http://127.0.0.1:" in proc.stdout
