@@ -64,6 +64,32 @@ CARDINALITY_DROPPED = Family(
     "grpo_cardinality_dropped_total", "counter",
     "Values not exported because a per-run cardinality cap was reached, by kind.")
 
+# Step-window features (signals.py); `key` is the canonical snapshot key.
+BASELINE_READY = Family(
+    "grpo_baseline_ready", "gauge",
+    "1 once the rank's baseline period (--signals.baseline-steps) is complete; cards that compare "
+    "to a baseline wait for it.")
+BASELINE_MEAN = Family("grpo_baseline_mean", "gauge", "Mean of the signal over the baseline period.")
+BASELINE_STDDEV = Family(
+    "grpo_baseline_stddev", "gauge", "Sample standard deviation of the signal over the baseline period.")
+WINDOW_MEAN = Family(
+    "grpo_window_mean", "gauge",
+    "Mean of the signal's last window_steps values, shifted back by offset_steps.")
+GROWTH = Family(
+    "grpo_window_growth_ratio", "gauge",
+    "Growth of the signal's window_steps-step mean over the window before it, both shifted back "
+    "by offset_steps (0.2 = +20% per window).")
+WINDOW_MIN = Family("grpo_window_min", "gauge", "Minimum of the signal's last window_steps values.")
+WINDOW_MAX = Family("grpo_window_max", "gauge", "Maximum of the signal's last window_steps values.")
+RISING = Family(
+    "grpo_rising_windows", "gauge",
+    "Consecutive window_steps-step windows whose mean rose over the one before.")
+WINDOW_NONFINITE = Family(
+    "grpo_window_nonfinite", "gauge", "NaN or infinite values of the signal in its last window_steps steps.")
+FEATURE_FAMILIES: tuple[Family, ...] = (
+    BASELINE_READY, BASELINE_MEAN, BASELINE_STDDEV, WINDOW_MEAN, GROWTH, WINDOW_MIN, WINDOW_MAX, RISING,
+    WINDOW_NONFINITE)
+
 # One Family per distinct metric name, in catalog order; the quantile signals share theirs.
 # Families with a `quantile` label are typed summary (quantiles only, no _sum/_count): they
 # are the quantiles of the step's observations, and promtool rejects the label on a gauge.
@@ -74,4 +100,5 @@ for _s in SIGNALS:
     SIGNAL_FAMILIES.setdefault(_s.metric, Family(_s.metric, kind, _s.help + unit))
 
 RANK_FAMILIES: tuple[Family, ...] = (
-    STEP, LAST_SNAPSHOT, WORLD_SIZE, *SIGNAL_FAMILIES.values(), UNKNOWN_VALUE, NONFINITE, EVENTS)
+    STEP, LAST_SNAPSHOT, WORLD_SIZE, *SIGNAL_FAMILIES.values(), UNKNOWN_VALUE, NONFINITE, EVENTS,
+    *FEATURE_FAMILIES)

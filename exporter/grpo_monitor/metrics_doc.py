@@ -7,6 +7,7 @@ committed file differs from this output.
 from __future__ import annotations
 
 from grpo_monitor import exposition as ex
+from grpo_monitor import signals as sig
 from grpo_monitor.health import ERROR_REASONS
 from grpo_monitor.keys import SIGNALS
 
@@ -56,6 +57,28 @@ RUN_FAMILIES = """
 | `{dropped}` | counter | run, kind | values a cardinality cap dropped: `unknown_key`, `prompt_type`, `event_type` |
 """
 
+FEATURES = """
+## Step-window features
+
+Per (run, rank) and canonical `key`, over the rank's step history (a window counts the key's
+last N logged values; trainers log every step). The alert rules compare them to the thresholds;
+[signals.md](signals.md) explains each and ties it to its seed section.
+
+| metric | labels | meaning |
+|---|---|---|
+| `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default 200) |
+| `{bmean}` | run, rank, key | mean over the baseline period (present once ready) |
+| `{bstd}` | run, rank, key | sample standard deviation over the baseline period |
+| `{wmean}` | run, rank, key, window_steps, offset_steps | mean of the last `window_steps` values, shifted back by `offset_steps`; training keys: {train_means}; `perf/*`: {perf_means} |
+| `{growth}` | run, rank, key, window_steps, offset_steps | growth of the {gw}-step mean over the {gw} steps before it, both shifted back by `offset_steps` ({goffs}); 0.2 = +20% per {gw} steps (training keys) |
+| `{wmin}`, `{wmax}` | run, rank, key, window_steps | min / max of the last `window_steps` values; training keys: {train_ext}; `perf/*`: {perf_ext} |
+| `{rising}` | run, rank, key, window_steps | consecutive {rising_w}-step windows whose mean rose (training keys) |
+| `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
+
+`perf/*` values of steps that carry a `checkpoint_save` (or `checkpoint`, `eval`) event are left
+out of windows and baselines: a save stalls the step, and is no drift (seed 000 §4.5).
+"""
+
 EXPORTER = """
 ## The exporter's own health
 
@@ -76,6 +99,10 @@ Every error is logged once per file and reason, with the file's name; later ones
 |---|---|---|
 """
 
+def _pairs(pairs: tuple[tuple[int, int], ...]) -> str:
+    return ", ".join(f"{w}@{o}" for w, o in pairs) + " (window@offset)"
+
+
 def render() -> str:
     out = [HEADER]
     for s in SIGNALS:
@@ -86,6 +113,15 @@ def render() -> str:
         step=ex.STEP.name, last=ex.LAST_SNAPSHOT.name, world=ex.WORLD_SIZE.name,
         unknown=ex.UNKNOWN_VALUE.name, nonfinite=ex.NONFINITE.name, events=ex.EVENTS.name,
         dropped=ex.CARDINALITY_DROPPED.name))
+    out.append(FEATURES.format(
+        ready=ex.BASELINE_READY.name, bmean=ex.BASELINE_MEAN.name, bstd=ex.BASELINE_STDDEV.name,
+        wmean=ex.WINDOW_MEAN.name, growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,
+        goffs=", ".join(map(str, sig.GROWTH_OFFSETS)), wmin=ex.WINDOW_MIN.name, wmax=ex.WINDOW_MAX.name,
+        rising=ex.RISING.name, nonfinite=ex.WINDOW_NONFINITE.name,
+        train_means=_pairs(sig.TRAINING_MEANS), perf_means=_pairs(sig.PERF_MEANS),
+        train_ext=", ".join(map(str, sig.TRAINING_EXTREMES)),
+        perf_ext=", ".join(map(str, sig.PERF_EXTREMES)), rising_w=sig.RISING_WINDOW,
+        nf_w=sig.NONFINITE_WINDOW))
     out.append(EXPORTER)
     for reason, (what, kept) in ERROR_REASONS.items():
         out.append(f"| `{reason}` | {what} | {kept} |\n")

@@ -14,6 +14,13 @@ from dataclasses import dataclass, field
 
 from grpo_monitor import exposition as ex
 from grpo_monitor.keys import SIGNALS
+from grpo_monitor.signals import (
+    GROWTH_WINDOW,
+    NONFINITE_WINDOW,
+    PAUSE_EVENTS,
+    RISING_WINDOW,
+    RankSignals,
+)
 from grpo_monitor.snapshot import Snapshot
 
 
@@ -24,6 +31,8 @@ class Limits:
     max_unknown_keys: int = 256
     max_prompt_types: int = 32
     max_event_types: int = 32
+    # Not a limit but the one signal setting: the baseline period of seed 000 §3.3.
+    baseline_steps: int = 200
 
 
 @dataclass
@@ -39,6 +48,9 @@ class RankState:
     unknown: dict[tuple[str, str], float] = field(default_factory=dict)
     nonfinite: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    signals: RankSignals = field(default_factory=lambda: RankSignals(200))
+    # A re-baseline asked for a step this rank has not reached yet: (at_step, steps).
+    pending_rebaseline: tuple[int, int] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
 
     def render(self) -> None:
@@ -67,7 +79,35 @@ class RankState:
                 f'{ex.NONFINITE.name}{{{base},key="{ex.escape_label(key)}"}} {n}\n')
         for etype, n in self.events.items():
             out[ex.EVENTS.name].append(f'{ex.EVENTS.name}{{{base},type="{ex.escape_label(etype)}"}} {n}\n')
+        self._render_features(base, out)
         self.blocks = {name: "".join(lines) for name, lines in out.items() if lines}
+
+    def _render_features(self, base: str, out: dict[str, list[str]]) -> None:
+        f = self.signals.features()
+        fv = ex.format_value
+        out[ex.BASELINE_READY.name].append(f"{ex.BASELINE_READY.name}{{{base}}} {int(f.ready)}\n")
+        for key, (mean, std) in f.baseline.items():
+            lbl = f'{base},key="{key}"'
+            out[ex.BASELINE_MEAN.name].append(f"{ex.BASELINE_MEAN.name}{{{lbl}}} {fv(mean)}\n")
+            out[ex.BASELINE_STDDEV.name].append(f"{ex.BASELINE_STDDEV.name}{{{lbl}}} {fv(std)}\n")
+        for key, window, offset, mean in f.means:
+            out[ex.WINDOW_MEAN.name].append(
+                f'{ex.WINDOW_MEAN.name}{{{base},key="{key}",window_steps="{window}",'
+                f'offset_steps="{offset}"}} {fv(mean)}\n')
+        for key, offset, g in f.growth:
+            out[ex.GROWTH.name].append(
+                f'{ex.GROWTH.name}{{{base},key="{key}",window_steps="{GROWTH_WINDOW}",'
+                f'offset_steps="{offset}"}} {fv(g)}\n')
+        for key, window, lo, hi in f.extremes:
+            lbl = f'{base},key="{key}",window_steps="{window}"'
+            out[ex.WINDOW_MIN.name].append(f"{ex.WINDOW_MIN.name}{{{lbl}}} {fv(lo)}\n")
+            out[ex.WINDOW_MAX.name].append(f"{ex.WINDOW_MAX.name}{{{lbl}}} {fv(hi)}\n")
+        for key, n in f.rising.items():
+            out[ex.RISING.name].append(
+                f'{ex.RISING.name}{{{base},key="{key}",window_steps="{RISING_WINDOW}"}} {n}\n')
+        for key, n in f.nonfinite.items():
+            out[ex.WINDOW_NONFINITE.name].append(
+                f'{ex.WINDOW_NONFINITE.name}{{{base},key="{key}",window_steps="{NONFINITE_WINDOW}"}} {n}\n')
 
 
 @dataclass
@@ -79,6 +119,7 @@ class RunState:
     prompt_types: set[str] = field(default_factory=set)
     event_types: set[str] = field(default_factory=set)
     dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    rebaseline: tuple[int, int] | None = None  # (at_step, steps), from the run's control file
     block: str = ""
 
     def admit(self, kind: str, seen: set[str], name: str, cap: int) -> bool:
@@ -116,8 +157,15 @@ class RunStore:
             run.last_write = max(run.last_write, wrote_at)
             rank = run.ranks.get(snap.rank)
             if rank is None:
-                rank = run.ranks[snap.rank] = RankState(snap.run, snap.rank)
+                rank = run.ranks[snap.rank] = RankState(
+                    snap.run, snap.rank, signals=RankSignals(lim.baseline_steps),
+                    pending_rebaseline=run.rebaseline)
             rank.step, rank.time = snap.step, snap.time
+            paused = any(e.type in PAUSE_EVENTS for e in snap.events)
+            rank.signals.add(snap.step, snap.metrics, paused)
+            if rank.pending_rebaseline and snap.step >= rank.pending_rebaseline[0]:
+                rank.signals.rebaseline(rank.pending_rebaseline[1])
+                rank.pending_rebaseline = None
             if snap.world_size is not None:
                 rank.world_size = snap.world_size
             rank.values.update(snap.metrics)
@@ -141,6 +189,25 @@ class RunStore:
                     rank.events[event.type] += 1
             rank.render()
             run.render()
+
+    def rebaseline(self, run_name: str, at_step: int, steps: int) -> None:
+        """Make the ``steps`` values up to ``at_step`` each rank's new baseline.
+
+        A rank already past ``at_step`` takes its last ``steps`` values now; one not there yet
+        (a replay after a restart, or a step in the future) when it gets there.
+        """
+        with self._lock:
+            run = self._runs.get(run_name)
+            if run is None:
+                run = self._runs[run_name] = RunState(run_name)
+            run.rebaseline = (at_step, steps)
+            for rank in run.ranks.values():
+                if rank.step >= at_step:
+                    rank.signals.rebaseline(steps)
+                    rank.pending_rebaseline = None
+                    rank.render()
+                else:
+                    rank.pending_rebaseline = (at_step, steps)
 
     @staticmethod
     def _count_nonfinite(rank: RankState, values: dict[str, float]) -> None:
