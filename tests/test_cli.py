@@ -89,10 +89,14 @@ class Served:
                                      stdout=subprocess.DEVNULL, text=True)
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
-        match = wait_for(lambda: next((m for line in self.log
-                                       if (m := re.search(r"serving (http://\S+)/metrics", line))), None))
-        self.url = match.group(1)  # type: ignore[union-attr]
-        wait_for(lambda: requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200)
+        try:
+            match = wait_for(lambda: next((m for line in self.log
+                                           if (m := re.search(r"serving (http://\S+)/metrics", line))), None))
+            self.url = match.group(1)  # type: ignore[union-attr]
+            wait_for(lambda: requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200)
+        except AssertionError:
+            self.stop()
+            raise AssertionError("grpo-monitor serve did not get ready:\n" + "".join(self.log)) from None
 
     def _read(self) -> None:
         assert self.proc.stderr is not None

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 from conftest import Running, value
-from grpo_monitor.simulate import healthy_run, write_run
+from grpo_monitor.simulate import generate, write_run
 
 
 def test_synthetic_run_reaches_metrics(exporter: Running, snapshot_dir: Path) -> None:
-    write_run(snapshot_dir, "demo", 600, ranks=2, step_seconds=2.0)
+    write_run(snapshot_dir, "demo", "healthy", steps=600, ranks=2, step_seconds=2.0)
     exporter.wait_value("grpo_step", 600, run="demo", rank="1")
     exporter.wait_value("grpo_step", 600, run="demo", rank="0")
     s = exporter.scrape()
@@ -26,7 +26,7 @@ def test_synthetic_run_reaches_metrics(exporter: Running, snapshot_dir: Path) ->
 
 
 def test_healthy_run_has_the_seed_shape() -> None:
-    steps = list(healthy_run(3000))
+    steps = [st.records[0] for st in generate("healthy", steps=3000, ranks=1)]
     first, last = steps[0].metrics, steps[-1].metrics
     # Seed 000 §2.3 and table §3.3: reward rises, KL climbs then flattens, entropy falls
     # 30-60% and settles, length within ±15%.

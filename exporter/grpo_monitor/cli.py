@@ -131,8 +131,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"grpo-monitor demo: snapshots in {config.snapshot_dir}\n"
           f"  scrape {exporter.url}/metrics   (Ctrl-C stops)", flush=True)
     feeder = threading.Thread(
-        target=write_run, args=(config.snapshot_dir, args.run, args.steps),
-        kwargs={"step_seconds": args.step_seconds, "ranks": args.ranks, "realtime": True},
+        target=write_run, args=(config.snapshot_dir, args.run, args.scenario),
+        kwargs={"steps": args.steps, "step_seconds": args.step_seconds, "ranks": args.ranks,
+                "realtime": True},
         daemon=True)
     feeder.start()
     if args.exit_after_run:
@@ -140,6 +141,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         _wait_for_signal()
     exporter.stop()
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Write a synthetic run: healthy, or turning sick mid-run with one of the catalog's sicknesses."""
+    from grpo_monitor.simulate import SCENARIOS, write_run
+
+    if args.list:
+        for sc in SCENARIOS.values():
+            cards = ", ".join(sc.alerts) or "none"
+            print(f"{sc.name:26} {sc.seed_section:18} cards: {cards}\n{'':26} {sc.description}")
+        return 0
+    if args.scenario not in SCENARIOS:
+        print(f"unknown scenario {args.scenario!r}; --list shows them", file=sys.stderr)
+        return 2
+    snapshot_dir = args.__dict__["snapshot.dir"]
+    if snapshot_dir is None:
+        print("--snapshot.dir is required", file=sys.stderr)
+        return 2
+    n = write_run(snapshot_dir, args.run or args.scenario, args.scenario, steps=args.steps,
+                  onset=args.onset, ranks=args.ranks, step_seconds=args.step_seconds,
+                  realtime=args.realtime, seed=args.seed)
+    print(f"wrote {n} steps of {args.scenario!r} for {args.ranks} ranks under "
+          f"{snapshot_dir / (args.run or args.scenario)}")
+    return 0
+
+
+def cmd_rebaseline(args: argparse.Namespace) -> int:
+    """Make a run's last N steps its new baseline (seed 000 §3.3: recalibrate around step 2000)."""
+    from grpo_monitor.rebaseline import request_rebaseline
+
+    snapshot_dir = args.__dict__["snapshot.dir"]
+    if snapshot_dir is None:
+        print("--snapshot.dir is required", file=sys.stderr)
+        return 2
+    try:
+        path, at_step = request_rebaseline(snapshot_dir, args.run, steps=args.steps, at_step=args.at_step)
+    except ValueError as exc:
+        print(f"grpo-monitor rebaseline: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {args.run!r}: the {args.steps} steps up to step {at_step} become the baseline "
+          f"({path}); the exporter applies it on its next read, and after a restart")
     return 0
 
 
@@ -161,11 +204,39 @@ def build_parser() -> argparse.ArgumentParser:
                           "built-in synthetic run.", description=cmd_demo.__doc__)
     _add_serve_flags(demo, dir_required=False)
     demo.add_argument("--run", default="demo", help="Run name (default: demo).")
+    demo.add_argument("--scenario", default="healthy", help="Scenario to play (default: healthy; "
+                      "`grpo-monitor simulate --list` lists them).")
     demo.add_argument("--steps", type=int, default=2000, help="Steps to simulate (default: 2000).")
     demo.add_argument("--step-seconds", type=float, default=1.0, help="Seconds per step (default: 1).")
     demo.add_argument("--ranks", type=int, default=4, help="Ranks to simulate (default: 4).")
     demo.add_argument("--exit-after-run", action="store_true", help="Stop when the run is written.")
     demo.set_defaults(func=cmd_demo)
+
+    sim = sub.add_parser("simulate", help="Write a synthetic run (healthy or sick) to a snapshot folder.",
+                         description=cmd_simulate.__doc__)
+    _add(sim, "--snapshot.dir", "Folder to write the run under.", type=Path)
+    sim.add_argument("--scenario", default="healthy", help="Scenario (default: healthy); --list shows all.")
+    sim.add_argument("--list", action="store_true", help="List the scenarios and the cards each raises.")
+    sim.add_argument("--run", default=None, help="Run name (default: the scenario's name).")
+    sim.add_argument("--steps", type=int, default=None, help="Steps (default: the scenario's).")
+    sim.add_argument("--onset", type=int, default=None, help="Step the sickness starts (default: the scenario's).")
+    sim.add_argument("--ranks", type=int, default=4, help="Ranks (default: 4).")
+    sim.add_argument("--step-seconds", type=float, default=5.0,
+                     help="Seconds per step on the records' clock (default: 5).")
+    sim.add_argument("--realtime", action="store_true",
+                     help="Sleep --step-seconds per step and stamp records with the wall clock; "
+                     "default: write as fast as the disk allows on a simulated clock.")
+    sim.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
+    sim.set_defaults(func=cmd_simulate)
+
+    reb = sub.add_parser("rebaseline", help="Make a run's last N steps its new baseline.",
+                         description=cmd_rebaseline.__doc__)
+    _add(reb, "--snapshot.dir", "The exporter's snapshot folder.", type=Path)
+    reb.add_argument("run", help="Run name (its folder under the snapshot folder).")
+    reb.add_argument("--steps", type=int, default=200, help="Baseline length in steps (default: 200).")
+    reb.add_argument("--at-step", type=int, default=None,
+                     help="Last step of the new baseline (default: the newest step on disk).")
+    reb.set_defaults(func=cmd_rebaseline)
     return parser
 
 

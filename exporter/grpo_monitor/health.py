@@ -32,6 +32,7 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
     "invalid_samples": ("a malformed `samples` list", "the record's metrics"),
     "invalid_events": ("a malformed `events` list", "the record's metrics"),
     "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),
+    "invalid_control": ("a malformed `.grpo-baseline.json` re-baseline request", "the current baseline"),
     "dir_missing": ("the snapshot folder disappeared (counted once per disappearance)",
                     "everything read so far; the folder is watched again when it returns"),
 }

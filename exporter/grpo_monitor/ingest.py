@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_monitor.health import ExporterHealth
+from grpo_monitor.rebaseline import CONTROL_NAME, RebaselineRequest
 from grpo_monitor.snapshot import RecordError, identity_from_path, parse_record
 from grpo_monitor.store import RunStore
 
@@ -69,6 +70,7 @@ class Ingestor:
         # path -> lstat signature when a rescan last looked, so that a rescan re-reads (and
         # re-counts the errors of) only what changed since.
         self._seen: dict[Path, tuple[int, ...]] = {}
+        self._controls: dict[Path, bytes] = {}  # control file -> content last applied
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -111,7 +113,7 @@ class Ingestor:
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in filenames:
                 path = Path(dirpath, name)
-                if not is_snapshot_path(path, self.root):
+                if not (is_snapshot_path(path, self.root) or name == CONTROL_NAME):
                     continue
                 try:
                     mtime = path.stat().st_mtime
@@ -142,6 +144,9 @@ class Ingestor:
 
     def process(self, path: Path) -> None:
         """Read whatever is new in ``path``; safe to call for any path, any number of times."""
+        if path.name == CONTROL_NAME:
+            self._control(path)
+            return
         if not is_snapshot_path(path, self.root):
             return
         try:
@@ -169,6 +174,28 @@ class Ingestor:
                 self._reread(path, state, st)
         except OSError as exc:
             self.error(path, "read_error", os.strerror(exc.errno or errno.EIO))
+
+    def _control(self, path: Path) -> None:
+        """A run's re-baseline request (grpo-monitor rebaseline)."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            self._controls.pop(path, None)
+            return
+        except OSError as exc:
+            self.error(path, "read_error", os.strerror(exc.errno or errno.EIO))
+            return
+        if self._controls.get(path) == data:
+            return
+        try:
+            req = RebaselineRequest.model_validate_json(data)
+        except ValueError as exc:
+            self.error(path, "invalid_control", str(exc).splitlines()[0])
+            return
+        self._controls[path] = data
+        run, _ = identity_from_path(path, self.root)
+        log.info("run %s: re-baseline on the %d steps up to step %d", run, req.steps, req.at_step)
+        self.store.rebaseline(run, req.at_step, req.steps)
 
     def _adopt(self, inode: int) -> FileState | None:
         """The state of a file we know under another name (a rename we did not see)."""

@@ -15,6 +15,7 @@ consecutive rising window means; non-finite values within a window.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -29,7 +30,7 @@ GROWTH_WINDOW = 100  # grpo_window_growth_ratio: mean(100 @ o) / mean(100 @ o+10
 GROWTH_OFFSETS: tuple[int, ...] = (0, 100, 200)
 RISING_WINDOW = 100  # grpo_rising_windows: streak of rising 100-step means
 NONFINITE_WINDOW = 50  # grpo_window_nonfinite
-HISTORY = max(w + o for w, o in TRAINING_MEANS)  # steps kept per key
+HISTORY = max(w + o for w, o in TRAINING_MEANS)  # values kept per key: 400 steps when logged every step
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
 # stalls the step (seed 000 §4.5: filter the save's IO spike before judging throughput).
 PAUSE_EVENTS = ("checkpoint_save", "checkpoint", "eval")
@@ -60,12 +61,36 @@ class Welford:
 
 @dataclass
 class KeyHistory:
+    # Windows are in steps, not in values: a key logged every 100 steps (quantiles, say) has
+    # one value in a 100-step window, not a hundred.
+    steps: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
     values: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    first_step: int | None = None  # since when the history is complete
     nonfinite_steps: deque[int] = field(default_factory=deque)  # steps with a NaN / Inf
     baseline: Welford = field(default_factory=Welford)
     rising: int = 0  # consecutive rising RISING_WINDOW means, judged at each window boundary
     last_block_mean: float | None = None
-    since_block: int = 0
+    block: int | None = None  # step // RISING_WINDOW of the last value
+
+    def restart(self) -> None:
+        """The run went back to an earlier step (resumed from a checkpoint): the windows start
+        over; the baseline stays, it described the same run."""
+        self.steps.clear()
+        self.values.clear()
+        self.nonfinite_steps.clear()
+        self.first_step = None
+        self.rising, self.last_block_mean, self.block = 0, None, None
+
+    def window(self, now: int, window: int, offset: int) -> list[float] | None:
+        """The values of steps (now - offset - window, now - offset]; None while the history
+        does not reach back that far."""
+        start = now - offset - window
+        if self.first_step is None or self.first_step > start + 1 or (
+                len(self.steps) == self.steps.maxlen and self.steps[0] > start + 1):
+            return None
+        steps = list(self.steps)
+        lo, hi = bisect_right(steps, start), bisect_right(steps, now - offset)
+        return list(self.values)[lo:hi] or None
 
 
 @dataclass
@@ -95,48 +120,70 @@ class RankSignals:
     def ready(self) -> bool:
         return self.baseline_from is not None and self.step >= self.baseline_from + self.baseline_steps
 
+    def _history(self, key: str) -> KeyHistory:
+        h = self.keys.get(key)
+        if h is None:
+            h = self.keys[key] = KeyHistory()
+            h.first_step = self.step
+        return h
+
     def add(self, step: int, values: dict[str, float], paused: bool) -> None:
         """One step's canonical values; ``paused``: a checkpoint save or the like happened."""
         if self.first_step is None:
             self.first_step = self.baseline_from = step
+        elif step < self.step:
+            for h in self.keys.values():
+                h.restart()
+                h.first_step = step
         self.step = step
         in_baseline = not self.ready
         for key, value in values.items():
-            h = self.keys.get(key)
-            if h is None:
-                h = self.keys[key] = KeyHistory()
+            h = self._history(key)
             if not math.isfinite(value):
                 h.nonfinite_steps.append(step)
                 continue
             if paused and is_perf(key):
                 continue
+            if h.steps and h.steps[-1] == step:  # a second record for the same step wins
+                h.steps.pop()
+                h.values.pop()
+            self._advance_rising(h, step)
+            h.steps.append(step)
             h.values.append(value)
             if in_baseline:
                 h.baseline.add(value)
-            self._advance_rising(h)
         for h in self.keys.values():
             while h.nonfinite_steps and h.nonfinite_steps[0] <= step - NONFINITE_WINDOW:
                 h.nonfinite_steps.popleft()
 
-    @staticmethod
-    def _advance_rising(h: KeyHistory) -> None:
-        h.since_block += 1
-        if h.since_block < RISING_WINDOW or len(h.values) < RISING_WINDOW:
-            return
-        h.since_block = 0
-        mean = sum(list(h.values)[-RISING_WINDOW:]) / RISING_WINDOW
-        if h.last_block_mean is not None:
-            h.rising = h.rising + 1 if mean > h.last_block_mean else 0
-        h.last_block_mean = mean
+    def note_nonfinite(self, key: str, step: int) -> None:
+        """A NaN / Inf outside the canonical values (an unknown key, a by_type value)."""
+        self._history(key).nonfinite_steps.append(step)
+
+    def _advance_rising(self, h: KeyHistory, step: int) -> None:
+        """At each RISING_WINDOW boundary, compare the finished window's mean to the one before."""
+        block = step // RISING_WINDOW
+        if h.block is not None and block != h.block:
+            done = h.window((h.block + 1) * RISING_WINDOW - 1, RISING_WINDOW, 0)
+            if done is not None:
+                mean = sum(done) / len(done)
+                if h.last_block_mean is not None:
+                    h.rising = h.rising + 1 if mean > h.last_block_mean else 0
+                h.last_block_mean = mean
+        h.block = block
 
     def rebaseline(self, steps: int) -> None:
-        """The last ``steps`` values become the baseline (seed 000 §3.3: recalibrate at ~2000)."""
+        """The last ``steps`` steps become the baseline (seed 000 §3.3: recalibrate at ~2000).
+
+        Only what the history holds can be used: up to HISTORY values per key.
+        """
         self.baseline_steps = steps
         self.baseline_from = self.step - steps
         for h in self.keys.values():
             h.baseline = Welford()
-            for v in list(h.values)[-steps:]:
-                h.baseline.add(v)
+            for s, v in zip(list(h.steps), list(h.values)):
+                if s > self.step - steps:
+                    h.baseline.add(v)
 
     def features(self) -> Features:
         ready = self.ready
@@ -150,23 +197,22 @@ class RankSignals:
             nonfinite[key] = len(h.nonfinite_steps)
             if ready and h.baseline.n:
                 baseline[key] = (h.baseline.mean, h.baseline.stddev)
-            vals = list(h.values)
-            n = len(vals)
+            now = self.step
             perf = is_perf(key)
             by_window: dict[tuple[int, int], float] = {}
             for window, offset in PERF_MEANS if perf else TRAINING_MEANS:
-                if n >= window + offset:
-                    chunk = vals[n - offset - window:n - offset]
-                    by_window[window, offset] = mean = sum(chunk) / window
+                chunk = h.window(now, window, offset)
+                if chunk is not None:
+                    by_window[window, offset] = mean = sum(chunk) / len(chunk)
                     means.append((key, window, offset, mean))
             for offset in () if perf else GROWTH_OFFSETS:
-                now, before = by_window.get((GROWTH_WINDOW, offset)), by_window.get(
-                    (GROWTH_WINDOW, offset + GROWTH_WINDOW))
-                if now is not None and before:
-                    growth.append((key, offset, now / before - 1))
+                latest = by_window.get((GROWTH_WINDOW, offset))
+                before = by_window.get((GROWTH_WINDOW, offset + GROWTH_WINDOW))
+                if latest is not None and before:
+                    growth.append((key, offset, latest / before - 1))
             for window in PERF_EXTREMES if perf else TRAINING_EXTREMES:
-                if n >= window:
-                    chunk = vals[-window:]
+                chunk = h.window(now, window, 0)
+                if chunk is not None:
                     extremes.append((key, window, min(chunk), max(chunk)))
             if not perf:
                 rising[key] = h.rising

@@ -1,9 +1,14 @@
-"""Synthetic GRPO runs written through the real SDK, for the demo and the tests.
+"""Synthetic GRPO runs written through the real SDK: a healthy run and one per sickness.
 
-A healthy run, shaped as the seeds describe one (seed 000 §2.1-§2.3, table §3.3): reward rises
-and its std settles, KL climbs fast then flattens, entropy falls 30-60% and levels off, response
-length stays within ±15%, grad norm oscillates in a band, and a checkpoint is saved every so
-often (a longer step, as seed §4.5 warns).
+The healthy run is shaped as the seeds describe one (seed 000 §2.1-§2.3, table §3.3): reward
+rises and its std settles, KL climbs fast then flattens, entropy falls 30-60% and levels off,
+response length stays within ±15%, grad norm oscillates in a band with rare one-step spikes, and
+a checkpoint is saved every 500 steps (a long step on every rank, seed §4.5). Every scenario
+starts healthy and turns sick at ``onset``; each sickness follows the seed's description of it.
+
+Rank 0 logs the training signals; every rank logs its performance signals. Each record's
+``time`` follows the simulated step times, so a fast replay carries the same trainer clock as a
+run in real time.
 """
 
 from __future__ import annotations
@@ -11,98 +16,306 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_monitor.sdk.writer import SnapshotWriter
 
 CHECKPOINT_EVERY = 500
 PROMPT_TYPES = ("easy", "medium", "hard")
+SAMPLES_PER_STEP = 64  # rollouts per rank per step
 
 
 @dataclass
-class StepRecord:
-    step: int
+class RankRecord:
+    rank: int
     metrics: dict[str, float]
-    by_type: dict[str, dict[str, float]]
-    events: list[dict[str, object]]
+    timestamp: float
+    by_type: dict[str, dict[str, float]] | None = None
+    events: list[dict[str, object]] | None = None
 
 
-def healthy_run(steps: int, *, seed: int = 0, step_seconds: float = 5.0) -> Iterator[StepRecord]:
-    """Rank 0's training signals of a healthy run, step by step."""
-    rng = random.Random(seed)
+@dataclass
+class Step:
+    step: int
+    records: list[RankRecord]  # a stalled rank has none
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    seed_section: str
+    alerts: tuple[str, ...]  # the cards it must raise (after its onset, and none before)
+    steps: int = 1600
+    onset: int = 800
+    sicken: Callable[["Sim", int, dict[str, float]], None] = lambda sim, k, m: None
+    # Per-rank performance change after onset: (sim, steps since onset, rank) -> step time factor.
+    slow: Callable[["Sim", int, int], float] = lambda sim, k, rank: 1.0
+    stalled_rank: int | None = None
+
+
+@dataclass
+class Sim:
+    rng: random.Random
+    step_seconds: float
+    state: dict[str, float] = field(default_factory=dict)
+
+
+def _healthy(sim: Sim, step: int) -> dict[str, float]:
+    rng = sim.rng
+    progress = 1 - math.exp(-step / 800)  # fast early learning that flattens
+    reward = 0.2 + 0.5 * progress + rng.gauss(0, 0.02)
+    reward_std = 0.25 + 0.05 * (1 - math.exp(-step / 60)) + rng.gauss(0, 0.005)
+    kl = 0.3 * (1 - math.exp(-step / 300)) + abs(rng.gauss(0, 0.005))
+    entropy = 1.5 * (0.55 + 0.45 * math.exp(-step / 600)) * (1 + rng.gauss(0, 0.01))
+    length = 300 * (1 + 0.05 * math.sin(step / 200)) + rng.gauss(0, 6)
+    grad = 0.9 + 0.1 * math.sin(step / 13) + abs(rng.gauss(0, 0.05))
+    if step % 337 == 0:  # a one-step spike: not a card (table §3.3 wants 50 steps)
+        grad *= 8
+    return {
+        "reward/mean": reward,
+        "reward/std": reward_std,
+        "reward/min": reward - 2.2 * reward_std,
+        "reward/max": min(1.0, reward + 2.2 * reward_std),
+        "reward/p25": reward - 0.67 * reward_std + rng.gauss(0, 0.01),
+        "reward/p50": reward + rng.gauss(0, 0.01),
+        "reward/p75": reward + 0.67 * reward_std + rng.gauss(0, 0.01),
+        "reward/p95": reward + 1.6 * reward_std + rng.gauss(0, 0.01),
+        "group/reward_gap": 1.2 * reward_std + rng.gauss(0, 0.01),
+        "group/reward_std": 0.8 * reward_std,
+        "group/zero_std_frac": max(0.0, 0.08 + rng.gauss(0, 0.02)),
+        "adv/mean_abs": 0.78 + rng.gauss(0, 0.02),
+        "kl/mean": kl,
+        "kl/p95": kl * 2.2 * (1 + rng.gauss(0, 0.03)),
+        "kl/max": kl * 3.5 * (1 + abs(rng.gauss(0, 0.1))),
+        "entropy/mean": entropy,
+        "response/len_mean": length,
+        "response/len_max": 1024.0 if step % 7 else 900.0,
+        "response/clip_ratio": max(0.0, 0.02 + rng.gauss(0, 0.005)),
+        "policy/clip_frac": max(0.0, 0.05 + rng.gauss(0, 0.01)),
+        "loss": rng.gauss(0, 0.05) - 0.01 * progress,
+        "grad/norm": grad,
+        "train/lr": 1e-6 * min(1.0, step / 50),
+        "eval/sample_acc": 0.25 + 0.45 * progress + rng.gauss(0, 0.02),
+    }
+
+
+def _set(m: dict[str, float], **kw: float) -> None:
+    m.update({k.replace("__", "/"): v for k, v in kw.items()})
+
+
+# -- the sicknesses (k = steps since onset) -------------------------------------------------
+
+
+def _nan_loss(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §4.4: an extreme grad-norm peak, then the reward model returns NaN and the loss follows.
+    if 0 <= k < 3:
+        m["grad/norm"] *= 40
+    if k >= 3:
+        m["loss"] = math.nan
+        m["reward/max"] = math.inf
+
+
+def _kl_explosion(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §4.2: KL mean from ~0.3 to 5 within 100 steps and still rising; a few open-ended
+    # prompts carry it (the p95 stays far below the max).
+    kl = m["kl/mean"] * (1 + min(k, 100) / 100 * 16 + k / 400)
+    _set(m, kl__mean=kl, kl__p95=kl * 1.3, kl__max=kl * 6)
+
+
+def _entropy_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §4.3: entropy from ~1.5 to 0.05 in under 200 steps, groups turn into near-duplicates,
+    # while reward still creeps up.
+    entropy = m["entropy/mean"]
+    m["entropy/mean"] = max(0.04, entropy * math.exp(-k / 45)) + abs(sim.rng.gauss(0, 0.003))
+    m["group/zero_std_frac"] = min(0.95, m["group/zero_std_frac"] + k / 250)
+    m["reward/mean"] += min(k, 400) / 400 * 0.03
+
+
+def _kl_growth(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.3 / table §3.3: KL accelerating, +40% per 100 steps and the increments growing.
+    kl = m["kl/mean"] * math.exp(k / 300)
+    _set(m, kl__mean=kl, kl__p95=kl * 2.2, kl__max=kl * 3.5)
+
+
+def _kl_tail(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.3: the mean looks fine, but a few prompts reach several times the p95.
+    m["kl/max"] = m["kl/p95"] * (4 + sim.rng.random())
+
+
+def _reward_hacking(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §4.1: reward 0.2 -> 0.8 within 200 steps while response length goes 300 -> 900 tokens of
+    # polite, well-structured filler.
+    ramp = min(k, 200) / 200
+    m["reward/mean"] = min(0.97, m["reward/mean"] + 0.3 * ramp)
+    for q in ("reward/p25", "reward/p50", "reward/p75", "reward/p95"):
+        m[q] = min(1.0, m[q] + 0.3 * ramp)
+    m["response/len_mean"] *= 1 + 2 * ramp
+    m["response/clip_ratio"] = min(1.0, m["response/clip_ratio"] + 0.4 * ramp)
+
+
+def _reward_up_accuracy_flat(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # Seed 001: reward climbs while verified sample accuracy does not move.
+    frozen = sim.state.setdefault("acc", m["eval/sample_acc"])
+    m["reward/mean"] = min(0.97, m["reward/mean"] + 0.25 * min(k, 200) / 200)
+    m["eval/sample_acc"] = frozen + sim.rng.gauss(0, 0.01)
+
+
+def _length_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.1: after one step the length falls off a cliff: a prompt subset triggers the reward
+    # model's penalty on verbosity and the policy retreats to short answers.
+    m["response/len_mean"] *= 1 - 0.65 * min(k, 50) / 50
+
+
+def _reward_std_rising(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.2 / table §3.3: the spread keeps rising: easy prompts farmed, hard ones abandoned.
+    std = m["reward/std"] + 0.02 * k / 100
+    m["reward/std"] = std
+    m["group/reward_gap"] = 1.2 * std + sim.rng.gauss(0, 0.01)
+
+
+def _quantile_extreme(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §3.3 / §5.3: the lower quantiles fall far below anything the baseline saw.
+    drop = 0.5 * min(k, 50) / 50
+    m["reward/p25"] = max(0.0, m["reward/p25"] - drop)
+    m["reward/p50"] = max(0.0, m["reward/p50"] - drop / 2)
+
+
+def _advantage_vanishing(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.2: groups whose G rewards are equal give no advantage: learning crawls.
+    share = min(0.85, m["group/zero_std_frac"] + k / 100)
+    m["group/zero_std_frac"] = share
+    m["adv/mean_abs"] *= 1 - share
+
+
+def _group_dominated(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.2: max - min within a group beyond 2 std: one response dominates the gradient.
+    m["group/reward_gap"] = m["reward/std"] * (1.2 + 1.8 * min(k, 50) / 50)
+
+
+def _grad_norm_spike(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # Table §3.3: grad norm over 5x its baseline, and staying there.
+    m["grad/norm"] *= 8
+
+
+def _slow_all(factor: float) -> Callable[[Sim, int, int], float]:
+    # §4.5: a flaky NVLink on one node makes the gradient sync retry: every rank waits.
+    return lambda sim, k, rank: 1 + (factor - 1) * min(k, 100) / 100
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("healthy", "A healthy run: nothing to see, including checkpoint saves and one-step "
+             "grad-norm spikes.", "§2, table §3.3", (), steps=3000, onset=3000),
+    Scenario("nan_loss", "A grad-norm peak, then NaN loss and an infinite reward.", "§4.4",
+             ("GRPONonFiniteValues",), sicken=_nan_loss),
+    Scenario("kl_explosion", "KL mean 0.3 -> 5 within 100 steps, carried by a few prompts.",
+             "§4.2", ("GRPOKLExplosion", "GRPOKLTailOutliers", "GRPOKLGrowthAccelerating"),
+             sicken=_kl_explosion),
+    Scenario("entropy_collapse", "Entropy 1.5 -> 0.05 within 200 steps; groups become duplicates.",
+             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), sicken=_entropy_collapse),
+    Scenario("rank_stalled", "Rank 2 stops reporting while the others go on.", "§2.4",
+             ("GRPORankStalled",), stalled_rank=2),
+    Scenario("kl_growth", "KL grows 40% per 100 steps and faster each time.", "§2.3, table §3.3",
+             ("GRPOKLGrowthAccelerating",), steps=1700, sicken=_kl_growth),
+    Scenario("kl_tail", "A few prompts reach 4-5x the KL p95.", "§2.3", ("GRPOKLTailOutliers",),
+             sicken=_kl_tail),
+    Scenario("reward_hacking", "Reward 0.2 -> 0.8 while length goes 300 -> 900 tokens.", "§4.1",
+             ("GRPORewardHackingSuspected", "GRPOResponseLengthShift"), sicken=_reward_hacking),
+    Scenario("reward_up_accuracy_flat", "Reward climbs while sample accuracy stays flat.",
+             "seed 001", ("GRPORewardHackingSuspected",), sicken=_reward_up_accuracy_flat),
+    Scenario("length_collapse", "Response length falls by two thirds within 50 steps.", "§2.1",
+             ("GRPOResponseLengthShift",), sicken=_length_collapse),
+    Scenario("reward_std_rising", "reward/std rises steadily for over 1000 steps.",
+             "§2.2, table §3.3", ("GRPORewardStdRising",), steps=2400, sicken=_reward_std_rising),
+    Scenario("reward_quantile_extreme", "The lower reward quantiles fall far below baseline.",
+             "§3.3, §5.3", ("GRPORewardQuantileExtreme",), sicken=_quantile_extreme),
+    Scenario("advantage_vanishing", "Most groups have equal rewards; advantages vanish.", "§2.2",
+             ("GRPOAdvantageVanishing",), sicken=_advantage_vanishing),
+    Scenario("group_dominated", "Within-group gaps beyond 2 reward stddevs.", "§2.2",
+             ("GRPOGroupDominated",), sicken=_group_dominated),
+    Scenario("grad_norm_spike", "Grad norm at 8x its baseline for hundreds of steps.",
+             "table §3.3", ("GRPOGradNormSpike",), sicken=_grad_norm_spike),
+    Scenario("step_time_drift", "Every rank's step time 35% longer.", "§2.4",
+             ("GRPOStepTimeDrift",), slow=_slow_all(1.35)),
+    Scenario("throughput_drop", "samples/s from 1.8 to 1.0 per rank: a flaky NVLink.", "§4.5",
+             ("GRPOThroughputDrop", "GRPOStepTimeDrift"), slow=_slow_all(1.8)),
+)}
+
+
+def generate(
+    scenario: Scenario | str,
+    *,
+    steps: int | None = None,
+    onset: int | None = None,
+    ranks: int = 4,
+    step_seconds: float = 5.0,
+    start_time: float = 1764400000.0,
+    seed: int = 0,
+) -> Iterator[Step]:
+    """The scenario's records, step by step, for every rank."""
+    sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+    steps = sc.steps if steps is None else steps
+    onset = sc.onset if onset is None else onset
+    sim = Sim(random.Random(seed), step_seconds)
+    clock = [start_time] * ranks
     for step in range(1, steps + 1):
-        progress = 1 - math.exp(-step / 800)  # fast early learning that flattens
-        reward = 0.2 + 0.5 * progress + rng.gauss(0, 0.02)
-        reward_std = 0.25 + 0.05 * (1 - math.exp(-step / 150)) + rng.gauss(0, 0.005)
-        kl = 0.3 * (1 - math.exp(-step / 300)) + abs(rng.gauss(0, 0.005))
-        entropy = 1.5 * (0.55 + 0.45 * math.exp(-step / 600)) * (1 + rng.gauss(0, 0.01))
-        length = 300 * (1 + 0.05 * math.sin(step / 200)) + rng.gauss(0, 6)
+        k = step - onset
+        m = _healthy(sim, step)
+        if k >= 0:
+            sc.sicken(sim, k, m)
         checkpoint = step % CHECKPOINT_EVERY == 0
-        metrics = {
-            "reward/mean": reward,
-            "reward/std": reward_std,
-            "reward/min": reward - 2.2 * reward_std,
-            "reward/max": min(1.0, reward + 2.2 * reward_std),
-            "reward/p25": reward - 0.67 * reward_std,
-            "reward/p50": reward + rng.gauss(0, 0.01),
-            "reward/p75": reward + 0.67 * reward_std,
-            "reward/p95": reward + 1.6 * reward_std,
-            "group/reward_gap": 1.2 * reward_std + rng.gauss(0, 0.01),
-            "group/reward_std": 0.8 * reward_std,
-            "group/zero_std_frac": max(0.0, 0.08 + rng.gauss(0, 0.02)),
-            "adv/mean_abs": 0.78 + rng.gauss(0, 0.02),
-            "kl/mean": kl,
-            "kl/p95": kl * 2.2,
-            "kl/max": kl * 3.5 * (1 + abs(rng.gauss(0, 0.1))),
-            "entropy/mean": entropy,
-            "response/len_mean": length,
-            "response/len_max": 1024 if step % 7 else 900,
-            "response/clip_ratio": max(0.0, 0.02 + rng.gauss(0, 0.005)),
-            "policy/clip_frac": max(0.0, 0.05 + rng.gauss(0, 0.01)),
-            "loss": rng.gauss(0, 0.05) - 0.01 * progress,
-            "grad/norm": 0.9 + 0.1 * math.sin(step / 13) + abs(rng.gauss(0, 0.05)),
-            "train/lr": 1e-6 * min(1.0, step / 50),
-            "eval/sample_acc": 0.25 + 0.45 * progress + rng.gauss(0, 0.02),
-            "perf/step_time_s": step_seconds * (1 + rng.gauss(0, 0.03)) + (step_seconds * 4 if checkpoint else 0),
-            "perf/samples_per_s": 64 / step_seconds * (1 + rng.gauss(0, 0.03)),
-        }
-        by_type = {
-            t: {"reward/mean": reward + offset, "reward/std": reward_std}
-            for t, offset in zip(PROMPT_TYPES, (0.15, 0.0, -0.15))
-        }
-        events: list[dict[str, object]] = (
-            [{"type": "checkpoint_save", "step": step, "duration_s": step_seconds * 4}] if checkpoint else [])
-        yield StepRecord(step, metrics, by_type, events)
+        events = [{"type": "checkpoint_save", "step": step}] if checkpoint else None
+        records = []
+        for rank in range(ranks):
+            if rank == sc.stalled_rank and k >= 0:
+                continue
+            factor = sc.slow(sim, k, rank) if k >= 0 else 1.0
+            step_time = step_seconds * factor * (1 + sim.rng.gauss(0, 0.03))
+            if checkpoint:
+                step_time += step_seconds * 4
+            clock[rank] += step_time
+            perf = {"perf/step_time_s": step_time,
+                    "perf/samples_per_s": SAMPLES_PER_STEP / step_time}
+            if rank == 0:
+                by_type = {t: {"reward/mean": m["reward/mean"] + off}
+                           for t, off in zip(PROMPT_TYPES, (0.15, 0.0, -0.15))}
+                records.append(RankRecord(0, {**m, **perf}, clock[0], by_type, events))
+            else:
+                records.append(RankRecord(rank, perf, clock[rank], None, events))
+        yield Step(step, records)
 
 
 def write_run(
     snapshot_dir: Path,
     run: str,
-    steps: int,
+    scenario: str = "healthy",
     *,
-    ranks: int = 1,
+    steps: int | None = None,
+    onset: int | None = None,
+    ranks: int = 4,
     step_seconds: float = 5.0,
     realtime: bool = False,
     seed: int = 0,
-) -> None:
-    """Write a healthy run: rank 0 with the training signals, every rank with its performance.
+) -> int:
+    """Write a scenario's run under ``snapshot_dir/run``; return the steps written.
 
-    ``realtime`` sleeps ``step_seconds`` between steps (the demo); otherwise it writes as fast as
-    the disk allows (tests).
+    ``realtime`` sleeps ``step_seconds`` per step and stamps records with the wall clock (the
+    demo); otherwise it writes as fast as the disk allows, on a simulated clock (tests).
     """
     writers = [SnapshotWriter(snapshot_dir, run, rank=r, world_size=ranks) for r in range(ranks)]
+    start = time.time()
+    n = 0
     try:
-        for rec in healthy_run(steps, seed=seed, step_seconds=step_seconds):
-            for rank, writer in enumerate(writers):
-                if rank == 0:
-                    writer.log(rec.metrics, rec.step, by_type=rec.by_type, events=rec.events or None)
-                else:
-                    perf = {k: v for k, v in rec.metrics.items() if k.startswith("perf/")}
-                    writer.log(perf, rec.step)
+        for n, st in enumerate(generate(scenario, steps=steps, onset=onset, ranks=ranks,
+                                        step_seconds=step_seconds, start_time=start, seed=seed), 1):
+            for rec in st.records:
+                writers[rec.rank].log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
+                                      timestamp=None if realtime else rec.timestamp)
             if realtime:
                 time.sleep(step_seconds)
     finally:
         for writer in writers:
             writer.close()
+    return n

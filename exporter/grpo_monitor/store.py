@@ -1,8 +1,10 @@
 """The latest signals per run and rank, and their pre-rendered exposition.
 
 Written by the single ingest thread, read by scrapes. A snapshot merges into its rank's state
-(a key a record leaves out keeps its last value: quantiles logged every 100 steps stay visible),
-then the rank's sample lines are rendered once; a scrape only joins them.
+(a key a record leaves out keeps its last value: quantiles logged every 100 steps stay visible)
+and marks the rank dirty; ``flush()``, called by the ingest thread after each batch of file
+events, renders each dirty rank's sample lines once, however many records the batch held. A
+scrape only joins rendered lines.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class RunStore:
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self._runs: dict[str, RunState] = {}
+        self._dirty: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
     def apply(self, snap: Snapshot, wrote_at: float) -> None:
@@ -173,22 +176,32 @@ class RunStore:
             for name, value in snap.unknown.items():
                 if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
                     rank.unknown[(name, "")] = value
-                    self._count_nonfinite(rank, {name: value})
+                    self._count_nonfinite(rank, {name: value}, snap.step)
             for ptype in snap.by_type:  # record order: which types a cap keeps is stable
                 if not run.admit("prompt_type", run.prompt_types, ptype, lim.max_prompt_types):
                     continue
                 typed = snap.by_type.get(ptype, {})
                 rank.by_type.setdefault(ptype, {}).update(typed)
-                self._count_nonfinite(rank, typed)
+                self._count_nonfinite(rank, typed, snap.step)
                 for name, value in snap.by_type_unknown.get(ptype, {}).items():
                     if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
                         rank.unknown[(name, ptype)] = value
-                        self._count_nonfinite(rank, {name: value})
+                        self._count_nonfinite(rank, {name: value}, snap.step)
             for event in snap.events:
                 if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
                     rank.events[event.type] += 1
-            rank.render()
-            run.render()
+            self._dirty.add((snap.run, snap.rank))
+
+    def flush(self) -> None:
+        """Render the ranks (and their runs) changed since the last flush."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            for run_name, rank_id in dirty:
+                run = self._runs.get(run_name)
+                if run is None or rank_id not in run.ranks:
+                    continue  # expired meanwhile
+                run.ranks[rank_id].render()
+                run.render()
 
     def rebaseline(self, run_name: str, at_step: int, steps: int) -> None:
         """Make the ``steps`` values up to ``at_step`` each rank's new baseline.
@@ -205,15 +218,19 @@ class RunStore:
                 if rank.step >= at_step:
                     rank.signals.rebaseline(steps)
                     rank.pending_rebaseline = None
-                    rank.render()
+                    self._dirty.add((run_name, rank.rank))
                 else:
                     rank.pending_rebaseline = (at_step, steps)
 
     @staticmethod
-    def _count_nonfinite(rank: RankState, values: dict[str, float]) -> None:
+    def _count_nonfinite(rank: RankState, values: dict[str, float], step: int | None = None) -> None:
+        """Count NaN / Inf; ``step``: also note them in the window that the red card reads (the
+        canonical values reach it through RankSignals.add)."""
         for key, value in values.items():
             if not math.isfinite(value):
                 rank.nonfinite[key] += 1
+                if step is not None:
+                    rank.signals.note_nonfinite(key, step)
 
     def expire(self, now: float, timeout: float) -> list[str]:
         """Drop runs whose files have not been written for ``timeout`` seconds; their names."""

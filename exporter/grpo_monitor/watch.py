@@ -99,7 +99,8 @@ class SnapshotWatcher:
 
     def _run(self) -> None:
         self._check_root()
-        self.ingestor.rescan()  # replay what is already on disk
+        self._safe(self.ingestor.rescan)  # replay what is already on disk
+        self._safe(self.ingestor.store.flush)
         self.ingestor.health.ready.set(1)
         self.ready.set()
         next_rescan = time.monotonic() + self.rescan_interval
@@ -113,13 +114,15 @@ class SnapshotWatcher:
                 pass
             if batch:
                 self._handle(batch)
+                self._safe(self.ingestor.store.flush)
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + self.tick
-                self._maintain()
+                self._safe(self._maintain)
             if now >= next_rescan and self._root_inode not in (None, -1):
                 next_rescan = now + self.rescan_interval
                 self._safe(self.ingestor.rescan)
+                self._safe(self.ingestor.store.flush)
 
     def _handle(self, batch: list[tuple]) -> None:
         changed: dict[Path, None] = {}  # ordered set
@@ -128,17 +131,17 @@ class SnapshotWatcher:
             if kind == "changed":
                 changed[item[1]] = None
             elif kind == "moved":
-                self._flush(changed)
+                self._read_changed(changed)
                 self._safe(self.ingestor.moved, item[1], item[2])
             elif kind == "deleted":
-                self._flush(changed)
+                self._read_changed(changed)
                 self._safe(self.ingestor.forget, item[1])
             elif kind == "rescan":
-                self._flush(changed)
+                self._read_changed(changed)
                 self._safe(self.ingestor.rescan)
-        self._flush(changed)
+        self._read_changed(changed)
 
-    def _flush(self, changed: dict[Path, None]) -> None:
+    def _read_changed(self, changed: dict[Path, None]) -> None:
         for path in changed:
             self._safe(self.ingestor.process, path)
         changed.clear()

@@ -165,10 +165,16 @@ class SnapshotWriter:
         by_type: Mapping[str, Mapping[str, float]] | None = None,
         samples: Sequence[Mapping[str, Any]] | None = None,
         events: Sequence[Mapping[str, Any]] | None = None,
+        timestamp: float | None = None,
     ) -> bool:
-        """Append one record; return whether it reached the file. Never raises."""
+        """Append one record; return whether it reached the file. Never raises.
+
+        ``timestamp`` (unix seconds) is the record's ``time``; default now. Replays and
+        simulations pass their own clock so a run is judged on its steps' times.
+        """
         try:
-            parts = [self._prefix, b"%d" % int(step), b',"time":%r,"metrics":' % time.time(),
+            now = time.time() if timestamp is None else float(timestamp)
+            parts = [self._prefix, b"%d" % int(step), b',"time":%r,"metrics":' % now,
                      _encode(metrics)]
             if by_type is not None:
                 parts += (b',"by_type":', _encode(by_type))

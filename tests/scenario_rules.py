@@ -1,0 +1,131 @@
+"""Play a simulated run through the exporter and the real rules, with promtool as the evaluator.
+
+The run is written step by step through the SDK into real files; the exporter's ingest and
+store read them; after every ``scrape_every`` steps the exposition is "scraped" (rendered and
+parsed) into one sample of each series. Those samples become a promtool unit test whose
+evaluation interval stands for one scrape, and promtool evaluates the project's rule files on
+them. Which cards fired, and when, is read back from the ALERTS series.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_monitor.health import ExporterHealth
+from grpo_monitor.ingest import Ingestor
+from grpo_monitor.sdk.writer import SnapshotWriter
+from grpo_monitor.simulate import SCENARIOS, generate
+from grpo_monitor.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[1]
+RULE_FILES = [str(ROOT / "prometheus" / "rules" / f) for f in
+              ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml")]
+# The series the rules read; the rest of a scrape only slows promtool down.
+RULE_INPUTS = ("grpo_step{", "grpo_kl_mean{", "grpo_baseline_", "grpo_window_", "grpo_rising_windows{")
+
+
+@dataclass
+class Played:
+    series: dict[str, list[str]]  # series -> one value per scrape ("_" when absent)
+    scrape_steps: list[int]  # the step of rank 0 at each scrape
+
+
+def _format(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: int = 4,
+         step_seconds: float = 5.0) -> Played:
+    series: dict[str, list[str]] = {}
+    scrape_steps: list[int] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        store = RunStore()
+        ingestor = Ingestor(root, store, ExporterHealth())
+        writers = [SnapshotWriter(root, scenario, rank=r, world_size=ranks) for r in range(ranks)]
+        for st in generate(scenario, steps=steps, ranks=ranks, step_seconds=step_seconds):
+            for rec in st.records:
+                writers[rec.rank].log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
+                                      timestamp=rec.timestamp)
+            if st.step % scrape_every:
+                continue
+            for w in writers:
+                ingestor.process(Path(w.path))
+            store.flush()
+            index = len(scrape_steps)
+            scrape_steps.append(st.step)
+            for line in "".join(store.render()).splitlines():
+                if line.startswith("#") or not line.startswith(RULE_INPUTS):
+                    continue
+                name, _, value = line.rpartition(" ")
+                values = series.setdefault(name, ["_"] * index)
+                values.extend(["_"] * (index - len(values)))
+                values.append(_format(float(value)))
+        for w in writers:
+            w.close()
+    for values in series.values():
+        values.extend(["_"] * (len(scrape_steps) - len(values)))
+    return Played(series, scrape_steps)
+
+
+FIRED = 'group by (alertname, severity) (max_over_time(ALERTS{{alertstate="firing"}}[{minutes}m]))'
+
+
+def check_cards(played: Played, checks: list[tuple[int, set[str]]], tmp: Path) -> None:
+    """Assert with promtool that exactly the given cards had fired by each given scrape.
+
+    ``checks`` holds (scrape index, expected card names); each scrape is one minute of
+    promtool's clock. Raises AssertionError with promtool's report, which names the cards that
+    did fire, when a set differs.
+    """
+    severities = _severities()
+    test = {
+        "rule_files": RULE_FILES,
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": " ".join(values)}
+                             for name, values in played.series.items()],
+            "promql_expr_test": [{
+                "expr": FIRED.format(minutes=at + 1),
+                "eval_time": f"{at}m",
+                "exp_samples": [{"labels": f'{{alertname="{a}",severity="{severities[a]}"}}', "value": 1}
+                                for a in sorted(expected)],
+            } for at, expected in checks],
+        }],
+    }
+    path = tmp / "scenario.test.json"
+    path.write_text(json.dumps(test))
+    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        raise AssertionError(f"cards differ from {checks}:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+
+
+def _severities() -> dict[str, str]:
+    sev: dict[str, str] = {}
+    name = None
+    for line in (ROOT / "prometheus" / "rules" / "grpo-alerts.yml").read_text().splitlines():
+        line = line.strip()
+        if line.startswith("- alert:"):
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("severity:") and name:
+            sev[name] = line.split(":", 1)[1].strip()
+    return sev
+
+
+def scrape_index_before(played: Played, step: int) -> int:
+    """The last scrape taken before ``step``."""
+    return max(i for i, s in enumerate(played.scrape_steps) if s < step)
+
+
+__all__ = ["SCENARIOS", "Played", "check_cards", "play", "scrape_index_before"]

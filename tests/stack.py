@@ -1,0 +1,446 @@
+"""The alerting path on real processes: Prometheus -> Alertmanager -> a webhook listener.
+
+Shared by tests/test_alerting_e2e.py and bench/bench_alert_latency.py (which puts tests/ on
+sys.path). Everything listens on 127.0.0.1 on ports picked by binding to port 0; every file
+(configs, TSDB, Alertmanager state, logs, the token) lives in one working folder.
+
+The configs are generated from the committed ones, not written anew: Alertmanager's routes,
+grouping and inhibit rules are kept exactly as in prometheus/alertmanager.yml (only the
+webhook URL and the token file move), and Prometheus keeps prometheus.yml's rule files (made
+absolute), job and labels (only the intervals and targets change).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PROMETHEUS_DIR = REPO / "prometheus"
+ALERTMANAGER_YML = PROMETHEUS_DIR / "alertmanager.yml"
+PROMETHEUS_YML = PROMETHEUS_DIR / "prometheus.yml"
+WEBHOOK_RECEIVER = "grpo-webhook"
+
+PROMETHEUS_BIN = "prometheus"
+ALERTMANAGER_BIN = "prometheus-alertmanager"  # Debian's name; upstream calls it alertmanager
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (bind to 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_binary(*names: str) -> str:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise RuntimeError(f"none of {names} on PATH: install Debian's prometheus and "
+                       "prometheus-alertmanager packages (make system-deps)")
+
+
+def poll(predicate: Callable[[], Any], timeout: float, interval: float = 0.05,
+         what: str = "condition", diagnose: Callable[[], str] | None = None) -> Any:
+    """Poll until ``predicate()`` is truthy; on timeout raise with ``diagnose()``'s report."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = predicate()
+        except (requests.RequestException, OSError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            extra = f"\n{diagnose()}" if diagnose else ""
+            raise AssertionError(f"{what} not met within {timeout}s (last: {last!r}){extra}")
+        time.sleep(interval)
+
+
+# --- webhook listener ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Post:
+    path: str
+    authorization: str | None
+    body: Any  # parsed JSON, or the raw text if it was not JSON
+    arrived: float  # time.monotonic() when the request line had been read
+
+
+class WebhookListener:
+    """A ThreadingHTTPServer on 127.0.0.1 that records every POST and answers 200."""
+
+    def __init__(self) -> None:
+        self.posts: list[Post] = []
+        self._lock = threading.Lock()
+        listener = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                arrived = time.monotonic()
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    body: Any = json.loads(raw)
+                except ValueError:
+                    body = raw.decode("utf-8", "replace")
+                with listener._lock:
+                    listener.posts.append(
+                        Post(self.path, self.headers.get("Authorization"), body, arrived))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, name="webhook",
+                                        daemon=True)
+
+    def start(self) -> "WebhookListener":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def snapshot(self) -> list[Post]:
+        with self._lock:
+            return list(self.posts)
+
+
+def firing_alert(post: Post, **labels: str) -> dict[str, Any] | None:
+    """The first alert of a "firing" notification whose labels include ``labels``."""
+    body = post.body
+    if not isinstance(body, dict) or body.get("status") != "firing":
+        return None
+    for alert in body.get("alerts", []):
+        if alert.get("status") == "firing" and all(
+                alert.get("labels", {}).get(k) == v for k, v in labels.items()):
+            return alert
+    return None
+
+
+# --- configs -------------------------------------------------------------------------------
+
+
+def alertmanager_config(webhook_url: str, token_file: Path,
+                        source: Path = ALERTMANAGER_YML) -> dict[str, Any]:
+    """The committed config with the webhook receiver pointed at the listener and the token."""
+    config = yaml.safe_load(source.read_text())
+    config = copy.deepcopy(config)
+    hooks = [hook for r in config["receivers"] if r["name"] == WEBHOOK_RECEIVER
+             for hook in r.get("webhook_configs", [])]
+    if not hooks:
+        raise AssertionError(f"{source}: no webhook_configs in receiver {WEBHOOK_RECEIVER}")
+    for hook in hooks:
+        hook["url"] = webhook_url
+        hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+    return config
+
+
+def prometheus_config(exporter_target: str, alertmanager_target: str, interval: str = "1s",
+                      source: Path = PROMETHEUS_YML) -> dict[str, Any]:
+    """The committed config with short intervals, loopback targets and absolute rule files."""
+    config = copy.deepcopy(yaml.safe_load(source.read_text()))
+    config["global"]["scrape_interval"] = interval
+    config["global"]["evaluation_interval"] = interval
+    config["global"]["scrape_timeout"] = interval
+    config["rule_files"] = [str((source.parent / f).resolve()) for f in config["rule_files"]]
+    for sc in config["scrape_configs"]:
+        sc.pop("scrape_interval", None)
+        sc.pop("scrape_timeout", None)
+        sc["static_configs"] = [{"targets": [exporter_target]}]
+    config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager_target]}]}]
+    return config
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+class Process:
+    """A subprocess with stdout+stderr in a log file; stop() terminates, then kills."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, cwd: Path) -> None:
+        self.name = name
+        self.log = log
+        self._log_fh = log.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log_fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=cwd)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log_fh.close()
+
+
+def start_listening(stack: ExitStack, name: str, argv: Callable[[int], list[str]], workdir: Path,
+                    attempts: int = 3) -> tuple[Process, int]:
+    """Start ``argv(port)`` on a free port and wait until /-/ready answers.
+
+    A port found free can be taken by someone else before the process binds it: a process
+    that exits with "address already in use" is started again on another port."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        process = Process(name, argv(port), workdir / f"{name}.log", workdir)
+        stack.callback(process.stop)
+        try:
+            wait_ready(process, f"http://127.0.0.1:{port}")
+        except AssertionError:
+            if (attempt < attempts and not process.alive()
+                    and "address already in use" in process.log_tail()):
+                process.log.rename(process.log.with_suffix(f".log.{attempt}"))
+                continue
+            raise
+        return process, port
+    raise AssertionError("unreachable")
+
+
+def wait_ready(process: Process, url: str, timeout: float = 30.0) -> None:
+    """Poll ``url``/-/ready until 200; fail at once with the log if the process died."""
+    def ready() -> bool:
+        if not process.alive():
+            raise AssertionError(f"{process.name} exited with {process.proc.returncode}:\n"
+                                 f"{process.log_tail()}")
+        try:
+            return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    poll(ready, timeout, what=f"{process.name} ready at {url}",
+         diagnose=lambda: f"--- {process.name} log ---\n{process.log_tail()}")
+
+
+# --- the stack -----------------------------------------------------------------------------
+
+
+@dataclass
+class AlertStack:
+    workdir: Path
+    token: str
+    listener: WebhookListener
+    alertmanager: Process
+    prometheus: Process
+    am_url: str
+    prom_url: str
+    interval_s: float
+    group_wait_s: float
+    processes: list[Process] = field(default_factory=list)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} log ({p.log}) ---\n{p.log_tail()}" for p in self.processes)
+
+    def query(self, promql: str) -> Any:
+        resp = requests.get(f"{self.prom_url}/api/v1/query", params={"query": promql}, timeout=5)
+        return resp.json()
+
+    def am_alerts(self) -> list[dict[str, Any]]:
+        resp = requests.get(f"{self.am_url}/api/v2/alerts", timeout=5)
+        resp.raise_for_status()
+        return resp.json()
+
+    def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
+        """Push alerts to Alertmanager's API as Prometheus would (labels + annotations)."""
+        resp = requests.post(f"{self.am_url}/api/v2/alerts", json=alerts, timeout=5)
+        resp.raise_for_status()
+
+    def diagnose(self, promql: tuple[str, ...] = ()) -> str:
+        """Everything that says where an alert got stuck, for a failure message."""
+        parts = []
+        for q in (*promql, "up", "ALERTS"):
+            try:
+                parts.append(f"/api/v1/query {q}: {json.dumps(self.query(q)['data']['result'])}")
+            except Exception as e:  # noqa: BLE001 (a diagnostic must not raise)
+                parts.append(f"/api/v1/query {q}: {e!r}")
+        for what, url in (("prometheus /api/v1/alerts", f"{self.prom_url}/api/v1/alerts"),
+                          ("prometheus /api/v1/alertmanagers",
+                           f"{self.prom_url}/api/v1/alertmanagers"),
+                          ("alertmanager /api/v2/alerts", f"{self.am_url}/api/v2/alerts")):
+            try:
+                parts.append(f"{what}: {requests.get(url, timeout=5).text.strip()}")
+            except requests.RequestException as e:
+                parts.append(f"{what}: {e!r}")
+        parts.append(f"webhook posts: {self.listener.snapshot()!r}")
+        parts.append(self.logs())
+        return "\n".join(parts)
+
+    def wait_scraping(self, timeout: float = 30.0) -> None:
+        """Prometheus has scraped the exporter and knows the Alertmanager."""
+        def targets_up() -> bool:
+            targets = requests.get(f"{self.prom_url}/api/v1/targets", timeout=5).json()
+            active = targets["data"]["activeTargets"]
+            return bool(active) and all(t["health"] == "up" for t in active)
+
+        def am_known() -> bool:
+            ams = requests.get(f"{self.prom_url}/api/v1/alertmanagers", timeout=5).json()
+            return bool(ams["data"]["activeAlertmanagers"])
+
+        poll(targets_up, timeout, what="exporter target up", diagnose=self.diagnose)
+        poll(am_known, timeout, what="Alertmanager discovered", diagnose=self.diagnose)
+
+    def wait_post(self, timeout: float, **labels: str) -> tuple[Post, dict[str, Any]]:
+        """The first firing notification carrying an alert with ``labels``."""
+        def found() -> tuple[Post, dict[str, Any]] | None:
+            for post in self.listener.snapshot():
+                alert = firing_alert(post, **labels)
+                if alert is not None:
+                    return post, alert
+            return None
+
+        return poll(found, timeout, interval=0.01, what=f"firing webhook POST with {labels}",
+                    diagnose=lambda: self.diagnose(
+                        ("grpo_window_nonfinite", "grpo_nonfinite_values_total")))
+
+
+def _group_wait_seconds(am_config: dict[str, Any], severity: str) -> float:
+    for route in am_config["route"].get("routes", []):
+        if f'severity="{severity}"' in route.get("matchers", []):
+            return parse_duration(route.get("group_wait", am_config["route"]["group_wait"]))
+    return parse_duration(am_config["route"]["group_wait"])
+
+
+def parse_duration(text: str) -> float:
+    """A Prometheus duration (``5s``, ``1m``, ``4h``, ``1h30m``) in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    total, num, i = 0.0, "", 0
+    while i < len(text):
+        c = text[i]
+        if c.isdigit():
+            num += c
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else c
+        if unit not in units or not num:
+            raise ValueError(f"bad duration {text!r}")
+        total += int(num) * units[unit]
+        num = ""
+        i += len(unit)
+    if num:
+        raise ValueError(f"bad duration {text!r}")
+    return total
+
+
+@contextmanager
+def alert_stack(workdir: Path, exporter_url: str, interval: str = "1s",
+                token: str = "e2e-token-0123456789abcdef") -> Iterator[AlertStack]:
+    """Start the listener, Alertmanager and Prometheus; stop all of them on exit."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    prom_bin = find_binary(PROMETHEUS_BIN)
+    am_bin = find_binary(ALERTMANAGER_BIN, "alertmanager")
+    exporter_target = exporter_url.split("://", 1)[-1].rstrip("/")
+    with ExitStack() as stack:
+        listener = WebhookListener().start()
+        stack.callback(listener.stop)
+
+        # A trailing newline, as `... | base64 > webhook-token` leaves it.
+        token_file = workdir / "webhook-token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        am_config = alertmanager_config(listener.url("/-/alertmanager/webhook"), token_file)
+        am_yml = workdir / "alertmanager.yml"
+        am_yml.write_text(yaml.safe_dump(am_config, sort_keys=False))
+        (workdir / "alertmanager-data").mkdir(exist_ok=True)
+        # One process at a time, each ready (its port bound) before the next port is picked,
+        # so that two of ours can never be handed the same free port.
+        am, am_port = start_listening(stack, "alertmanager", lambda port: [
+            am_bin, f"--config.file={am_yml}",
+            f"--storage.path={workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ], workdir)
+        am_url = f"http://127.0.0.1:{am_port}"
+
+        prom_config = prometheus_config(exporter_target, f"127.0.0.1:{am_port}", interval)
+        prom_yml = workdir / "prometheus.yml"
+        prom_yml.write_text(yaml.safe_dump(prom_config, sort_keys=False))
+        prom, prom_port = start_listening(stack, "prometheus", lambda port: [
+            prom_bin, f"--config.file={prom_yml}",
+            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ], workdir)
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        processes = [am, prom]
+        yield AlertStack(workdir, token, listener, am, prom, am_url, prom_url,
+                         parse_duration(interval), _group_wait_seconds(am_config, "critical"),
+                         processes)
+
+
+def write_nonfinite_loss(snapshot_dir: Path, run: str, step: int = 1) -> float:
+    """Append one native record with a NaN loss (the JSON token) to <run>/rank-0.jsonl.
+
+    Returns time.monotonic() taken right before the write."""
+    path = snapshot_dir / run / "rank-0.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (f'{{"run": "{run}", "rank": 0, "step": {step}, "time": {time.time():.3f}, '
+            f'"metrics": {{"loss": NaN}}}}\n')
+    t0 = time.monotonic()
+    with path.open("a") as fh:
+        fh.write(line)
+    return t0
+
+
+def latency_report(latencies_s: list[float], interval_s: float, group_wait_s: float,
+                   source: str, **extra: Any) -> dict[str, Any]:
+    """The bench/results/alert_latency.json document."""
+    s = sorted(latencies_s)
+    n = len(s)
+    median = (s[(n - 1) // 2] + s[n // 2]) / 2 if n else float("nan")
+    target = interval_s + interval_s + group_wait_s + 2.0
+    return {
+        "benchmark": "snapshot with a NaN loss written -> red-card webhook POST received",
+        "source": source,
+        "path": "exporter (inotify) -> Prometheus scrape -> rule evaluation -> Alertmanager "
+                "(red route group_wait) -> webhook",
+        "scrape_interval_s": interval_s,
+        "evaluation_interval_s": interval_s,
+        "group_wait_s": group_wait_s,
+        "target_s": target,
+        "target_rule": "scrape_interval + evaluation_interval + group_wait + 2 s",
+        "n": n,
+        "latencies_s": [round(x, 3) for x in latencies_s],
+        "median_s": round(median, 3),
+        "max_s": round(s[-1], 3) if s else float("nan"),
+        "min_s": round(s[0], 3) if s else float("nan"),
+        "max_within_target": bool(s) and s[-1] <= target,
+        **extra,
+    }

@@ -1,0 +1,159 @@
+"""The Prometheus rule files: promtool accepts them, their unit tests pass, and every card keeps
+the contract of DESIGN.md's alert catalog (names, severity/card, annotations, runbook section)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PROM = ROOT / "prometheus"
+RULES = PROM / "rules"
+RULE_FILES = [RULES / "grpo-thresholds.yml", RULES / "grpo-signals.yml", RULES / "grpo-alerts.yml"]
+ALERTS_YML = RULES / "grpo-alerts.yml"
+TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
+RUNBOOK = ROOT / "docs" / "runbook.md"
+
+# DESIGN.md "Alert catalog (minimum; names are part of the contract)": name -> card.
+CATALOG = {
+    "GRPONonFiniteValues": "red",
+    "GRPOKLExplosion": "red",
+    "GRPOEntropyCollapse": "red",
+    "GRPORankStalled": "red",
+    "GRPOKLGrowthAccelerating": "yellow",
+    "GRPOKLTailOutliers": "yellow",
+    "GRPORewardHackingSuspected": "yellow",
+    "GRPOResponseLengthShift": "yellow",
+    "GRPORewardStdRising": "yellow",
+    "GRPORewardQuantileExtreme": "yellow",
+    "GRPOAdvantageVanishing": "yellow",
+    "GRPOGroupDominated": "yellow",
+    "GRPOGradNormSpike": "yellow",
+    "GRPOStepTimeDrift": "yellow",
+    "GRPOThroughputDrop": "yellow",
+}
+CARD_OF_SEVERITY = {"critical": "red", "warning": "yellow"}
+
+
+def promtool() -> str:
+    path = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
+    if path is None:
+        pytest.fail("promtool not on PATH: install Debian's prometheus package (make system-deps)")
+    return path
+
+
+def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [r for g in load(ALERTS_YML)["groups"] for r in g["rules"] if "alert" in r]
+
+
+ALERTS = alert_rules()
+ALERT_IDS = [r["alert"] for r in ALERTS]
+
+
+# -- promtool -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules(path: Path) -> None:
+    res = run_promtool("check", "rules", str(path))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "SUCCESS" in out, out
+
+
+def test_promtool_check_config() -> None:
+    """prometheus.yml is valid and the rule files it lists load (promtool checks them too)."""
+    res = run_promtool("check", "config", str(PROM / "prometheus.yml"))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    for path in RULE_FILES:
+        assert path.name in out, f"prometheus.yml does not load {path.name}:\n{out}"
+
+
+def test_promtool_test_rules() -> None:
+    assert TEST_FILES, "no prometheus/tests/*.test.yml"
+    res = run_promtool("test", "rules", *map(str, TEST_FILES))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# -- the cards' contract -----------------------------------------------------------------------
+
+def test_catalog_alerts_all_exist() -> None:
+    # (Two rules may share an alert name, e.g. one per branch, each with its own description.)
+    names = set(ALERT_IDS)
+    missing = sorted(set(CATALOG) - names)
+    assert not missing, f"DESIGN.md catalog alerts missing from grpo-alerts.yml: {missing}"
+
+
+@pytest.mark.parametrize("rule", ALERTS, ids=ALERT_IDS)
+def test_alert_contract(rule: dict[str, Any]) -> None:
+    name = rule["alert"]
+    assert re.fullmatch(r"GRPO(?:[A-Z][a-z0-9]*)+", name), f"{name}: not GRPO + CamelCase"
+
+    labels = rule.get("labels") or {}
+    severity = labels.get("severity")
+    assert severity in CARD_OF_SEVERITY, f"{name}: severity {severity!r}"
+    assert labels.get("card") == CARD_OF_SEVERITY[severity], f"{name}: card {labels.get('card')!r} for {severity}"
+    if name in CATALOG:
+        assert labels["card"] == CATALOG[name], f"{name}: DESIGN.md says a {CATALOG[name]} card"
+
+    ann = rule.get("annotations") or {}
+    assert ann.get("summary"), f"{name}: no summary"
+    assert "{{" not in ann["summary"], f"{name}: the summary must be static (it groups notifications)"
+    assert "{{ $value" in ann.get("description", ""), f"{name}: the description must show the value"
+    assert "grpo_step" in ann["description"], f"{name}: the description must show the step"
+    url = ann.get("runbook_url", "")
+    assert url.endswith("docs/runbook.md#" + name.lower()), f"{name}: runbook_url {url!r}"
+
+
+def test_every_threshold_is_used() -> None:
+    thresholds = [r["record"] for g in load(RULES / "grpo-thresholds.yml")["groups"] for r in g["rules"]]
+    assert all(t.startswith("grpo:threshold:") for t in thresholds), thresholds
+    used = ALERTS_YML.read_text() + (RULES / "grpo-signals.yml").read_text()
+    unused = [t for t in thresholds if not re.search(re.escape(t) + r"\b", used)]
+    assert not unused, f"thresholds no rule reads: {unused}"
+
+
+def test_runbook_has_a_section_per_alert() -> None:
+    assert RUNBOOK.exists(), "docs/runbook.md is missing (every runbook_url points into it)"
+    text = RUNBOOK.read_text()
+    missing = [n for n in ALERT_IDS if not re.search(rf"^## {re.escape(n)}\s*$", text, re.MULTILINE)]
+    assert not missing, f"docs/runbook.md lacks a '## <AlertName>' section for: {missing}"
+
+
+# -- the unit tests cover every card -----------------------------------------------------------
+
+def test_unit_tests_cover_every_alert() -> None:
+    """Each alert is proven to fire (non-empty exp_alerts) and to stay quiet (empty exp_alerts)."""
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    tested: set[str] = set()
+    for path in TEST_FILES:
+        doc = load(path)
+        loaded = {(path.parent / f).resolve() for f in doc.get("rule_files", [])}
+        assert {p.resolve() for p in RULE_FILES} <= loaded, f"{path.name} must load all three rule files"
+        for group in doc.get("tests", []):
+            for series in group.get("input_series", []):
+                assert not series["series"].startswith("grpo:threshold:"), (
+                    f"{path.name}: thresholds come from the rules, not from input series")
+            for case in group.get("alert_rule_test", []) or []:
+                name = case["alertname"]
+                tested.add(name)
+                (fires if case.get("exp_alerts") else quiet).add(name)
+    unknown = sorted(tested - set(ALERT_IDS))
+    assert not unknown, f"tests name alerts the rules do not have (an empty exp_alerts passes vacuously): {unknown}"
+    assert not sorted(set(ALERT_IDS) - fires), f"no firing case for: {sorted(set(ALERT_IDS) - fires)}"
+    assert not sorted(set(ALERT_IDS) - quiet), f"no quiet case for: {sorted(set(ALERT_IDS) - quiet)}"

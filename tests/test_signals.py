@@ -1,0 +1,133 @@
+"""Step-window features: baselines, windows in steps, restarts, re-baselining."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import Running, value
+from grpo_monitor.signals import RankSignals
+
+
+def feed(sig: RankSignals, steps: range, fn: Callable[[int], dict[str, float]], paused: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    for s in steps:
+        sig.add(s, fn(s), s in paused)
+
+
+def test_baseline_is_the_first_steps_and_record_only() -> None:
+    sig = RankSignals(baseline_steps=200)
+    feed(sig, range(1, 200), lambda s: {"kl/mean": float(s)})
+    assert not sig.ready and sig.features().baseline == {}
+    feed(sig, range(200, 400), lambda s: {"kl/mean": float(s)})
+    f = sig.features()
+    assert f.ready
+    mean, std = f.baseline["kl/mean"]
+    assert mean == pytest.approx(100.5)  # steps 1..200
+    assert std == pytest.approx(math.sqrt(sum((x - 100.5) ** 2 for x in range(1, 201)) / 199))
+
+
+def test_windows_min_max_mean_growth() -> None:
+    sig = RankSignals(baseline_steps=10)
+    feed(sig, range(1, 401), lambda s: {"entropy/mean": float(s)})
+    f = sig.features()
+    means = {(w, o): m for k, w, o, m in f.means}
+    assert means[(50, 0)] == pytest.approx(375.5)  # steps 351..400
+    assert means[(50, 200)] == pytest.approx(175.5)  # steps 151..200
+    assert means[(100, 300)] == pytest.approx(50.5)  # steps 1..100
+    growth = {o: g for k, o, g in f.growth}
+    assert growth[0] == pytest.approx(350.5 / 250.5 - 1)
+    extremes = {w: (lo, hi) for k, w, lo, hi in f.extremes}
+    assert extremes[50] == (351.0, 400.0)
+    # Complete windows 100-199, 200-299, 300-399 (1-99 is partial): the last two rose.
+    assert f.rising["entropy/mean"] == 2
+
+
+def test_a_window_waits_for_enough_history() -> None:
+    sig = RankSignals(baseline_steps=10)
+    feed(sig, range(1, 150), lambda s: {"loss": 1.0})
+    means = {(w, o) for k, w, o, m in sig.features().means}
+    assert (50, 0) in means and (100, 0) in means
+    assert (50, 200) not in means and (200, 0) not in means
+
+
+def test_windows_are_in_steps_for_sparse_keys() -> None:
+    # Quantiles logged every 100 steps: a 100-step window holds one value, not a hundred.
+    sig = RankSignals(baseline_steps=10)
+    for s in range(1, 1001):
+        sig.add(s, {"reward/p95": float(s)} if s % 100 == 0 else {"loss": 0.0}, False)
+    means = {(w, o): m for k, w, o, m in sig.features().means if k == "reward/p95"}
+    assert means[(100, 0)] == 1000.0
+    assert means[(100, 300)] == 700.0
+
+
+def test_perf_values_of_checkpoint_steps_are_left_out() -> None:
+    sig = RankSignals(baseline_steps=100)
+    feed(sig, range(1, 301), lambda s: {"perf/step_time_s": 50.0 if s % 100 == 0 else 5.0},
+         paused={100, 200, 300})
+    f = sig.features()
+    assert f.baseline["perf/step_time_s"] == (5.0, 0.0)
+    assert {w: (lo, hi) for k, w, lo, hi in f.extremes}[50] == (5.0, 5.0)
+
+
+def test_going_back_in_steps_restarts_the_windows_not_the_baseline() -> None:
+    sig = RankSignals(baseline_steps=100)
+    feed(sig, range(1, 501), lambda s: {"loss": 1.0})
+    sig.add(480, {"loss": math.nan}, False)
+    assert sig.features().nonfinite["loss"] == 1
+    feed(sig, range(300, 360), lambda s: {"loss": 2.0})  # resumed from the step-300 checkpoint
+    f = sig.features()
+    assert f.nonfinite["loss"] == 0
+    assert {(w, o): m for k, w, o, m in f.means}[(50, 0)] == 2.0
+    assert f.baseline["loss"] == (1.0, 0.0)
+
+
+def test_rebaseline_takes_the_last_steps() -> None:
+    sig = RankSignals(baseline_steps=100)
+    feed(sig, range(1, 401), lambda s: {"kl/mean": 1.0 if s <= 200 else 3.0})
+    assert sig.features().baseline["kl/mean"][0] == 1.0
+    sig.rebaseline(100)
+    assert sig.features().baseline["kl/mean"] == (3.0, 0.0)
+    assert sig.ready
+
+
+def native(step: int, **metrics: float) -> str:
+    return json.dumps({"run": "exp", "rank": 0, "step": step, "metrics": metrics}) + "\n"
+
+
+def test_nonfinite_unknown_key_reaches_the_red_card_window(exporter: Running, snapshot_dir: Path) -> None:
+    path = snapshot_dir / "exp" / "rank-0.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"step": 1, "metrics": {"reward_raw": NaN, "loss": 0.1}}\n')
+    exporter.wait_value("grpo_window_nonfinite", 1, run="exp", rank="0", key="reward_raw", window_steps="50")
+
+
+def test_rebaseline_command_applies_and_survives_a_restart(
+        start_exporter: Callable[..., Running], snapshot_dir: Path) -> None:
+    first = start_exporter()
+    path = snapshot_dir / "exp" / "rank-0.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(native(s, **{"kl/mean": 1.0 if s <= 300 else 4.0}) for s in range(1, 501)))
+    first.wait_value("grpo_baseline_mean", 1.0, run="exp", rank="0", key="kl/mean")
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "rebaseline", "--snapshot.dir",
+                           str(snapshot_dir), "exp", "--steps", "100"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "up to step 500" in proc.stdout
+    first.wait_value("grpo_baseline_mean", 4.0, run="exp", rank="0", key="kl/mean")
+    first.exporter.stop()
+    # A restart replays the run and the re-baseline request with it.
+    second = start_exporter()
+    assert value(second.scrape(), "grpo_baseline_mean", run="exp", rank="0", key="kl/mean") == 4.0
+
+
+def test_rebaseline_rejects_a_run_without_steps(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "rebaseline", "--snapshot.dir",
+                           str(tmp_path), "empty"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no step found" in proc.stderr
