@@ -29,10 +29,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
-# promtool (in Debian's prometheus) lints the exposition in the tests; the benchmarks compare
-# with node_exporter's textfile collector.
+# The tests run the real prometheus, promtool, prometheus-alertmanager and amtool; the
+# benchmarks compare with node_exporter's textfile collector.
 system-deps:
-	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && \
+	@command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null && \
+	  command -v amtool >/dev/null && command -v prometheus-node-exporter >/dev/null || \
+	  { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	  prometheus prometheus-alertmanager prometheus-node-exporter; }
 
@@ -40,6 +42,7 @@ bench: deps system-deps
 	$(PY) bench/bench_writer.py
 	$(PY) bench/bench_latency.py
 	$(PY) bench/bench_scrape.py
+	$(PY) bench/bench_alert_latency.py
 
 docs: deps
 	$(PY) -m grpo_monitor.metrics_doc > docs/metrics.md

@@ -66,6 +66,8 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     _add(p, "--metrics.max-prompt-types", "Per run: distinct by_type prompt types exported.",
          default=32, type=int)
     _add(p, "--metrics.max-event-types", "Per run: distinct event types counted.", default=32, type=int)
+    _add(p, "--signals.baseline-steps", "Steps of each rank's baseline period (seed 000 §3.3); "
+         "cards that compare to a baseline wait for it.", default=200, type=int)
     _add(p, "--log.level", "Log level: debug, info, warn, error.", default="info")
 
 
@@ -81,7 +83,8 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         max_file_bytes=v["snapshot.max_file_bytes"], max_line_bytes=v["snapshot.max_line_bytes"],
         limits=Limits(max_unknown_keys=v["metrics.max_unknown_keys"],
                       max_prompt_types=v["metrics.max_prompt_types"],
-                      max_event_types=v["metrics.max_event_types"]))
+                      max_event_types=v["metrics.max_event_types"],
+                      baseline_steps=v["signals.baseline_steps"]))
 
 
 def _setup_logging(level: str) -> None:

@@ -62,6 +62,9 @@ class ExporterHealth:
         self.ready = Gauge(
             "grpo_exporter_ready", "1 once the snapshots already on disk at start-up are replayed.",
             registry=self.registry)
+        self.internal_errors = Counter(
+            "grpo_exporter_internal_errors", "Unexpected errors in the ingest thread (each logged "
+            "with its traceback); the thread goes on. Any is a bug.", registry=self.registry)
         self.expired = Counter(
             "grpo_runs_expired", "Runs dropped from /metrics after no snapshot for --snapshot.run-timeout.",
             registry=self.registry)

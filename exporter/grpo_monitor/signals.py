@@ -194,7 +194,10 @@ class RankSignals:
         rising: dict[str, int] = {}
         nonfinite: dict[str, int] = {}
         for key, h in self.keys.items():
-            nonfinite[key] = len(h.nonfinite_steps)
+            # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
+            # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
+            if h.nonfinite_steps:
+                nonfinite[key] = len(h.nonfinite_steps)
             if ready and h.baseline.n:
                 baseline[key] = (h.baseline.mean, h.baseline.stddev)
             now = self.step
@@ -214,6 +217,6 @@ class RankSignals:
                 chunk = h.window(now, window, 0)
                 if chunk is not None:
                     extremes.append((key, window, min(chunk), max(chunk)))
-            if not perf:
+            if not perf and h.last_block_mean is not None:
                 rising[key] = h.rising
         return Features(ready, baseline, means, growth, extremes, rising, nonfinite)

@@ -151,6 +151,7 @@ class SnapshotWatcher:
         try:
             fn(*args)
         except Exception:
+            self.ingestor.health.internal_errors.inc()
             log.exception("unexpected error in %s%s", getattr(fn, "__name__", fn), args)
 
     def _maintain(self) -> None:
