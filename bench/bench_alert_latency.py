@@ -25,8 +25,6 @@ cycles plus the red route's group_wait plus 2 s for the exporter, the sends and 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import sys
 import tempfile
@@ -39,6 +37,7 @@ from stack import alert_stack, latency_report, write_nonfinite_loss  # noqa: E40
 
 from grpo_monitor.app import Exporter  # noqa: E402
 from grpo_monitor.config import ExporterConfig  # noqa: E402
+from results_io import machine, write_result
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "alert_latency.json"
 TRIAL_TIMEOUT_S = 60.0
@@ -74,10 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                 report = latency_report(
                     latencies, stack.interval_s, stack.group_wait_s,
                     source="bench/bench_alert_latency.py", seed=args.seed,
-                    machine={"python": platform.python_version(), "platform": platform.platform()})
+                    machine=machine())
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report)
     print(f"median {report['median_s']} s, max {report['max_s']} s, target "
           f"{report['target_s']} s (scrape {report['scrape_interval_s']:g} s + evaluation "
           f"{report['evaluation_interval_s']:g} s + group_wait {report['group_wait_s']:g} s + 2 s)"

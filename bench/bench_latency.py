@@ -35,9 +35,7 @@ separate exporter process would show.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -52,6 +50,7 @@ from grpo_monitor.app import Exporter
 from grpo_monitor.config import ExporterConfig
 from grpo_monitor.keys import SIGNALS
 from grpo_monitor.sdk.writer import SnapshotWriter
+from results_io import machine, write_result
 
 RUN = "bench"
 SERIES = b'\ngrpo_step{run="bench",rank="0"} '
@@ -228,16 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         "keepalive": not args.no_keepalive,
         "cases": cases,
         "target": {"inotify_p99_ms": TARGET_P99_MS, "met": p99 <= TARGET_P99_MS},
-        "python": sys.version.split()[0],
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        **machine(),
         "wall_s": round(time.perf_counter() - started, 1),
         "time": time.time(),
     }
     print(f"inotify p99 {p99:.1f} ms vs target {TARGET_P99_MS:.0f} ms: "
           f"{'met' if result['target']['met'] else 'MISSED'}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

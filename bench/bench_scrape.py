@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import shutil
 import signal
@@ -48,6 +46,7 @@ from grpo_monitor import exposition as ex
 from grpo_monitor.app import Exporter
 from grpo_monitor.config import ExporterConfig
 from grpo_monitor.keys import SIGNALS
+from results_io import machine, write_result
 
 RUN = "bench"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
@@ -278,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "exporter": ours,
         "node_exporter_textfile": node,
         "target": {"scrape_median_ms": TARGET_SCRAPE_MS, "met": med <= TARGET_SCRAPE_MS},
-        "python": sys.version.split()[0],
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        **machine(),
         "wall_s": round(time.perf_counter() - started, 1),
         "time": time.time(),
     }
@@ -302,9 +300,7 @@ def main(argv: list[str] | None = None) -> int:
               f"which {node['grpo_summary_sum_count_added']} _sum/_count it adds; {node['version']})")
     print(f"scrape median {med:.1f} ms vs target {TARGET_SCRAPE_MS:.0f} ms: "
           f"{'met' if result['target']['met'] else 'MISSED'}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

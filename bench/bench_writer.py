@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpo_monitor import SnapshotWriter
+from results_io import machine, write_result
 
 WARMUP = 2000
 
@@ -77,17 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         "line_bytes": line_bytes,
         "log": _summary(log_ns),
         "json_dumps": _summary(dumps_ns),
-        "python": sys.version.split()[0],
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        **machine(),
         "time": time.time(),
     }
     for name in ("log", "json_dumps"):
         r = result[name]
         print(f"{name:>10}: median {r['median_us']:.1f} us  p90 {r['p90_us']:.1f} us  "
               f"p99 {r['p99_us']:.1f} us")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

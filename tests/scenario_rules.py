@@ -19,7 +19,7 @@ from pathlib import Path
 from grpo_monitor.health import ExporterHealth
 from grpo_monitor.ingest import Ingestor
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.simulate import SCENARIOS, generate
+from grpo_monitor.simulate import generate
 from grpo_monitor.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,4 +128,3 @@ def scrape_index_before(played: Played, step: int) -> int:
     return max(i for i, s in enumerate(played.scrape_steps) if s < step)
 
 
-__all__ = ["SCENARIOS", "Played", "check_cards", "play", "scrape_index_before"]
