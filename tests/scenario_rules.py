@@ -24,7 +24,7 @@ from grpo_monitor.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_FILES = [str(ROOT / "prometheus" / "rules" / f) for f in
-              ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml")]
+              ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml", "grpo-cluster.yml")]
 # The series the rules read; the rest of a scrape only slows promtool down.
 RULE_INPUTS = ("grpo_step{", "grpo_kl_mean{", "grpo_baseline_", "grpo_window_", "grpo_rising_windows{")
 
@@ -112,15 +112,10 @@ def check_cards(played: Played, checks: list[tuple[int, set[str]]], tmp: Path) -
 
 
 def _severities() -> dict[str, str]:
-    sev: dict[str, str] = {}
-    name = None
-    for line in (ROOT / "prometheus" / "rules" / "grpo-alerts.yml").read_text().splitlines():
-        line = line.strip()
-        if line.startswith("- alert:"):
-            name = line.split(":", 1)[1].strip()
-        elif line.startswith("severity:") and name:
-            sev[name] = line.split(":", 1)[1].strip()
-    return sev
+    import yaml
+
+    return {r["alert"]: r["labels"]["severity"] for f in RULE_FILES
+            for g in yaml.safe_load(Path(f).read_text())["groups"] for r in g["rules"] if "alert" in r}
 
 
 def scrape_index_before(played: Played, step: int) -> int:

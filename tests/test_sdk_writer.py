@@ -58,6 +58,7 @@ def step_files(run_dir: Path, rank: int = 0) -> list[Path]:
 
 def test_record_has_contract_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     before = time.time()
     with SnapshotWriter(tmp_path, "exp-42", rank=3, world_size=8) as w:
         assert w.log({"reward/mean": 0.41, "kl/mean": 0.03}, 1200,
@@ -71,8 +72,9 @@ def test_record_has_contract_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     path = tmp_path / "exp-42" / "rank-3.jsonl"
     assert w.path == str(path)
     first, second = read_records(path)
-    assert list(first) == ["run", "rank", "world_size", "host", "local_rank", "step", "time",
-                           "metrics", "by_type", "samples", "events"]
+    assert list(first) == ["run", "rank", "world_size", "host", "local_rank", "gpu", "gpu_uuid",
+                           "step", "time", "metrics", "by_type", "samples", "events"]
+    assert first["gpu"] == "6" and first["gpu_uuid"] is None  # LOCAL_RANK 2 of the visible 4..7
     assert first["run"] == "exp-42" and first["rank"] == 3 and first["world_size"] == 8
     assert first["host"] == socket.gethostname() and first["local_rank"] == 2
     assert first["step"] == 1200 and before <= first["time"] <= after
@@ -81,7 +83,7 @@ def test_record_has_contract_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert first["samples"][0]["responses"] == [{"text": "2", "reward": 1.0, "length": 1}]
     assert first["events"] == [{"type": "checkpoint_save", "duration_s": 41.0}]
     # Optional sections are absent, not null, when not given.
-    assert set(second) == {"run", "rank", "world_size", "host", "local_rank", "step", "time",
+    assert set(second) == {"run", "rank", "world_size", "host", "local_rank", "gpu", "gpu_uuid", "step", "time",
                            "metrics"}
     assert second["step"] == 1201 and second["time"] >= first["time"]
 

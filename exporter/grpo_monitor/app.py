@@ -1,9 +1,10 @@
-"""The exporter assembled: store, ingestion, watcher and HTTP server."""
+"""The exporter assembled: store, ingestion, watcher, GPU collector and HTTP server."""
 
 from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from grpo_monitor.collectors.gpu import GPUCollector
 from grpo_monitor.config import ExporterConfig
 from grpo_monitor.health import ExporterHealth
 from grpo_monitor.http import ExporterServer
@@ -23,6 +24,8 @@ class Exporter:
         self.watcher = SnapshotWatcher(
             self.ingestor, poll=config.poll, poll_interval=config.poll_interval,
             rescan_interval=config.rescan_interval, run_timeout=config.run_timeout)
+        self.gpu = (GPUCollector(config.gpu_interval, nvml=config.gpu_nvml, registry=self.health.registry)
+                    if config.gpu_collector else None)
         self.server = ExporterServer(config.listen_address, self.metrics, self.watcher.ready.is_set)
 
     @property
@@ -35,6 +38,8 @@ class Exporter:
         return body + generate_latest(self.health.registry)
 
     def start(self) -> "Exporter":
+        if self.gpu is not None:
+            self.gpu.start()
         self.watcher.start()
         self.server.start()
         return self
@@ -42,6 +47,8 @@ class Exporter:
     def stop(self) -> None:
         self.server.stop()
         self.watcher.stop()
+        if self.gpu is not None:
+            self.gpu.stop()
 
     def __enter__(self) -> "Exporter":
         return self.start()

@@ -68,6 +68,10 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     _add(p, "--metrics.max-event-types", "Per run: distinct event types counted.", default=32, type=int)
     _add(p, "--signals.baseline-steps", "Steps of each rank's baseline period (seed 000 §3.3); "
          "cards that compare to a baseline wait for it.", default=200, type=int)
+    _add(p, "--collector.gpu", "GPU health from NVML (pynvml); without NVML or a GPU it exports "
+         "grpo_gpu_collector_up 0 and nothing else.", default=True, action=argparse.BooleanOptionalAction)
+    _add(p, "--collector.gpu.interval", "How often the GPU collector reads NVML (never on a scrape).",
+         default=5.0, type=parse_duration)
     _add(p, "--log.level", "Log level: debug, info, warn, error.", default="info")
 
 
@@ -84,7 +88,8 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         limits=Limits(max_unknown_keys=v["metrics.max_unknown_keys"],
                       max_prompt_types=v["metrics.max_prompt_types"],
                       max_event_types=v["metrics.max_event_types"],
-                      baseline_steps=v["signals.baseline_steps"]))
+                      baseline_steps=v["signals.baseline_steps"]),
+        gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"])
 
 
 def _setup_logging(level: str) -> None:

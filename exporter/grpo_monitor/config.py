@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grpo_monitor.store import Limits
 
@@ -50,3 +51,8 @@ class ExporterConfig:
     max_file_bytes: int = 16 * 2**20
     max_line_bytes: int = 2**20
     limits: Limits = field(default_factory=Limits)
+    # NVML GPU health (collectors/gpu.py): off the scrape path, every gpu_interval seconds.
+    gpu_collector: bool = True
+    gpu_interval: float = 5.0
+    # A pynvml-shaped module for the GPU collector (tests inject a fake); None imports pynvml.
+    gpu_nvml: Any = field(default=None, repr=False, compare=False)

@@ -53,6 +53,10 @@ LAST_SNAPSHOT = Family(
     "grpo_last_snapshot_timestamp_seconds", "gauge",
     "Trainer clock (unix seconds) of the newest snapshot; the file's mtime when it has no time.")
 WORLD_SIZE = Family("grpo_world_size", "gauge", "Number of ranks the trainer reports.")
+RANK_INFO = Family(
+    "grpo_rank_info", "gauge",
+    "Where a rank runs (host, local_rank, gpu index, uuid as NVML reports them); constant 1. "
+    "Join with grpo_gpu_* on uuid, or on gpu within the node's instance.")
 UNKNOWN_VALUE = Family(
     "grpo_metric_value", "gauge",
     "A numeric snapshot key outside the canonical set, labelled by key (capped per run).")
@@ -95,10 +99,10 @@ FEATURE_FAMILIES: tuple[Family, ...] = (
 # are the quantiles of the step's observations, and promtool rejects the label on a gauge.
 SIGNAL_FAMILIES: dict[str, Family] = {}
 for _s in SIGNALS:
-    unit = "" if _s.unit in ("ratio", "seconds", "tokens") else f" Unit: {_s.unit}."
+    unit = "" if _s.unit in ("ratio", "seconds", "tokens", "bytes") else f" Unit: {_s.unit}."
     kind = "summary" if any(k == "quantile" for k, _ in _s.labels) else "gauge"
     SIGNAL_FAMILIES.setdefault(_s.metric, Family(_s.metric, kind, _s.help + unit))
 
 RANK_FAMILIES: tuple[Family, ...] = (
-    STEP, LAST_SNAPSHOT, WORLD_SIZE, *SIGNAL_FAMILIES.values(), UNKNOWN_VALUE, NONFINITE, EVENTS,
+    STEP, LAST_SNAPSHOT, WORLD_SIZE, RANK_INFO, *SIGNAL_FAMILIES.values(), UNKNOWN_VALUE, NONFINITE, EVENTS,
     *FEATURE_FAMILIES)

@@ -93,6 +93,12 @@ SIGNALS: tuple[Signal, ...] = (
            "samples/s", ("samples_per_sec", "samples_per_s")),
     Signal("perf/tokens_per_s", "grpo_throughput_tokens_per_second", "Training throughput.",
            "tokens/s", ("perf/throughput", "tokens_per_sec")),
+    Signal("perf/comm_time_s", "grpo_communication_duration_seconds",
+           "Time of the step spent in collective communication (all-reduce, all-gather).",
+           "seconds", ("comm_time", "perf/comm_time", "timing_s/comm")),
+    Signal("perf/memory_allocated_bytes", "grpo_memory_allocated_bytes",
+           "Peak device memory the rank's process allocated during the step.", "bytes",
+           ("memory_allocated_bytes", "perf/max_memory_allocated_bytes")),
 )
 
 SIGNALS_BY_KEY: dict[str, Signal] = {s.key: s for s in SIGNALS}

@@ -200,6 +200,11 @@ def _grad_norm_spike(sim: Sim, k: int, m: dict[str, float]) -> None:
     m["grad/norm"] *= 8
 
 
+def _slow_rank(rank: int, factor: float) -> Callable[[Sim, int, int], float]:
+    # §2.4: one slow node; its rank's own step time (compute, before the collective) grows.
+    return lambda sim, k, r: 1 + (factor - 1) * min(k, 100) / 100 if r == rank else 1.0
+
+
 def _slow_all(factor: float) -> Callable[[Sim, int, int], float]:
     # §4.5: a flaky NVLink on one node makes the gradient sync retry: every rank waits.
     return lambda sim, k, rank: 1 + (factor - 1) * min(k, 100) / 100
@@ -239,6 +244,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "table §3.3", ("GRPOGradNormSpike",), sicken=_grad_norm_spike),
     Scenario("step_time_drift", "Every rank's step time 35% longer.", "§2.4",
              ("GRPOStepTimeDrift",), slow=_slow_all(1.35)),
+    Scenario("straggler", "Rank 3 computes 30% slower than the others.", "§2.4",
+             ("GRPORankStraggler", "GRPOStepTimeDrift"), slow=_slow_rank(3, 1.3)),
     Scenario("throughput_drop", "samples/s from 1.8 to 1.0 per rank: a flaky NVLink.", "§4.5",
              ("GRPOThroughputDrop", "GRPOStepTimeDrift"), slow=_slow_all(1.8)),
 )}
@@ -277,7 +284,9 @@ def generate(
                 step_time += step_seconds * 4
             clock[rank] += step_time
             perf = {"perf/step_time_s": step_time,
-                    "perf/samples_per_s": SAMPLES_PER_STEP / step_time}
+                    "perf/samples_per_s": SAMPLES_PER_STEP / step_time,
+                    "perf/comm_time_s": step_seconds * 0.15 * (1 + sim.rng.gauss(0, 0.05)),
+                    "perf/memory_allocated_bytes": 61e9 + sim.rng.gauss(0, 2e8)}
             if rank == 0:
                 by_type = {t: {"reward/mean": m["reward/mean"] + off}
                            for t, off in zip(PROMPT_TYPES, (0.15, 0.0, -0.15))}

@@ -92,8 +92,11 @@ class _Envelope(BaseModel):
 class NativeRecord(_Envelope):
     """Shape 1, what ``SnapshotWriter`` writes."""
 
-    host: str | None = None
+    host: Annotated[str, Field(max_length=253)] | None = None
     local_rank: NonNegativeInt | None = None
+    gpu: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="physical GPU index as NVML numbers it")
+    gpu_uuid: Annotated[str, Field(max_length=96)] | None = None
     metrics: MetricsMap
     by_type: dict[NameStr, MetricsMap] = {}
     samples: list[Sample] = []
@@ -152,6 +155,8 @@ class Snapshot:
     by_type_unknown: dict[str, dict[str, float]] = field(default_factory=dict)  # same keys as by_type
     samples: list[Sample] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    # Where the rank runs: (host, local_rank, gpu, gpu_uuid), each "" when unknown.
+    placement: tuple[str, str, str, str] | None = None
     # Problems that cost part of the record, as (reason, detail) for the error counter.
     problems: list[tuple[str, str]] = field(default_factory=list)
 
@@ -277,12 +282,15 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
         by_type_unknown: dict[str, dict[str, float]] = {}
         for ptype, values in rec.by_type.items():
             by_type[ptype], by_type_unknown[ptype] = normalize_metrics(values, problems)
+        placement = None
+        if rec.host or rec.gpu or rec.gpu_uuid:
+            placement = (rec.host or "", "" if rec.local_rank is None else str(rec.local_rank),
+                         rec.gpu or "", rec.gpu_uuid or "")
         return Snapshot(
             run=rec.run or run, rank=rank if rec.rank is None else rec.rank, step=rec.step,
             time=mtime if rec.time is None else rec.time, shape=shape, world_size=rec.world_size,
             metrics=metrics, unknown=unknown, by_type=by_type, by_type_unknown=by_type_unknown,
-            samples=rec.samples,
-            events=rec.events, problems=problems)
+            samples=rec.samples, events=rec.events, placement=placement, problems=problems)
     if shape == "verl":
         verl = _validate(VerlRecord, obj, problems)
         assert isinstance(verl, VerlRecord)

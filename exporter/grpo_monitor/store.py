@@ -44,6 +44,7 @@ class RankState:
     step: int = 0
     time: float = 0.0
     world_size: int | None = None
+    placement: tuple[str, str, str, str] | None = None
     values: dict[str, float] = field(default_factory=dict)
     by_type: dict[str, dict[str, float]] = field(default_factory=dict)
     # (key, prompt_type or "") -> value, for keys outside the canonical set.
@@ -63,6 +64,11 @@ class RankState:
             f"{ex.LAST_SNAPSHOT.name}{{{base}}} {ex.format_value(self.time)}\n")
         if self.world_size is not None:
             out[ex.WORLD_SIZE.name].append(f"{ex.WORLD_SIZE.name}{{{base}}} {self.world_size}\n")
+        if self.placement is not None:
+            host, local_rank, gpu, uuid = (ex.escape_label(v) for v in self.placement)
+            out[ex.RANK_INFO.name].append(
+                f'{ex.RANK_INFO.name}{{{base},host="{host}",local_rank="{local_rank}",gpu="{gpu}",'
+                f'uuid="{uuid}"}} 1\n')
         typed = [(f'{base},prompt_type="{ex.escape_label(t)}"', v) for t, v in self.by_type.items()]
         for sig in SIGNALS:
             extra = "".join(f',{k}="{v}"' for k, v in sig.labels)
@@ -171,6 +177,8 @@ class RunStore:
                 rank.pending_rebaseline = None
             if snap.world_size is not None:
                 rank.world_size = snap.world_size
+            if snap.placement is not None:
+                rank.placement = snap.placement
             rank.values.update(snap.metrics)
             self._count_nonfinite(rank, snap.metrics)
             for name, value in snap.unknown.items():

@@ -78,6 +78,33 @@ def _dist_rank_and_world_size() -> tuple[int, int] | None:
     return None
 
 
+def _gpu_identity(local_rank: int | None) -> tuple[str | None, str | None]:
+    """The physical GPU index (as NVML numbers it) and UUID this rank trains on, when known.
+
+    torch is consulted only when the trainer already initialised CUDA; otherwise the index comes
+    from LOCAL_RANK through CUDA_VISIBLE_DEVICES, the usual one-GPU-per-rank placement.
+    """
+    torch = sys.modules.get("torch")
+    uuid = None
+    device = local_rank
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+            raw = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+            uuid = (raw if raw.startswith("GPU-") else f"GPU-{raw}") if raw else None
+    except Exception:  # noqa: BLE001 -- identity is a nicety; never fail the trainer for it
+        pass
+    if device is None:
+        return None, uuid
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if visible and device < len(visible):
+        gpu = visible[device]
+        if gpu.startswith("GPU-") and uuid is None:
+            return None, gpu  # CUDA_VISIBLE_DEVICES may name GPUs by UUID
+        return gpu, uuid
+    return str(device), uuid
+
+
 def _env_int(*names: str) -> int | None:
     for name in names:
         raw = os.environ.get(name)
@@ -128,6 +155,8 @@ class SnapshotWriter:
         self.world_size: int = int(world_size)
         self.local_rank: int | None = _env_int("LOCAL_RANK")
         self.host: str = socket.gethostname()
+        # Which GPU: joins a straggling rank with its GPU's NVML series (grpo_rank_info).
+        self.gpu, self.gpu_uuid = _gpu_identity(self.local_rank)
         self.dir: str = os.path.join(os.fspath(snapshot_dir), run)
         self.path: str = os.path.join(self.dir, f"rank-{self.rank}.jsonl")
         self.max_bytes: int = max_bytes
@@ -137,7 +166,8 @@ class SnapshotWriter:
 
         header = _encode({
             "run": self.run, "rank": self.rank, "world_size": self.world_size,
-            "host": self.host, "local_rank": self.local_rank,
+            "host": self.host, "local_rank": self.local_rank, "gpu": self.gpu,
+            "gpu_uuid": self.gpu_uuid,
         })
         self._prefix: bytes = header[:-1] + b',"step":'
         self._segment_re = re.compile(rf"^rank-{self.rank}\.(\d{{6,}})\.jsonl$")
