@@ -333,3 +333,11 @@ def test_polling_observer(start_exporter: Callable[..., Running], snapshot_dir: 
     exporter.wait_value("grpo_loss", 0.5, run="exp", rank="0")
     append(snapshot_dir / "exp" / "rank-0.jsonl", native(2, **{"loss": 0.25}))
     exporter.wait_value("grpo_loss", 0.25, run="exp", rank="0")
+
+
+def test_rank_placement_becomes_rank_info(exporter: Running, snapshot_dir: Path) -> None:
+    rec = native(1, **{"loss": 0.1})
+    rec.update(host="node-7", local_rank=3, gpu="3", gpu_uuid="GPU-8b1c")
+    append(snapshot_dir / "exp" / "rank-11.jsonl", {**rec, "rank": 11})
+    exporter.wait_value("grpo_rank_info", 1, run="exp", rank="11", host="node-7", local_rank="3",
+                        gpu="3", uuid="GPU-8b1c")
