@@ -15,7 +15,7 @@ import sys
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -51,9 +51,9 @@ nvmlClocksEventReasonSwThermalSlowdown = 0x20
 
 
 class NVMLError(Exception):
-    _valClassMapping: dict[int, type[NVMLError]] = {}
+    _valClassMapping: ClassVar[dict[int, type[NVMLError]]] = {}
 
-    def __new__(typ, value):  # noqa: N804 (pynvml's spelling)
+    def __new__(typ, value):
         if typ == NVMLError:
             typ = NVMLError._valClassMapping.get(value, typ)
         obj = Exception.__new__(typ)
@@ -67,7 +67,7 @@ class NVMLError(Exception):
         return self.value == other.value  # type: ignore[attr-defined]
 
 
-def _extractNVMLErrorsAsClasses() -> None:  # noqa: N802 (as in pynvml)
+def _extractNVMLErrorsAsClasses() -> None:
     this_module = sys.modules[__name__]
     for err_name in [x for x in dir(this_module) if x.startswith("NVML_ERROR_")]:
         class_name = "NVMLError_" + string.capwords(err_name.replace("NVML_ERROR_", ""), "_").replace("_", "")
@@ -144,75 +144,75 @@ class FakeNVML:
             raise NVMLError(handle.errors[fn])
         return handle
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         self.calls["nvmlInit"] += 1
         if self.init_error is not None:
             raise NVMLError(self.init_error)
         self.initialized += 1
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self._enter("nvmlShutdown")
         self.initialized -= 1
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str:
         self._enter("nvmlSystemGetDriverVersion")
         return self.driver
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
         return len(self.devices)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDevice:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDevice:
         if not 0 <= index < len(self.devices):
             self._enter("nvmlDeviceGetHandleByIndex")
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return self._enter("nvmlDeviceGetHandleByIndex", self.devices[index])
 
-    def nvmlDeviceGetIndex(self, handle: FakeDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetIndex(self, handle: FakeDevice) -> int:
         return self.devices.index(self._enter("nvmlDeviceGetIndex", handle))
 
-    def nvmlDeviceGetUUID(self, handle: FakeDevice) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: FakeDevice) -> str:
         return self._enter("nvmlDeviceGetUUID", handle).uuid
 
-    def nvmlDeviceGetName(self, handle: FakeDevice) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: FakeDevice) -> str:
         return self._enter("nvmlDeviceGetName", handle).name
 
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> SimpleNamespace:
         d = self._enter("nvmlDeviceGetUtilizationRates", handle)
         return SimpleNamespace(gpu=d.utilization, memory=d.utilization // 2)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeDevice, version: int | None = None) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeDevice, version: int | None = None) -> SimpleNamespace:
         d = self._enter("nvmlDeviceGetMemoryInfo", handle)
         return SimpleNamespace(total=d.memory_total, free=d.memory_total - d.memory_used, used=d.memory_used)
 
-    def nvmlDeviceGetTemperatureV(self, handle: FakeDevice, sensor: int, version: int = nvmlTemperature_v1) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperatureV(self, handle: FakeDevice, sensor: int, version: int = nvmlTemperature_v1) -> int:
         return self._enter("nvmlDeviceGetTemperatureV", handle).temperature
 
-    def nvmlDeviceGetTemperature(self, handle: FakeDevice, sensor: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, handle: FakeDevice, sensor: int) -> int:
         return self._enter("nvmlDeviceGetTemperature", handle).temperature
 
-    def nvmlDeviceGetPowerUsage(self, handle: FakeDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, handle: FakeDevice) -> int:
         return self._enter("nvmlDeviceGetPowerUsage", handle).power_mw
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeDevice) -> int:
         return self._enter("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
 
-    def nvmlDeviceGetClockInfo(self, handle: FakeDevice, type: int) -> int:  # noqa: N802,A002
+    def nvmlDeviceGetClockInfo(self, handle: FakeDevice, type: int) -> int:
         d = self._enter("nvmlDeviceGetClockInfo", handle)
         if type != NVML_CLOCK_SM:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return d.sm_clock_mhz
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeDevice) -> int:
         return self._enter("nvmlDeviceGetCurrentClocksEventReasons", handle).clock_reasons
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeDevice) -> int:
         return self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", handle).clock_reasons
 
-    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeDevice) -> int:
         return self._enter("nvmlDeviceGetPcieReplayCounter", handle).pcie_replays
 
-    def nvmlDeviceGetNvLinkState(self, device: FakeDevice, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, device: FakeDevice, link: int) -> int:
         d = self._enter("nvmlDeviceGetNvLinkState", device)
         if not d.nvlink_links:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
@@ -220,31 +220,31 @@ class FakeNVML:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return NVML_FEATURE_ENABLED if link in d.nvlink else NVML_FEATURE_DISABLED
 
-    def nvmlDeviceGetNvLinkErrorCounter(self, device: FakeDevice, link: int, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: FakeDevice, link: int, counter: int) -> int:
         d = self._enter("nvmlDeviceGetNvLinkErrorCounter", device)
         if link not in d.nvlink:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return d.nvlink[link][counter]
 
-    def nvmlDeviceGetTotalEccErrors(self, handle: FakeDevice, errorType: int, counterType: int) -> int:  # noqa: N802,N803
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeDevice, errorType: int, counterType: int) -> int:
         d = self._enter("nvmlDeviceGetTotalEccErrors", handle)
         assert counterType == NVML_VOLATILE_ECC
         return d.ecc[errorType]
 
-    def nvmlEventSetCreate(self) -> object:  # noqa: N802
+    def nvmlEventSetCreate(self) -> object:
         self._enter("nvmlEventSetCreate")
         return object()
 
-    def nvmlDeviceRegisterEvents(self, handle: FakeDevice, eventTypes: int, eventSet: object) -> None:  # noqa: N802,N803
+    def nvmlDeviceRegisterEvents(self, handle: FakeDevice, eventTypes: int, eventSet: object) -> None:
         d = self._enter("nvmlDeviceRegisterEvents", handle)
         if eventTypes & nvmlEventTypeXidCriticalError:
             self.registered.add(id(d))
 
-    def nvmlEventSetWait_v2(self, eventSet: object, timeoutms: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlEventSetWait_v2(self, eventSet: object, timeoutms: int) -> SimpleNamespace:
         self._enter("nvmlEventSetWait_v2")
         return self._next_event(timeoutms)
 
-    def nvmlEventSetWait(self, eventSet: object, timeoutms: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlEventSetWait(self, eventSet: object, timeoutms: int) -> SimpleNamespace:
         self._enter("nvmlEventSetWait")
         return self._next_event(timeoutms)
 
@@ -256,7 +256,7 @@ class FakeNVML:
                 return event
         raise NVMLError(NVML_ERROR_TIMEOUT)
 
-    def nvmlEventSetFree(self, eventSet: object) -> None:  # noqa: N802
+    def nvmlEventSetFree(self, eventSet: object) -> None:
         self._enter("nvmlEventSetFree")
 
 

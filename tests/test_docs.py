@@ -32,4 +32,5 @@ def test_metrics_md_names_every_family_and_design_core_name() -> None:
         assert f"`{name}`" in text, name
     assert {s.metric for s in SIGNALS} <= {n for n in core} | {
         "grpo_group_reward_std", "grpo_response_length_max_tokens", "grpo_policy_clip_ratio",
-        "grpo_sample_accuracy_ratio", "grpo_throughput_tokens_per_second"}
+        "grpo_sample_accuracy_ratio", "grpo_throughput_tokens_per_second",
+        "grpo_communication_duration_seconds", "grpo_memory_allocated_bytes"}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from grpo_monitor import exposition as ex
 from grpo_monitor import signals as sig
+from grpo_monitor.collectors import gpu
+from grpo_monitor.config import ExporterConfig
 from grpo_monitor.health import ERROR_REASONS
 from grpo_monitor.keys import SIGNALS
 
@@ -51,6 +53,7 @@ RUN_FAMILIES = """
 | `{step}` | gauge | run, rank | `step` of the newest record |
 | `{last}` | gauge | run, rank | the record's `time` (trainer clock, unix seconds); the file's mtime when absent |
 | `{world}` | gauge | run, rank | `world_size` as the record states it |
+| `{info}` | gauge | run, rank, host, local_rank, gpu, uuid | constant 1: where the rank runs (the record's `host`, `local_rank`, `gpu`, `gpu_uuid`); join with `grpo_gpu_*` on `uuid` |
 | `{unknown}` | gauge | run, rank, key[, prompt_type] | any other numeric key, under the per-run cap `--metrics.max-unknown-keys` (default 256) |
 | `{nonfinite}` | counter | run, rank, key | NaN / ±Inf values seen (they are exported as they are, too) |
 | `{events}` | counter | run, rank, type | `events` entries, by `type` (e.g. `checkpoint_save`), capped by `--metrics.max-event-types` |
@@ -100,6 +103,43 @@ Every error is logged once per file and reason, with the file's name; later ones
 |---|---|---|
 """
 
+GPU = """
+## GPU health (NVML)
+
+The GPU collector (`--collector.gpu`, on by default; `--no-collector.gpu` removes every family
+below) reads each GPU through NVML (`pynvml`, from the `nvidia-ml-py` package) every
+`--collector.gpu.interval` (default {interval}) in a background thread; a scrape serves the last
+collection and never waits on NVML. Per-GPU series carry `gpu` (the NVML index), `uuid` and
+`model`, as dcgm-exporter labels them; no host label, Prometheus' `instance` names the node.
+
+A value a GPU does not give (not supported, no permission, or any NVML error on that one call) is
+left out alone; the GPU's other series and the other GPUs stay. A GPU that fails on its handle or
+falls off the bus is left out of that collection (nothing half-read of it) and counted in
+`{failures}`. Without pynvml, the NVML library, the driver or a GPU,
+only the collector's own health series are exported, with `{up} 0` (logged
+once), and NVML is tried again every {retry} collections.
+
+| metric | type | labels | unit | from (NVML) |
+|---|---|---|---|---|
+"""
+
+GPU_NOTES = """
+- `reason`, one series per clock event reason bit: {reasons}.
+- NVLink `type`: {nvlink}; one set per link whose state is enabled (`link` from 0).
+- ECC `type`: {ecc}; volatile counters, since the driver was loaded.
+- `xid`: the XID code (e.g. 79 fallen off the bus, 48 double-bit ECC error, 13 graphics engine
+  exception). Events are read without waiting (`nvmlEventSetWait_v2` with timeout 0 until
+  NVML_ERROR_TIMEOUT), counted from the exporter's start, and stay exported after their GPU is
+  lost (while the collector is up). A series appears with its first XID.
+- The energy, PCIe replay, NVLink and ECC counters are the driver's own (they restart with it).
+
+### The GPU collector's own health
+
+| metric | type | meaning |
+|---|---|---|
+"""
+
+
 def _pairs(pairs: tuple[tuple[int, int], ...]) -> str:
     return ", ".join(f"{w}@{o}" for w, o in pairs) + " (window@offset)"
 
@@ -111,7 +151,7 @@ def render() -> str:
         aliases = ", ".join(f"`{a}`" for a in s.aliases) or "—"
         out.append(f"| `{s.metric}` | {labels} | {s.unit} | `{s.key}` | {aliases} |\n")
     out.append(RUN_FAMILIES.format(
-        step=ex.STEP.name, last=ex.LAST_SNAPSHOT.name, world=ex.WORLD_SIZE.name,
+        step=ex.STEP.name, last=ex.LAST_SNAPSHOT.name, world=ex.WORLD_SIZE.name, info=ex.RANK_INFO.name,
         unknown=ex.UNKNOWN_VALUE.name, nonfinite=ex.NONFINITE.name, events=ex.EVENTS.name,
         dropped=ex.CARDINALITY_DROPPED.name))
     out.append(FEATURES.format(
@@ -126,6 +166,17 @@ def render() -> str:
     out.append(EXPORTER)
     for reason, (what, kept) in ERROR_REASONS.items():
         out.append(f"| `{reason}` | {what} | {kept} |\n")
+    out.append(GPU.format(interval=f"{ExporterConfig.gpu_interval:g}s", failures=gpu.FAILURES.name,
+                          up=gpu.UP.name, retry=gpu.INIT_RETRY_EVERY))
+    for fam in gpu.GPU_FAMILIES:
+        labels = ", ".join((*gpu.GPU_LABELS, *fam.labels))
+        out.append(f"| `{fam.name}` | {fam.type} | {labels} | {fam.unit or '—'} | {fam.source} |\n")
+    out.append(GPU_NOTES.format(
+        reasons=", ".join(f"`{r}`" for r, _ in gpu.CLOCK_EVENT_REASONS),
+        nvlink=", ".join(f"`{t}`" for t, _ in gpu.NVLINK_ERROR_TYPES),
+        ecc=", ".join(f"`{t}`" for t, _ in gpu.ECC_TYPES)))
+    for fam in gpu.HEALTH_FAMILIES:
+        out.append(f"| `{fam.name}` | {fam.type} | {fam.help} |\n")
     return "".join(out)
 
 

@@ -121,6 +121,8 @@ NVLINK_ERROR_TYPES: tuple[tuple[str, str], ...] = (
     ("replay", "NVML_NVLINK_ERROR_DL_REPLAY"), ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY"))
 ECC_TYPES: tuple[tuple[str, str], ...] = (
     ("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"), ("uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"))
+# Collections between two NVML start attempts while it is down (a minute at the default 5 s).
+INIT_RETRY_EVERY = 12
 # A bound on the events one collection drains, should a driver keep the set full.
 MAX_EVENTS_PER_COLLECTION = 10_000
 
@@ -181,7 +183,7 @@ class GPUCollector:
     ``nvml`` is a ``pynvml``-shaped module (tests inject a fake); None imports ``pynvml``.
     """
 
-    def __init__(self, interval: float = 5.0, *, nvml: Any = None, init_retry_every: int = 12,
+    def __init__(self, interval: float = 5.0, *, nvml: Any = None, init_retry_every: int = INIT_RETRY_EVERY,
                  registry: CollectorRegistry | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"GPU collection interval must be > 0, not {interval}")
@@ -239,7 +241,7 @@ class GPUCollector:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> "GPUCollector":
+    def start(self) -> GPUCollector:
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="grpo-gpu", daemon=True)
@@ -306,7 +308,7 @@ class GPUCollector:
                     self._lost.add(dev.uuid)
                 continue
             if dev.uuid in self._lost:
-                log.warning("GPU %d (%s) answers NVML again", dev.index, dev.uuid)
+                log.info("GPU %d (%s) answers NVML again", dev.index, dev.uuid)
                 self._lost.discard(dev.uuid)
             read += 1
             for name, labels, v in gpu_rows:
