@@ -15,7 +15,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test deps system-deps bench docs check-docs clean
 
-demo: deps
+demo: deps system-deps
 	$(PY) -m grpo_monitor.cli demo $(ARGS)
 
 test: deps system-deps

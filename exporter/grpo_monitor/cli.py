@@ -126,30 +126,130 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stack(args: argparse.Namespace, snapshot_dir: Path, interval: str | None):  # type: ignore[no-untyped-def]
+    from grpo_monitor.stack import NativeStack, StackConfig, project_config_dir
+
+    config_dir = args.__dict__["config.dir"] or project_config_dir()
+    if config_dir is None:
+        raise SystemExit("grpo-monitor: no prometheus/ configuration found; pass --config.dir")
+    state_dir = args.__dict__["stack.dir"] or Path(tempfile.mkdtemp(prefix="grpo-stack-"))
+    return NativeStack(StackConfig(
+        snapshot_dir=snapshot_dir, state_dir=state_dir, config_dir=config_dir,
+        exporter_port=args.__dict__["exporter.port"], prometheus_port=args.__dict__["prometheus.port"],
+        alertmanager_port=args.__dict__["alertmanager.port"], grafana_port=args.__dict__["grafana.port"],
+        interval=interval))
+
+
+def _start_stack(stack) -> int:  # type: ignore[no-untyped-def]
+    try:
+        stack.start()
+        stack.wait_ready()
+    except RuntimeError as exc:
+        print(f"grpo-monitor stack: {exc}", file=sys.stderr)
+        stack.stop()
+        return 1
+    print(f"grpo-monitor stack (state and logs in {stack.config.state_dir}):", flush=True)
+    for ch in stack.children:
+        print(f"  {ch.name:13} {ch.url}", flush=True)
+    return 0
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    """Exporter, Prometheus and Alertmanager (and Grafana, if grafana-server is installed) as
+    child processes, from the project's own configuration; Ctrl-C stops them all."""
+    if args.__dict__["snapshot.dir"] is None:
+        print("--snapshot.dir is required", file=sys.stderr)
+        return 2
+    stack = _stack(args, args.__dict__["snapshot.dir"], args.interval)
+    if _start_stack(stack):
+        return 1
+    print("  (Ctrl-C stops all)", flush=True)
+    return stack.wait()
+
+
+class _CardWatcher:
+    """Prints each alert the first time Alertmanager shows it."""
+
+    def __init__(self, alertmanager_url: str) -> None:
+        self.url = alertmanager_url + "/api/v2/alerts"
+        self.seen: set[str] = set()
+        self.names: set[str] = set()
+        self._next = 0.0
+
+    def poll(self) -> None:
+        import time
+
+        import requests
+
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + 2
+        try:
+            alerts = requests.get(self.url, timeout=2).json()
+        except (requests.RequestException, ValueError):
+            return
+        for alert in alerts:
+            if alert["fingerprint"] in self.seen:
+                continue
+            self.seen.add(alert["fingerprint"])
+            lbl = alert["labels"]
+            self.names.add(lbl.get("alertname", ""))
+            card = {"critical": "RED   ", "warning": "yellow"}.get(lbl.get("severity", ""), "other ")
+            where = " ".join(f"{k}={lbl[k]}" for k in ("run", "rank", "gpu") if k in lbl)
+            print(f"  [{card}] {lbl.get('alertname')} {where}: {alert['annotations'].get('summary', '')}",
+                  flush=True)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The exporter on a folder, fed a healthy synthetic run in real time."""
-    from grpo_monitor.app import Exporter
+    """The whole stack on a temporary folder, and a synthetic run that turns sick: watch the cards
+    arrive at Alertmanager within a few minutes."""
+    import time
+
     from grpo_monitor.simulate import write_run
 
-    _setup_logging(args.__dict__["log.level"])
-    if args.__dict__["snapshot.dir"] is None:
-        args.__dict__["snapshot.dir"] = Path(tempfile.mkdtemp(prefix="grpo-demo-"))
-    config = _config(args)
-    exporter = Exporter(config).start()
-    print(f"grpo-monitor demo: snapshots in {config.snapshot_dir}\n"
-          f"  scrape {exporter.url}/metrics   (Ctrl-C stops)", flush=True)
+    snapshot_dir = args.__dict__["snapshot.dir"] or Path(tempfile.mkdtemp(prefix="grpo-demo-"))
+    stack = _stack(args, snapshot_dir, args.interval)
+    if _start_stack(stack):
+        return 1
+    print(f"  snapshots     {snapshot_dir}\n"
+          f"playing {args.scenario!r} for run {args.run!r}: {args.steps} steps of {args.step_seconds} s, "
+          f"sick from step {args.onset}; cards appear below as Alertmanager receives them "
+          "(Ctrl-C stops)", flush=True)
     feeder = threading.Thread(
-        target=write_run, args=(config.snapshot_dir, args.run, args.scenario),
-        kwargs={"steps": args.steps, "step_seconds": args.step_seconds, "ranks": args.ranks,
-                "realtime": True},
+        target=write_run, args=(snapshot_dir, args.run, args.scenario),
+        kwargs={"steps": args.steps, "onset": args.onset, "step_seconds": args.step_seconds,
+                "ranks": args.ranks, "realtime": True},
         daemon=True)
     feeder.start()
-    if args.exit_after_run:
-        feeder.join()
-    else:
-        _wait_for_signal()
-    exporter.stop()
-    return 0
+    cards = _CardWatcher(next(ch.url for ch in stack.children if ch.name == "alertmanager"))
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    result = {"status": 0}
+
+    def tick() -> bool:
+        cards.poll()
+        if args.until_card and args.until_card in cards.names:
+            return True
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"grpo-monitor demo: no {args.until_card or 'end'} within {args.timeout:.0f} s",
+                  file=sys.stderr)
+            result["status"] = 1
+            return True
+        return bool(args.exit_after_run and not feeder.is_alive())
+
+    status = stack.wait(tick)
+    return status or result["status"]
+
+
+def _add_stack_flags(p: argparse.ArgumentParser, interval_default: str | None) -> None:
+    _add(p, "--config.dir", "Folder with prometheus.yml, rules/ and alertmanager.yml (default: the "
+         "checkout's prometheus/).", type=Path)
+    _add(p, "--stack.dir", "Folder for the children's generated configs, data and logs (default: "
+         "a new temporary folder).", type=Path)
+    for name, port in (("exporter", 9400), ("prometheus", 9090), ("alertmanager", 9093), ("grafana", 3000)):
+        _add(p, f"--{name}.port", f"Loopback port of {name} (0: any free port).", default=port, type=int)
+    shown = interval_default or "the configuration's own, 15s"
+    p.add_argument("--interval", default=interval_default,
+                   help=f"Scrape and rule-evaluation interval, e.g. 5s (default: {shown}).")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -208,16 +308,32 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="Print the JSON Schema of a snapshot record (contract v1).")
     schema.set_defaults(func=cmd_schema)
 
-    demo = sub.add_parser("demo", help="Start the exporter on a temporary folder and feed it a "
-                          "built-in synthetic run.", description=cmd_demo.__doc__)
-    _add_serve_flags(demo, dir_required=False)
+    stack = sub.add_parser("stack", help="The native stack for machines without Docker.",
+                           description=cmd_stack.__doc__)
+    stack_sub = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = stack_sub.add_parser("up", help="Start exporter, Prometheus, Alertmanager (and Grafana).",
+                              description=cmd_stack.__doc__)
+    _add(up, "--snapshot.dir", "Folder the trainers write snapshots to.", type=Path)
+    _add_stack_flags(up, None)
+    up.set_defaults(func=cmd_stack)
+
+    demo = sub.add_parser("demo", help="The native stack and a synthetic run that turns sick.",
+                          description=cmd_demo.__doc__)
+    _add(demo, "--snapshot.dir", "Folder for the run's snapshots (default: a new temporary folder).",
+         type=Path)
+    _add_stack_flags(demo, "5s")
     demo.add_argument("--run", default="demo", help="Run name (default: demo).")
-    demo.add_argument("--scenario", default="healthy", help="Scenario to play (default: healthy; "
-                      "`grpo-monitor simulate --list` lists them).")
-    demo.add_argument("--steps", type=int, default=2000, help="Steps to simulate (default: 2000).")
-    demo.add_argument("--step-seconds", type=float, default=1.0, help="Seconds per step (default: 1).")
+    demo.add_argument("--scenario", default="kl_explosion", help="Scenario to play (default: "
+                      "kl_explosion; `grpo-monitor simulate --list` lists them).")
+    demo.add_argument("--steps", type=int, default=700, help="Steps to simulate (default: 700).")
+    demo.add_argument("--onset", type=int, default=300, help="Step the sickness starts (default: 300).")
+    demo.add_argument("--step-seconds", type=float, default=0.5, help="Seconds per step (default: 0.5).")
     demo.add_argument("--ranks", type=int, default=4, help="Ranks to simulate (default: 4).")
     demo.add_argument("--exit-after-run", action="store_true", help="Stop when the run is written.")
+    demo.add_argument("--until-card", default=None, metavar="ALERTNAME",
+                      help="Stop (status 0) once this card reaches Alertmanager.")
+    demo.add_argument("--timeout", type=float, default=0.0,
+                      help="With --until-card or --exit-after-run: give up after this many seconds (status 1).")
     demo.set_defaults(func=cmd_demo)
 
     sim = sub.add_parser("simulate", help="Write a synthetic run (healthy or sick) to a snapshot folder.",
