@@ -12,10 +12,7 @@ absolute), job and labels (only the intervals and targets change).
 
 from __future__ import annotations
 
-import copy
 import json
-import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -29,6 +26,8 @@ from typing import Any
 import requests
 import yaml
 
+from grpo_monitor import stack as native
+
 REPO = Path(__file__).resolve().parent.parent
 PROMETHEUS_DIR = REPO / "prometheus"
 ALERTMANAGER_YML = PROMETHEUS_DIR / "alertmanager.yml"
@@ -39,18 +38,13 @@ PROMETHEUS_BIN = "prometheus"
 ALERTMANAGER_BIN = "prometheus-alertmanager"  # Debian's name; upstream calls it alertmanager
 
 
-def free_port() -> int:
-    """A loopback port that was free a moment ago (bind to 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = native.free_port  # a loopback port that was free a moment ago
 
 
 def find_binary(*names: str) -> str:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
+    path = native.find_binary(*names)
+    if path:
+        return path
     raise RuntimeError(f"none of {names} on PATH: install Debian's prometheus and "
                        "prometheus-alertmanager packages (make system-deps)")
 
@@ -152,32 +146,13 @@ def firing_alert(post: Post, **labels: str) -> dict[str, Any] | None:
 def alertmanager_config(webhook_url: str, token_file: Path,
                         source: Path = ALERTMANAGER_YML) -> dict[str, Any]:
     """The committed config with the webhook receiver pointed at the listener and the token."""
-    config = yaml.safe_load(source.read_text())
-    config = copy.deepcopy(config)
-    hooks = [hook for r in config["receivers"] if r["name"] == WEBHOOK_RECEIVER
-             for hook in r.get("webhook_configs", [])]
-    if not hooks:
-        raise AssertionError(f"{source}: no webhook_configs in receiver {WEBHOOK_RECEIVER}")
-    for hook in hooks:
-        hook["url"] = webhook_url
-        hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
-    return config
+    return native.alertmanager_config(source, webhook_url, token_file)
 
 
 def prometheus_config(exporter_target: str, alertmanager_target: str, interval: str = "1s",
                       source: Path = PROMETHEUS_YML) -> dict[str, Any]:
     """The committed config with short intervals, loopback targets and absolute rule files."""
-    config = copy.deepcopy(yaml.safe_load(source.read_text()))
-    config["global"]["scrape_interval"] = interval
-    config["global"]["evaluation_interval"] = interval
-    config["global"]["scrape_timeout"] = interval
-    config["rule_files"] = [str((source.parent / f).resolve()) for f in config["rule_files"]]
-    for sc in config["scrape_configs"]:
-        sc.pop("scrape_interval", None)
-        sc.pop("scrape_timeout", None)
-        sc["static_configs"] = [{"targets": [exporter_target]}]
-    config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager_target]}]}]
-    return config
+    return native.prometheus_config(source, exporter_target, alertmanager_target, interval)
 
 
 # --- processes -----------------------------------------------------------------------------

@@ -65,7 +65,10 @@ MOUNT = "/var/lib/grafana/dashboards"
 TRAINING_RUN = "demo"  # kl_explosion: red and yellow cards, every training signal
 CLUSTER_RUN = "slow"  # straggler: rank 3 30% slower, step time drift
 RUN_FOR = {"grpo-training": TRAINING_RUN, "grpo-cluster": CLUSTER_RUN, "grpo-alerts": TRAINING_RUN}
-STEPS = 1200
+# kl_explosion turns sick at step 800 and the red card holds while KL is 10x its mean of 200
+# steps before: 100 steps into the jump it fires (a later step compares with a sick window).
+TRAINING_STEPS = 900
+CLUSTER_STEPS = 1200
 
 
 # --- the typed models ---------------------------------------------------------------------
@@ -492,8 +495,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     work = tmp_path_factory.mktemp("dashboards")
     snapshots = work / "snapshots"
     snapshots.mkdir()
-    write_run(snapshots, TRAINING_RUN, "kl_explosion", ranks=4, steps=STEPS)
-    write_run(snapshots, CLUSTER_RUN, "straggler", ranks=4, steps=STEPS)
+    write_run(snapshots, TRAINING_RUN, "kl_explosion", ranks=4, steps=TRAINING_STEPS)
+    write_run(snapshots, CLUSTER_RUN, "straggler", ranks=4, steps=CLUSTER_STEPS)
     fake = FakeNVML([
         FakeDevice(U0, nvlink_links=2, nvlink={0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}),
         FakeDevice(U1, utilization=3, temperature=41, power_mw=71_230,

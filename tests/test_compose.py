@@ -1,0 +1,413 @@
+"""The Docker side, checked without a Docker engine (these machines have the client alone).
+
+docker-compose.yml through Debian's `docker-compose` (`config` validates and normalizes it), the
+Dockerfile by reading it, prometheus-fleet.yml and its file_sd targets through `promtool check
+config`, and the cardinality numbers of docs/scaling.md against a real exporter. `make test`
+installs docker-compose and promtool (`system-deps`); without them these tests fail, never skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "exporter" / "Dockerfile"
+FLEET = ROOT / "prometheus" / "prometheus-fleet.yml"
+SCALING = ROOT / "docs" / "scaling.md"
+DEFAULT_SERVICES = {"exporter", "prometheus", "alertmanager", "grafana"}
+SNAPSHOT_SOURCE = "${GRPO_SNAPSHOT_DIR:-./snapshots}"
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"`{name}` is not on PATH: install it with `make system-deps` "
+                    f"(Debian package {package}); these checks need it and never skip")
+    return path
+
+
+def _compose(*args: str, env: dict[str, str] | None = None, tmp: Path) -> subprocess.CompletedProcess[str]:
+    """docker-compose on the project file, isolated from the caller's environment and from a
+    local .env (an empty --env-file), with the Grafana password set unless `env` says otherwise."""
+    binary = _tool("docker-compose", "docker-compose")
+    empty = tmp / "empty.env"
+    empty.write_text("")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("GRPO_", "GRAFANA_", "COMPOSE_", "DOCKER_"))}
+    full = {**base, "GRAFANA_ADMIN_PASSWORD": "test-only-password", **(env or {})}
+    full = {k: v for k, v in full.items() if v is not None}
+    return subprocess.run([binary, "-f", str(COMPOSE), "--env-file", str(empty), *args],
+                          cwd=ROOT, env=full, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("compose")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_module: Path) -> dict[str, Any]:
+    """The normalized configuration `docker-compose config` prints (exit 0 required)."""
+    res = _compose("config", tmp=tmp_module)
+    assert res.returncode == 0, f"docker-compose config failed:\n{res.stderr}"
+    return yaml.safe_load(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _mounts(service: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(source, target, mode) of each volume entry of a normalized service."""
+    out = []
+    for v in service.get("volumes", []):
+        if isinstance(v, dict):  # long syntax
+            mode = "ro" if v.get("read_only") else "rw"
+            out.append((str(v.get("source", "")), v["target"], mode))
+            continue
+        parts = v.split(":")
+        src, dst = parts[0], parts[1]
+        out.append((src, dst, parts[2] if len(parts) > 2 else "rw"))
+    return out
+
+
+def _is_bind(source: str) -> bool:
+    return source.startswith(("/", "."))
+
+
+def _split_image(image: str) -> tuple[str, str]:
+    """(name, tag); the tag is '' when the reference has none (a digest counts as a tag)."""
+    if "@sha256:" in image:
+        return image.split("@", 1)[0], "@" + image.split("@", 1)[1]
+    last = image.rsplit("/", 1)[-1]
+    if ":" in last:
+        return image.rsplit(":", 1)[0], image.rsplit(":", 1)[1]
+    return image, ""
+
+
+# --- docker-compose.yml ---------------------------------------------------------------------------
+
+def test_compose_config_is_valid(config: dict[str, Any]) -> None:
+    assert set(config["services"]) >= DEFAULT_SERVICES | {"demo"}
+
+
+def test_compose_requires_grafana_admin_password(tmp_module: Path) -> None:
+    res = _compose("config", env={"GRAFANA_ADMIN_PASSWORD": None}, tmp=tmp_module)  # type: ignore[dict-item]
+    assert res.returncode != 0, "compose must refuse to start Grafana without an admin password"
+    assert "GRAFANA_ADMIN_PASSWORD" in res.stderr
+
+
+def test_demo_profile_config_is_valid(tmp_module: Path) -> None:
+    res = _compose("--profile", "demo", "config", tmp=tmp_module)
+    assert res.returncode == 0, res.stderr
+
+
+def test_images_are_pinned(config: dict[str, Any]) -> None:
+    for name, svc in config["services"].items():
+        assert "image" in svc, f"{name}: no image (a built service needs a pinned image: tag too)"
+        _, tag = _split_image(svc["image"])
+        assert tag, f"{name}: image {svc['image']} has no tag"
+        assert tag != "latest", f"{name}: image {svc['image']} uses latest"
+
+
+def test_config_mounts_are_read_only(config: dict[str, Any]) -> None:
+    """Every bind mount is read-only, except the snapshot folder of the services that write it."""
+    writers = {"demo", "cli"}
+    for name, svc in config["services"].items():
+        for src, dst, mode in _mounts(svc):
+            if not _is_bind(src):
+                continue  # a named volume: the service's own state
+            if dst == "/snapshots" and name in writers:
+                assert "rw" in mode.split(","), f"{name} writes snapshots; its mount must be writable"
+                continue
+            assert "ro" in mode.split(","), f"{name}: {src}:{dst} is not read-only"
+
+
+def test_mounted_files_exist(config: dict[str, Any]) -> None:
+    snapshots = str(ROOT / "snapshots")
+    for name, svc in config["services"].items():
+        for src, dst, _ in _mounts(svc):
+            if not _is_bind(src) or src == snapshots:
+                continue  # named volume; the snapshot folder is the user's
+            assert Path(src).exists(), f"{name} mounts {src} at {dst}, which is not in the repository"
+
+
+def test_snapshot_folder_comes_from_grpo_snapshot_dir(raw: dict[str, Any], tmp_module: Path) -> None:
+    for name in ("exporter", "demo", "cli"):
+        sources = [v.split(":")[0] for v in raw["services"][name]["volumes"]
+                   if ":/snapshots" in v]
+        assert sources == [SNAPSHOT_SOURCE], f"{name}: snapshot mount {sources}"
+    res = _compose("config", env={"GRPO_SNAPSHOT_DIR": "/data/grpo-snapshots"}, tmp=tmp_module)
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    for name in ("exporter", "demo", "cli"):
+        mounts = {dst: (src, mode) for src, dst, mode in _mounts(services[name])}
+        assert mounts["/snapshots"][0] == "/data/grpo-snapshots", name
+    assert _mounts(services["exporter"])[0] == ("/data/grpo-snapshots", "/snapshots", "ro")
+
+
+def test_exporter_reserves_the_gpus(config: dict[str, Any]) -> None:
+    devices = config["services"]["exporter"]["deploy"]["resources"]["reservations"]["devices"]
+    assert len(devices) == 1
+    dev = devices[0]
+    assert dev["driver"] == "nvidia"
+    assert dev["count"] == "all"
+    assert set(dev["capabilities"]) == {"gpu", "utility"}
+
+
+def test_exporter_is_built_from_the_dockerfile(config: dict[str, Any]) -> None:
+    build = config["services"]["exporter"]["build"]
+    assert Path(build["context"]) == ROOT
+    assert (ROOT / build["dockerfile"]) == DOCKERFILE
+
+
+def test_demo_profile_is_opt_in(config: dict[str, Any]) -> None:
+    """docker-compose 1.29's `config --services` lists every service whatever the profiles, so
+    the normalized `profiles` decide: a service with a profile only starts when it is enabled."""
+    services = config["services"]
+    default = {n for n, s in services.items() if not s.get("profiles")}
+    assert default == DEFAULT_SERVICES
+    demo = services["demo"]
+    assert demo["profiles"] == ["demo"]
+    argv = [*demo.get("entrypoint", []), *demo["command"]]
+    assert argv[:2] == ["grpo-monitor", "simulate"]
+    flags = " ".join(argv)
+    for part in ("--snapshot.dir /snapshots", "--scenario kl_explosion", "--realtime",
+                 "--step-seconds 1"):
+        assert part in flags, f"demo command lacks {part}: {argv}"
+    assert demo["image"] == services["exporter"]["image"]
+    assert services["cli"]["profiles"] == ["tools"]
+
+
+def test_grafana_anonymous_viewer_and_secret_password(config: dict[str, Any], raw: dict[str, Any]) -> None:
+    env = config["services"]["grafana"]["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "test-only-password"  # from the environment
+    assert raw["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"].startswith(
+        "${GRAFANA_ADMIN_PASSWORD:?")
+    mounts = {dst: (src, mode) for src, dst, mode in _mounts(config["services"]["grafana"])}
+    assert mounts["/etc/grafana/provisioning"] == (str(ROOT / "grafana" / "provisioning"), "ro")
+    assert mounts["/var/lib/grafana/dashboards"] == (str(ROOT / "grafana" / "dashboards"), "ro")
+
+
+def test_long_running_services_restart_and_have_healthchecks(config: dict[str, Any]) -> None:
+    for name in DEFAULT_SERVICES:
+        svc = config["services"][name]
+        assert svc.get("restart") == "unless-stopped", name
+        if name != "exporter":  # the exporter's HEALTHCHECK is in its image (Dockerfile)
+            assert svc["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
+            # busybox / alpine images: wget, not curl
+            assert "curl" not in " ".join(svc["healthcheck"]["test"]), name
+
+
+def test_alertmanager_mounts_its_secrets_read_only(config: dict[str, Any]) -> None:
+    am = config["services"]["alertmanager"]
+    assert (str(ROOT / "prometheus" / "secrets"), "/etc/alertmanager/secrets", "ro") in _mounts(am)
+    creds = [hook["http_config"]["authorization"]["credentials_file"]
+             for r in yaml.safe_load((ROOT / "prometheus" / "alertmanager.yml").read_text())["receivers"]
+             for hook in r.get("webhook_configs", [])]
+    assert creds and all(c.startswith("/etc/alertmanager/secrets/") for c in creds)
+    # ...and the token is nowhere else: Prometheus gets its files one by one.
+    for src, _, _ in _mounts(config["services"]["prometheus"]):
+        assert src != str(ROOT / "prometheus"), "prometheus/ as a whole would expose secrets/"
+
+
+def _container_path(mounts: list[tuple[str, str, str]], path: str) -> Path | None:
+    """The host path a container path maps to through the bind mounts, if any."""
+    p = PurePosixPath(path)
+    for src, dst, _ in mounts:
+        if p == PurePosixPath(dst) or PurePosixPath(dst) in p.parents:
+            return Path(src) / p.relative_to(dst)
+    return None
+
+
+@pytest.mark.parametrize("config_name", ["prometheus.yml", "prometheus-fleet.yml"])
+def test_prometheus_sees_its_config_rules_and_targets(config: dict[str, Any], config_name: str,
+                                                      tmp_module: Path) -> None:
+    """Each Prometheus config the compose can select, its rule files and its file_sd folder
+    resolve through the mounts to files of the repository."""
+    res = _compose("config", env={"GRPO_PROMETHEUS_CONFIG": config_name}, tmp=tmp_module)
+    assert res.returncode == 0, res.stderr
+    svc = yaml.safe_load(res.stdout)["services"]["prometheus"]
+    mounts = _mounts(svc)
+    flag = next(a for a in svc["command"] if a.startswith("--config.file="))
+    container_cfg = flag.split("=", 1)[1]
+    host_cfg = _container_path(mounts, container_cfg)
+    assert host_cfg is not None and host_cfg.is_file(), f"{container_cfg} is not mounted"
+    prom = yaml.safe_load(host_cfg.read_text())
+    base = PurePosixPath(container_cfg).parent
+    for rule in prom["rule_files"]:
+        host = _container_path(mounts, str(base / rule))
+        assert host is not None and host.is_file(), f"rule file {rule} is not mounted"
+    for sc in prom["scrape_configs"]:
+        for sd in sc.get("file_sd_configs", []):
+            for pattern in sd["files"]:
+                folder = _container_path(mounts, str((base / pattern).parent))
+                assert folder is not None and list(folder.glob(PurePosixPath(pattern).name)), pattern
+
+
+# --- exporter/Dockerfile ---------------------------------------------------------------------------
+
+def _dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """Instructions (KEYWORD, arguments) per stage, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, args = line.partition(" ")
+        if keyword.upper() == "FROM":
+            stages.append([])
+        assert stages, "instruction before FROM"
+        stages[-1].append((keyword.upper(), args.strip()))
+    return stages
+
+
+def test_dockerfile_is_multi_stage_with_pinned_bases() -> None:
+    stages = _dockerfile_stages()
+    assert len(stages) >= 2, "build and runtime stages"
+    for stage in stages:
+        image = stage[0][1].split()[0]
+        if any(image == s[0][1].split()[-1] for s in stages):  # FROM an earlier stage
+            continue
+        _, tag = _split_image(image)
+        assert tag and tag != "latest", f"base image {image} not pinned"
+    final = stages[-1]
+    copies = [a for k, a in final if k == "COPY"]
+    assert any(a.startswith("--from=") for a in copies), "the runtime stage copies the build's output"
+
+
+def test_dockerfile_runs_as_non_root_with_healthcheck() -> None:
+    final = _dockerfile_stages()[-1]
+    users = [a for k, a in final if k == "USER"]
+    assert users, "no USER in the runtime stage: it would run as root"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0"), f"USER {users[-1]}"
+    healthchecks = [a for k, a in final if k == "HEALTHCHECK"]
+    assert healthchecks and not healthchecks[-1].upper().startswith("NONE")
+    assert "/-/healthy" in healthchecks[-1]
+    entry = [a for k, a in final if k == "ENTRYPOINT"]
+    assert entry and "grpo-monitor" in entry[-1]
+    assert any(k == "EXPOSE" and "9400" in a for k, a in final)
+
+
+def test_dockerignore_lets_in_only_what_the_build_copies() -> None:
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[0] == "*", "an allow-list keeps secrets and snapshots out of the build context"
+    allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
+    build = _dockerfile_stages()[0]
+    sources = {src.rstrip("/") for k, a in build if k == "COPY" and not a.startswith("--from")
+               for src in a.split()[:-1]}
+    assert sources <= allowed, f"COPY needs {sources - allowed}, which .dockerignore keeps out"
+    assert not any(a.startswith(("prometheus", "snapshots", ".")) for a in allowed)
+
+
+# --- prometheus-fleet.yml --------------------------------------------------------------------------
+
+def _uncomment_block(text: str, name: str) -> str:
+    """The file with its `# BEGIN EXAMPLE <name>` ... `# END` block uncommented."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.strip() == f"# BEGIN EXAMPLE {name}":
+            inside = True
+        elif line.strip() == f"# END EXAMPLE {name}":
+            inside = False
+        elif inside:
+            line = re.sub(r"^# ?", "", line)
+        out.append(line)
+    assert not inside, f"unterminated example block {name}"
+    return "\n".join(out) + "\n"
+
+
+def _promtool_check(config_file: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_tool("promtool", "prometheus"), "check", "config", str(config_file)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_fleet_config_is_valid() -> None:
+    res = _promtool_check(FLEET)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_fleet_examples_are_valid(tmp_path: Path) -> None:
+    """The commented remote_write and target examples, uncommented, still pass promtool; the
+    target file's groups are then more than the local exporter."""
+    prom = tmp_path / "prometheus"
+    shutil.copytree(ROOT / "prometheus", prom, ignore=shutil.ignore_patterns("secrets"))
+    fleet = prom / FLEET.name
+    fleet.write_text(_uncomment_block(fleet.read_text(), "REMOTE_WRITE"))
+    targets = prom / "file_sd" / "grpo-exporters.yml"
+    targets.write_text(_uncomment_block(targets.read_text(), "TARGETS"))
+    res = _promtool_check(fleet)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(yaml.safe_load(fleet.read_text())["remote_write"]) >= 2
+    groups = yaml.safe_load(targets.read_text())
+    assert len(groups) >= 2 and all(t.endswith(":9400") for g in groups for t in g["targets"])
+
+
+def test_fleet_config_matches_the_single_node_one() -> None:
+    """Same rules, Alertmanager and job name (the self-health rules select job="grpo-exporter");
+    only the way targets are found differs."""
+    single = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    fleet = yaml.safe_load(FLEET.read_text())
+    assert fleet["rule_files"] == single["rule_files"]
+    assert fleet["alerting"] == single["alerting"]
+    for key in ("scrape_interval", "evaluation_interval"):
+        assert fleet["global"][key] == single["global"][key]
+    assert [sc["job_name"] for sc in fleet["scrape_configs"]] == \
+        [sc["job_name"] for sc in single["scrape_configs"]]
+    assert all("file_sd_configs" in sc and "static_configs" not in sc for sc in fleet["scrape_configs"])
+
+
+# --- docs/scaling.md: the cardinality it states is the exporter's ----------------------------------
+
+def _series_by_rank(tmp: Path) -> dict[str, int]:
+    from grpo_monitor.app import Exporter
+    from grpo_monitor.config import ExporterConfig
+    from grpo_monitor.simulate import main as _unused  # noqa: F401  (the command is the contract)
+
+    snap = tmp / "snapshots"
+    subprocess.run([shutil.which("grpo-monitor") or "grpo-monitor", "simulate", "--snapshot.dir",
+                    str(snap), "--scenario", "healthy", "--ranks", "16", "--steps", "500"],
+                   check=True, capture_output=True, timeout=120)
+    exporter = Exporter(ExporterConfig(snapshot_dir=snap, listen_address="127.0.0.1:0",
+                                       gpu_collector=False))
+    with exporter:
+        deadline = time.monotonic() + 60
+        while not exporter.watcher.ready.is_set():
+            assert time.monotonic() < deadline, "exporter never became ready"
+            time.sleep(0.05)
+        text = exporter.metrics().decode()
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.search(r'[{,]rank="([^"]*)"', line)
+        key = m.group(1) if m else "-"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_scaling_doc_cardinality_matches_the_exporter(tmp_path: Path) -> None:
+    counts = _series_by_rank(tmp_path)
+    perf_only = {counts[str(r)] for r in range(1, 16)}
+    assert len(perf_only) == 1, counts
+    doc = SCALING.read_text()
+    stated = dict(re.findall(r"<!-- measured: (\w+)=(\d+) -->", doc))
+    assert stated, "docs/scaling.md states no measured counts"
+    assert int(stated["rank0"]) == counts["0"], f"rank 0 exports {counts['0']} series"
+    assert int(stated["perf_rank"]) == perf_only.pop()
