@@ -29,14 +29,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
-# The tests run the real prometheus, promtool, prometheus-alertmanager and amtool; the
-# benchmarks compare with node_exporter's textfile collector.
+# The tests run the real prometheus, promtool, prometheus-alertmanager and amtool, and check
+# docker-compose.yml with docker-compose (no Docker engine needed); the benchmarks compare with
+# node_exporter's textfile collector.
 system-deps:
 	@command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null && \
-	  command -v amtool >/dev/null && command -v prometheus-node-exporter >/dev/null || \
+	  command -v amtool >/dev/null && command -v prometheus-node-exporter >/dev/null && \
+	  command -v docker-compose >/dev/null || \
 	  { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	  prometheus prometheus-alertmanager prometheus-node-exporter; }
+	  prometheus prometheus-alertmanager prometheus-node-exporter docker-compose; }
 
 bench: deps system-deps
 	$(PY) bench/bench_writer.py

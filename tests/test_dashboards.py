@@ -21,24 +21,22 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import fake_pynvml as nv
 import pytest
 import requests
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-import fake_pynvml as nv
 from conftest import wait_for
 from fake_pynvml import FakeDevice, FakeNVML
 from grpo_monitor.app import Exporter
 from grpo_monitor.config import ExporterConfig
 from grpo_monitor.simulate import write_run
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from stack import alert_stack, poll
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,13 +91,11 @@ class GridPos(Strict):
     x: int = Field(ge=0, le=23)
     y: int = Field(ge=0)
 
-    @field_validator("w")
-    @classmethod
-    def _fits(cls, w: int, info: Any) -> int:
-        x = info.data.get("x")
-        if x is not None and x + w > 24:
-            raise ValueError(f"x {x} + w {w} exceeds the 24-column grid")
-        return w
+    @model_validator(mode="after")
+    def _fits(self) -> GridPos:
+        if self.x + self.w > 24:
+            raise ValueError(f"x {self.x} + w {self.w} exceeds the 24-column grid")
+        return self
 
     def cells(self) -> set[tuple[int, int]]:
         return {(x, y) for x in range(self.x, self.x + self.w) for y in range(self.y, self.y + self.h)}
@@ -139,7 +135,7 @@ class Panel(Strict):
     options: dict[str, Any] = {}
     transformations: list[dict[str, Any]] = []
     collapsed: bool = False
-    panels: list["Panel"] = []
+    panels: list[Panel] = []
 
 
 class VariableQuery(Strict):
