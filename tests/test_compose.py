@@ -439,3 +439,22 @@ def test_scaling_doc_gpu_series_match_the_collector() -> None:
     # H100 / H200 SXM: 18 NVLink links; a PCIe board: none (NVML answers NotSupported).
     assert int(stated["gpu_nvlink18"]) == _series_per_gpu(18)
     assert int(stated["gpu_no_nvlink"]) == _series_per_gpu(0)
+
+
+def test_grafana_provisioning_resolves_inside_the_stack(config: dict[str, Any]) -> None:
+    """The dashboard provider's folder is the mounted grafana/dashboards, and the datasources
+    name compose services (host:port that the compose network resolves)."""
+    svc = config["services"]["grafana"]
+    mounts = _mounts(svc)
+    providers = [p for f in sorted((ROOT / "grafana" / "provisioning" / "dashboards").glob("*.yml"))
+                 for p in yaml.safe_load(f.read_text())["providers"]]
+    assert providers
+    for p in providers:
+        host = _container_path(mounts, p["options"]["path"])
+        assert host is not None and list(host.glob("*.json")), p["options"]["path"]
+    ports = {name: {str(p["target"]) if isinstance(p, dict) else p.rsplit(":", 1)[-1].split("/")[0]
+                    for p in s.get("ports", [])} for name, s in config["services"].items()}
+    for f in (ROOT / "grafana" / "provisioning" / "datasources").glob("*.yml"):
+        for ds in yaml.safe_load(f.read_text())["datasources"]:
+            m = re.match(r"https?://([^:/]+):(\d+)", ds["url"])
+            assert m and m.group(2) in ports.get(m.group(1), set()), ds["url"]

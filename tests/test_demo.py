@@ -1,9 +1,8 @@
-"""The built-in synthetic run behind `make demo`, through the real SDK and exporter."""
+"""The synthetic runs behind `make demo`, through the real SDK and exporter (the demo command
+itself: tests/test_stack.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from conftest import Running, value
@@ -37,12 +36,3 @@ def test_healthy_run_has_the_seed_shape() -> None:
     assert 0.3 <= drop <= 0.6
     lengths = [s.metrics["response/len_mean"] for s in steps]
     assert max(lengths) / min(lengths) < 1.3
-
-
-def test_demo_command_runs_and_exits() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpo_monitor.cli", "demo", "--exit-after-run", "--steps", "5",
-         "--step-seconds", "0.01", "--web.listen-address", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "scrape http://127.0.0.1:" in proc.stdout
