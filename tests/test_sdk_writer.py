@@ -185,7 +185,7 @@ def test_torch_scalars_and_mapping_views(tmp_path: Path) -> None:
 
 
 def test_numpy_scalars(tmp_path: Path) -> None:
-    np = pytest.importorskip("numpy")
+    import numpy as np
     with SnapshotWriter(tmp_path, "r", rank=0) as w:
         assert w.log({"a": np.float32(0.25), "b": np.int64(7), "c": np.float64(1.5),
                       "d": np.float32("nan"), "e": np.bool_(True)}, np.int64(3))

@@ -55,7 +55,7 @@ SIGNALS: tuple[Signal, ...] = (
            "advantage", ("advantage_mean_abs", "adv_abs_mean")),
     # Distribution stability (seed 000 §2.3).
     Signal("kl/mean", "grpo_kl_mean", "Mean KL divergence of the policy to the reference model.",
-           "nats", ("kl_mean", "kl", "actor/kl_loss")),
+           "nats", ("kl_mean", "kl", "actor/kl_loss", "actor/reward_kl_penalty")),
     Signal("kl/p50", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
            "nats", ("kl_p50",), (("quantile", "0.5"),)),
     Signal("kl/p95", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",

@@ -295,8 +295,11 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
         verl = _validate(VerlRecord, obj, problems)
         assert isinstance(verl, VerlRecord)
         metrics, unknown = normalize_metrics(verl.data, problems)
+        # verl lines carry no events; its checkpoint timing marks a save step, which the step
+        # time cards must leave out (seed 000 §4.5).
+        events = [Event(type="checkpoint_save")] if "timing_s/save_checkpoint" in verl.data else []
         return Snapshot(run=run, rank=rank, step=verl.step, time=mtime, shape=shape,
-                        metrics=metrics, unknown=unknown, problems=problems)
+                        metrics=metrics, unknown=unknown, events=events, problems=problems)
     flat = _validate(FlatRecord, obj, problems)
     assert isinstance(flat, FlatRecord)
     values = {k: v for k, v in obj.items() if k not in _FLAT_RESERVED}

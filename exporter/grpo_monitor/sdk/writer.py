@@ -81,26 +81,30 @@ def _dist_rank_and_world_size() -> tuple[int, int] | None:
 def _gpu_identity(local_rank: int | None) -> tuple[str | None, str | None]:
     """The physical GPU index (as NVML numbers it) and UUID this rank trains on, when known.
 
-    torch is consulted only when the trainer already initialised CUDA; otherwise the index comes
-    from LOCAL_RANK through CUDA_VISIBLE_DEVICES, the usual one-GPU-per-rank placement.
+    torch is consulted only when the trainer already imported it; otherwise LOCAL_RANK maps
+    through CUDA_VISIBLE_DEVICES, the usual one-GPU-per-rank placement. Without either sign of
+    a GPU (a CPU-only run) nothing is guessed.
     """
     torch = sys.modules.get("torch")
     uuid = None
-    device = local_rank
+    device = None
     try:
-        if torch is not None and torch.cuda.is_initialized():
-            device = torch.cuda.current_device()
-            raw = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
-            uuid = (raw if raw.startswith("GPU-") else f"GPU-{raw}") if raw else None
+        if torch is not None and torch.cuda.is_available():
+            device = torch.cuda.current_device() if torch.cuda.is_initialized() else local_rank
+            if torch.cuda.is_initialized():
+                raw = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+                uuid = (raw if raw.startswith("GPU-") else f"GPU-{raw}") if raw else None
     except Exception:  # noqa: BLE001 -- identity is a nicety; never fail the trainer for it
         pass
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if device is None and visible:
+        device = local_rank if local_rank is not None else 0
     if device is None:
         return None, uuid
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if visible and device < len(visible):
         gpu = visible[device]
-        if gpu.startswith("GPU-") and uuid is None:
-            return None, gpu  # CUDA_VISIBLE_DEVICES may name GPUs by UUID
+        if gpu.startswith("GPU-"):  # CUDA_VISIBLE_DEVICES may name GPUs by UUID
+            return None, uuid or gpu
         return gpu, uuid
     return str(device), uuid
 

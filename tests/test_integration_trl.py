@@ -1,0 +1,237 @@
+"""GRPOMonitorCallback: a real TRL GRPOTrainer run on a tiny model built in code, its snapshot
+file, and a real exporter serving it; then the key mapping on hand-made logs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import trl  # noqa: F401  (the test extra installs it; a missing trl must fail, not skip)
+
+from conftest import Running, value
+from grpo_monitor.integrations.trl import TRL_KEYS, GRPOMonitorCallback, map_trl_logs
+
+RUN = "trl-test"
+MAX_STEPS = 3
+SAVE_STEPS = 2
+
+
+# -- a real GRPOTrainer run --------------------------------------------------------------------
+
+
+def _tiny_model_dir(root: Path) -> tuple[str, Any]:
+    """A one-layer Llama and a character-level tokenizer, built in code and saved locally: the
+    reference model (beta > 0) is loaded from the policy's path, and nothing is downloaded."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    for ch in "abcdefghijklmnopqrstuvwxyz0123456789 +=?":
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                        eos_token="<eos>", unk_token="<unk>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    path = root / "tiny-llama"
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path), tokenizer
+
+
+def _count_vowels(completions: list[str], **_: Any) -> list[float]:
+    return [sum(c in "aeiou" for c in text) / 8 for text in completions]
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_grpo_trainer_run_is_exported(tmp_path: Path, snapshot_dir: Path, exporter: Running) -> None:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    model_path, tokenizer = _tiny_model_dir(tmp_path)
+    dataset = Dataset.from_dict({"prompt": ["1+1=?", "2+3=?", "ab?", "cd?"] * 4})
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=8, max_steps=MAX_STEPS, logging_steps=1, report_to=[],
+        use_cpu=True, beta=0.1, save_strategy="steps", save_steps=SAVE_STEPS, seed=0,
+        disable_tqdm=True)
+    monitor = GRPOMonitorCallback(snapshot_dir, run=RUN)
+    trainer = GRPOTrainer(model=model_path, reward_funcs=_count_vowels, args=args,
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[monitor])
+    trainer.train()
+
+    records = _read(snapshot_dir / RUN / "rank-0.jsonl")
+    steps = [r for r in records if r["metrics"]]
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert [r["step"] for r in steps] == [h["step"] for h in logged] == list(range(1, MAX_STEPS + 1))
+    for rec, log in zip(steps, logged):
+        assert (rec["run"], rec["rank"], rec["world_size"]) == (RUN, 0, 1)
+        m = rec["metrics"]
+        for trl_key, key in TRL_KEYS.items():
+            assert m[key] == pytest.approx(log[trl_key]), key
+            assert trl_key == key or trl_key not in m  # translated, not written twice
+        assert m["rewards/_count_vowels/mean"] == pytest.approx(log["rewards/_count_vowels/mean"])
+        assert "epoch" not in m and "step" not in m
+    # Checkpoints at step 2 (save_steps) and at the end of training (step 3).
+    events = [e for r in records for e in r.get("events", [])]
+    assert [(e["type"], e["step"]) for e in events] == [("checkpoint_save", 2),
+                                                        ("checkpoint_save", 3)]
+    assert all(e["duration_s"] >= 0 for e in events)
+    assert monitor.writer is None  # closed at on_train_end
+
+    lbl = {"run": RUN, "rank": "0"}
+    exporter.wait_value("grpo_step", MAX_STEPS, **lbl)
+    s = exporter.scrape()
+    last = steps[-1]["metrics"]
+    assert value(s, "grpo_reward_mean", **lbl) == pytest.approx(last["reward/mean"])
+    assert value(s, "grpo_kl_mean", **lbl) == pytest.approx(last["kl/mean"])
+    assert value(s, "grpo_entropy_mean", **lbl) == pytest.approx(last["entropy/mean"])
+    assert value(s, "grpo_response_length_mean_tokens", **lbl) == pytest.approx(
+        last["response/len_mean"])
+    assert value(s, "grpo_step_duration_seconds", **lbl) == pytest.approx(last["perf/step_time_s"])
+    assert value(s, "grpo_events_total", type="checkpoint_save", **lbl) == 2
+    assert value(s, "grpo_metric_value", key="rewards/_count_vowels/mean", **lbl) == pytest.approx(
+        last["rewards/_count_vowels/mean"])
+    assert exporter.errors("invalid_value") == 0
+
+
+# -- the callback on hand-made trainer state ---------------------------------------------------
+
+
+def _args(tmp_path: Path, **kw: Any) -> SimpleNamespace:
+    base = {"run_name": None, "output_dir": str(tmp_path / "out" / "my-run"), "process_index": 0,
+            "world_size": 1}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _state(step: int, main: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(global_step=step, is_world_process_zero=main)
+
+
+TRL_LOGS = {
+    "loss": 0.12, "grad_norm": 0.8, "learning_rate": 1e-6, "num_tokens": 52.0,
+    "completions/mean_length": 310.0, "completions/min_length": 12.0,
+    "completions/max_length": 512.0, "completions/clipped_ratio": 0.25,
+    "rewards/accuracy_reward/mean": 0.4, "rewards/format_reward/mean": 0.9,
+    "reward": 1.3, "reward_std": 0.5, "frac_reward_zero_std": 0.125, "kl": 0.02,
+    "entropy": 1.1, "clip_ratio/low_mean": 0.01, "clip_ratio/region_mean": 0.03,
+    "step_time": 4.5, "epoch": 0.25,
+}
+
+
+def test_key_mapping() -> None:
+    assert map_trl_logs(TRL_LOGS) == {
+        "loss": 0.12, "grad/norm": 0.8, "train/lr": 1e-6, "num_tokens": 52.0,
+        "response/len_mean": 310.0, "completions/min_length": 12.0, "response/len_max": 512.0,
+        "response/clip_ratio": 0.25, "rewards/accuracy_reward/mean": 0.4,
+        "rewards/format_reward/mean": 0.9, "reward/mean": 1.3, "reward/std": 0.5,
+        "group/zero_std_frac": 0.125, "kl/mean": 0.02, "entropy/mean": 1.1,
+        "clip_ratio/low_mean": 0.01, "policy/clip_frac": 0.03, "perf/step_time_s": 4.5,
+    }
+    # None is TRL's "no valid value this step"; words and lists are no metrics; 0-d tensors are.
+    import torch
+    assert map_trl_logs({"kl": None, "note": "x", "hist": [1, 2], "grad_norm": torch.tensor(2.0),
+                         "loss": True}) == {"grad/norm": 2.0, "loss": 1.0}
+
+
+def test_callback_writes_main_process_logs_with_nan(tmp_path: Path) -> None:
+    snap = tmp_path / "snap"
+    cb = GRPOMonitorCallback(snap)
+    args = _args(tmp_path)
+    cb.on_train_begin(args, _state(0), None)
+    cb.on_log(args, _state(5), None, logs={**TRL_LOGS, "loss": float("nan"),
+                                           "grad_norm": float("inf")})
+    cb.on_save(args, _state(5), None)
+    cb.on_log(args, _state(5), None, logs={"train_runtime": 3.0, "train_samples_per_second": 1.0,
+                                           "train_loss": 0.1, "epoch": 1.0})  # the run summary
+    cb.on_train_end(args, _state(5), None)
+    cb.on_log(args, _state(6), None, logs=TRL_LOGS)  # after the end: reopens, never raises
+
+    # run defaults to the name of output_dir
+    recs = _read(snap / "my-run" / "rank-0.jsonl")
+    assert [r["step"] for r in recs] == [5, 5, 6]
+    m = recs[0]["metrics"]
+    assert math.isnan(m["loss"]) and m["grad/norm"] == math.inf
+    assert m["reward/mean"] == 1.3 and m["rewards/accuracy_reward/mean"] == 0.4
+    assert recs[1]["metrics"] == {}
+    (event,) = recs[1]["events"]
+    assert event["type"] == "checkpoint_save" and event["step"] == 5
+    assert event["path"].endswith("checkpoint-5")
+    # The file carries the JSON NaN / Infinity tokens the contract reads as signals.
+    assert "NaN" in (snap / "my-run" / "rank-0.jsonl").read_text()
+
+
+def test_run_name_from_args(tmp_path: Path) -> None:
+    cb = GRPOMonitorCallback(tmp_path / "snap")
+    args = _args(tmp_path, run_name="exp/42")
+    cb.on_log(args, _state(1), None, logs={"reward": 0.5})
+    cb.on_train_end(args, _state(1), None)
+    assert _read(tmp_path / "snap" / "exp-42" / "rank-0.jsonl")[0]["metrics"] == {"reward/mean": 0.5}
+
+
+def test_non_main_processes_write_nothing(tmp_path: Path) -> None:
+    snap = tmp_path / "snap"
+    cb = GRPOMonitorCallback(snap, run="r")
+    args = _args(tmp_path, process_index=3, world_size=4)
+    cb.on_train_begin(args, _state(0, main=False), None)
+    cb.on_log(args, _state(1, main=False), None, logs=TRL_LOGS)
+    cb.on_save(args, _state(1, main=False), None)
+    cb.on_train_end(args, _state(1, main=False), None)
+    assert not snap.exists()
+
+
+def test_per_rank_perf_writes_only_step_time(tmp_path: Path) -> None:
+    snap = tmp_path / "snap"
+    cb = GRPOMonitorCallback(snap, run="r", per_rank_perf=True)
+    args = _args(tmp_path, process_index=3, world_size=4)
+    cb.on_train_begin(args, _state(0, main=False), None)
+    cb.on_log(args, _state(1, main=False), None, logs=TRL_LOGS)
+    cb.on_save(args, _state(1, main=False), None)
+    cb.on_train_end(args, _state(1, main=False), None)
+    recs = _read(snap / "r" / "rank-3.jsonl")
+    assert (recs[0]["rank"], recs[0]["world_size"]) == (3, 4)
+    assert recs[0]["metrics"] == {"perf/step_time_s": 4.5}
+    assert recs[1]["events"][0]["type"] == "checkpoint_save"
+
+
+def test_never_raises_into_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(dict):
+        def items(self):  # type: ignore[override]
+            raise RuntimeError("boom")
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the snapshot folder should be: the disk "fails"
+    cb = GRPOMonitorCallback(blocker, run="r")
+    args = _args(tmp_path)
+    cb.on_train_begin(args, _state(0), None)
+    cb.on_log(args, _state(1), None, logs=TRL_LOGS)
+    cb.on_save(args, _state(1), None)
+    cb.on_log(args, _state(2), None, logs=Broken(TRL_LOGS))
+    cb.on_train_end(args, _state(2), None)
+    # A run name that is no folder name is not the trainer's problem either.
+    bad = GRPOMonitorCallback(tmp_path / "snap", run="a/b")
+    bad.on_train_begin(args, _state(0), None)
+    bad.on_log(args, _state(1), None, logs=TRL_LOGS)
+    assert "TRL callback failed" in caplog.text
+
+
+def test_importing_grpo_monitor_does_not_import_transformers() -> None:
+    code = ("import grpo_monitor, grpo_monitor.integrations, sys; "
+            "assert 'transformers' not in sys.modules and 'trl' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})

@@ -1,0 +1,201 @@
+"""The real GRPO loop of ``grpo-monitor train-demo``: its signals, and the cards they raise.
+
+Each run trains a ~5k-parameter GRU on single-digit addition for real (CPU, 2 threads, seed 0)
+and writes its snapshots through the SDK. While it trains, the exporter's own ingest and store
+read the files and are "scraped" every few steps, as tests/scenario_rules.py does for simulated
+runs; promtool then evaluates the project's rule files on those scrapes.
+
+What reproduces for real, and how (see docs/train-demo.md):
+* healthy defaults: reward and sample accuracy rise, entropy falls but stays well above a
+  collapse, and no training-signal card fires over 300 steps (see HEALTHY_TOLERATED for the
+  perf and KL-tail cards this toy may raise, and why);
+* ``--grader loose --onset 200``: after a healthy baseline the grader pays per token, the
+  response length surges to the limit within ~20 steps, reward jumps and accuracy drops ->
+  GRPORewardHackingSuspected and GRPOResponseLengthShift;
+* ``--nan-reward-at``: the NaN reaches reward/*, loss and grad/norm -> GRPONonFiniteValues;
+* ``--beta 0 --lr 0.03``: KL to the reference an order of magnitude above the healthy run's;
+* ``--group-size 2 --temperature 0.3 --onset 200``: sampling collapses onto the likeliest
+  answer, groups of identical answers take over and entropy falls below 0.1x its baseline ->
+  GRPOEntropyCollapse and GRPOAdvantageVanishing;
+* ``--beta 0 --lr 0.03``: KL to the reference several times the healthy run's. Checked on the
+  signal only: switched on after a 200-step baseline it reaches ~6x, not the 10x of
+  GRPOKLExplosion, within the 300 steps a test can afford.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from grpo_monitor.health import ExporterHealth  # noqa: E402
+from grpo_monitor.ingest import Ingestor  # noqa: E402
+from grpo_monitor.store import RunStore  # noqa: E402
+from grpo_monitor.train_demo import Config, StepResult, train  # noqa: E402
+from scenario_rules import FIRED, RULE_FILES, RULE_INPUTS, Played, _format  # noqa: E402
+
+SCRAPE_EVERY = 10
+# Cards the healthy toy run may raise for reasons that are real but not a training sickness:
+# perf cards follow the load of a shared 2-core host (other processes stall steps by 2-10x),
+# and the k3 KL estimator over 1-3-token answers has a heavy per-sequence tail (a sampled token
+# the policy learned to avoid but the reference favours gives k3 = e^d - d - 1 of ~10), so the
+# per-sequence KL max sits >3x above its p95 from the first steps on.
+HEALTHY_TOLERATED = {"GRPOStepTimeDrift", "GRPOThroughputDrop", "GRPOKLTailOutliers"}
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+
+
+def play_real(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepResult], Played]:
+    """Train for real; every ``scrape_every`` steps the exporter ingests the new lines and its
+    exposition is parsed into one sample per series (one promtool minute per scrape)."""
+    store = RunStore()
+    ingestor = Ingestor(Path(cfg.snapshot_dir), store, ExporterHealth())
+    series: dict[str, list[str]] = {}
+    scrape_steps: list[int] = []
+
+    def on_step(res: StepResult) -> None:
+        if res.step % scrape_every:
+            return
+        for path in sorted((Path(cfg.snapshot_dir) / cfg.run).glob("rank-*.jsonl")):
+            ingestor.process(path)
+        store.flush()
+        index = len(scrape_steps)
+        scrape_steps.append(res.step)
+        for line in "".join(store.render()).splitlines():
+            if line.startswith("#") or not line.startswith(RULE_INPUTS):
+                continue
+            name, _, value = line.rpartition(" ")
+            values = series.setdefault(name, ["_"] * index)
+            values.extend(["_"] * (index - len(values)))
+            values.append(_format(float(value)))
+
+    results = train(cfg, on_step)
+    for values in series.values():
+        values.extend(["_"] * (len(scrape_steps) - len(values)))
+    return results, Played(series, scrape_steps)
+
+
+def fired_cards(played: Played, tmp: Path) -> set[str]:
+    """The cards that had fired at any scrape, as promtool evaluates the rule files."""
+    at = len(played.scrape_steps) - 1
+    test = {
+        "rule_files": RULE_FILES,
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": n, "values": " ".join(v)} for n, v in played.series.items()],
+            # Expect nothing: promtool then reports what it got, or passes when nothing fired.
+            "promql_expr_test": [{"expr": FIRED.format(minutes=at + 1), "eval_time": f"{at}m",
+                                  "exp_samples": []}],
+        }],
+    }
+    path = tmp / "train-demo.test.json"
+    path.write_text(json.dumps(test))
+    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode == 0:
+        return set()
+    got = (proc.stdout + proc.stderr).partition("got:")[2]
+    names = set(re.findall(r'alertname="([^"]+)"', got))
+    assert names, f"promtool failed without a result:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+    return names
+
+
+def mean(results: list[StepResult], key: str, lo: int, hi: int) -> float:
+    values = [r.metrics[key] for r in results if lo <= r.step < hi]
+    return sum(values) / len(values)
+
+
+def records(path: Path) -> Iterator[dict]:
+    with path.open() as fh:
+        for line in fh:
+            yield json.loads(line)
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[StepResult], Played, Path]:
+    tmp = tmp_path_factory.mktemp("healthy")
+    results, played = play_real(Config(snapshot_dir=tmp, run="healthy", steps=300))
+    return results, played, tmp
+
+
+def test_healthy_run_learns(healthy: tuple[list[StepResult], Played, Path]) -> None:
+    results, _, tmp = healthy
+    assert len(results) == 300
+    assert mean(results, "reward/mean", 250, 301) > 2 * mean(results, "reward/mean", 1, 51)
+    assert mean(results, "eval/sample_acc", 250, 301) > mean(results, "eval/sample_acc", 1, 51) + 0.1
+    early, late = mean(results, "entropy/mean", 1, 51), mean(results, "entropy/mean", 250, 301)
+    assert 0.3 * early < late < early  # falls, but nowhere near a collapse
+    assert 0.01 < mean(results, "kl/mean", 250, 301) < 5
+    # The records hold every canonical key and the checkpoint events.
+    recs = list(records(tmp / "healthy" / "rank-0.jsonl"))
+    assert len(recs) == 300
+    for key in ("reward/mean", "kl/mean", "entropy/mean", "group/zero_std_frac", "adv/mean_abs",
+                "response/len_mean", "loss", "grad/norm", "train/lr", "eval/sample_acc",
+                "perf/step_time_s", "perf/samples_per_s"):
+        assert math.isfinite(recs[-1]["metrics"][key]), key
+    saves = [r["step"] for r in recs if any(e["type"] == "checkpoint_save" for e in r.get("events", []))]
+    assert saves == [100, 200, 300]
+
+
+@needs_promtool
+def test_healthy_run_raises_no_card(healthy: tuple[list[StepResult], Played, Path],
+                                    tmp_path: Path) -> None:
+    _, played, _ = healthy
+    assert fired_cards(played, tmp_path) - HEALTHY_TOLERATED == set()
+
+
+@needs_promtool
+def test_loose_grader_hacks_the_reward_with_length(tmp_path: Path) -> None:
+    cfg = Config(snapshot_dir=tmp_path, run="loose", steps=300, grader="loose", onset=200)
+    results, played = play_real(cfg)
+    before, after = (150, 200), (250, 301)
+    assert mean(results, "response/len_mean", *after) > 2 * mean(results, "response/len_mean", *before)
+    assert mean(results, "reward/mean", *after) > mean(results, "reward/mean", *before) + 0.5
+    assert mean(results, "eval/sample_acc", *after) <= mean(results, "eval/sample_acc", *before)
+    cards = fired_cards(played, tmp_path)
+    assert {"GRPORewardHackingSuspected", "GRPOResponseLengthShift"} <= cards, cards
+    assert not any(c in cards for c in ("GRPONonFiniteValues", "GRPOKLExplosion")), cards
+
+
+@needs_promtool
+def test_nan_reward_raises_the_red_card(tmp_path: Path) -> None:
+    cfg = Config(snapshot_dir=tmp_path, run="nan", steps=60, nan_reward_at=30)
+    results, played = play_real(cfg)
+    bad = results[29].metrics
+    assert math.isnan(bad["reward/mean"]) and math.isnan(bad["loss"]) and math.isnan(bad["grad/norm"])
+    assert all(math.isfinite(r.metrics["reward/mean"]) for r in results if r.step != 30)
+    # The NaN is in the file as the JSON token, and the update was skipped.
+    rec = next(r for r in records(tmp_path / "nan" / "rank-0.jsonl") if r["step"] == 30)
+    assert math.isnan(rec["metrics"]["reward/mean"])
+    assert {"type": "skipped_step", "step": 30, "reason": "nonfinite_grad"} in rec["events"]
+    assert "GRPONonFiniteValues" in fired_cards(played, tmp_path)
+
+
+def test_beta_zero_and_high_lr_blow_kl_up(healthy: tuple[list[StepResult], Played, Path],
+                                          tmp_path: Path) -> None:
+    results = train(Config(snapshot_dir=tmp_path, run="kl", steps=120, beta=0.0, lr=0.03))
+    sick = mean(results, "kl/mean", 70, 121)
+    ok = mean(healthy[0], "kl/mean", 70, 121)
+    assert sick > 3 * ok, (sick, ok)
+
+
+@needs_promtool
+def test_small_groups_and_low_temperature_collapse(healthy: tuple[list[StepResult], Played, Path],
+                                                   tmp_path: Path) -> None:
+    cfg = Config(snapshot_dir=tmp_path, run="collapse", steps=300, onset=200, sick_group_size=2,
+                 sick_temperature=0.3)
+    results, played = play_real(cfg)
+    before, after = (150, 200), (250, 301)
+    assert mean(results, "group/zero_std_frac", *after) > mean(results, "group/zero_std_frac", *before) + 0.2
+    assert mean(results, "entropy/mean", *after) < 0.1 * mean(results, "entropy/mean", 1, 201)
+    assert mean(results, "entropy/mean", *after) < 0.2 * mean(healthy[0], "entropy/mean", *after)
+    cards = fired_cards(played, tmp_path)
+    assert {"GRPOEntropyCollapse", "GRPOAdvantageVanishing"} <= cards, cards
