@@ -27,29 +27,25 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
 
-from grpo_monitor.health import ExporterHealth  # noqa: E402
-from grpo_monitor.ingest import Ingestor  # noqa: E402
-from grpo_monitor.store import RunStore  # noqa: E402
-from grpo_monitor.train_demo import Config, StepResult, train  # noqa: E402
-from scenario_rules import FIRED, RULE_FILES, RULE_INPUTS, Played, _format  # noqa: E402
+from grpo_monitor.health import ExporterHealth
+from grpo_monitor.ingest import Ingestor
+from grpo_monitor.store import RunStore
+from grpo_monitor.train_demo import Config, StepResult, train
+from scenario_rules import FIRED, RULE_FILES, RULE_INPUTS, Played, _format
 
 SCRAPE_EVERY = 10
 # Cards the healthy toy run may raise for reasons that are real but not a training sickness:
-# perf cards follow the load of a shared 2-core host (other processes stall steps by 2-10x),
-# and the k3 KL estimator over 1-3-token answers has a heavy per-sequence tail (a sampled token
-# the policy learned to avoid but the reference favours gives k3 = e^d - d - 1 of ~10), so the
-# per-sequence KL max sits >3x above its p95 from the first steps on.
-HEALTHY_TOLERATED = {"GRPOStepTimeDrift", "GRPOThroughputDrop", "GRPOKLTailOutliers"}
-needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+# its step times are wall-clock times on a shared 2-core host, where other processes stall
+# steps by 2-10x. (The k3 KL over 1-3-token answers is heavy-tailed from step 0 too, but the
+# tail card asks for a tail heavier than the baseline's, so it stays quiet.)
+HEALTHY_TOLERATED = {"GRPOStepTimeDrift", "GRPOThroughputDrop"}
 
 
 def play_real(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepResult], Played]:
@@ -98,7 +94,7 @@ def fired_cards(played: Played, tmp: Path) -> set[str]:
     }
     path = tmp / "train-demo.test.json"
     path.write_text(json.dumps(test))
-    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True,
+    proc = subprocess.run(["promtool", "test", "rules", str(path)], check=False, capture_output=True, text=True,
                           timeout=300)
     if proc.returncode == 0:
         return set()
@@ -145,14 +141,12 @@ def test_healthy_run_learns(healthy: tuple[list[StepResult], Played, Path]) -> N
     assert saves == [100, 200, 300]
 
 
-@needs_promtool
 def test_healthy_run_raises_no_card(healthy: tuple[list[StepResult], Played, Path],
                                     tmp_path: Path) -> None:
     _, played, _ = healthy
     assert fired_cards(played, tmp_path) - HEALTHY_TOLERATED == set()
 
 
-@needs_promtool
 def test_loose_grader_hacks_the_reward_with_length(tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="loose", steps=300, grader="loose", onset=200)
     results, played = play_real(cfg)
@@ -165,7 +159,6 @@ def test_loose_grader_hacks_the_reward_with_length(tmp_path: Path) -> None:
     assert not any(c in cards for c in ("GRPONonFiniteValues", "GRPOKLExplosion")), cards
 
 
-@needs_promtool
 def test_nan_reward_raises_the_red_card(tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="nan", steps=60, nan_reward_at=30)
     results, played = play_real(cfg)
@@ -187,7 +180,6 @@ def test_beta_zero_and_high_lr_blow_kl_up(healthy: tuple[list[StepResult], Playe
     assert sick > 3 * ok, (sick, ok)
 
 
-@needs_promtool
 def test_small_groups_and_low_temperature_collapse(healthy: tuple[list[StepResult], Played, Path],
                                                    tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="collapse", steps=300, onset=200, sick_group_size=2,

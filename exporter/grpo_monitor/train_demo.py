@@ -20,7 +20,8 @@ the training dynamics, never by editing the logged numbers:
 ``--onset STEP`` applies the sickness knobs only from that step, so a run first has a healthy
 baseline (the exporter's baseline is the first 200 steps) and then turns sick.
 
-torch is the ``torch`` extra: this module imports it at import time, so import it lazily.
+torch is the ``torch`` extra: it is imported only when training starts, so the CLI can build its
+parser (and say what is missing) without it.
 """
 
 from __future__ import annotations
@@ -33,15 +34,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from grpo_monitor.sdk.torch import grpo_stats
 from grpo_monitor.sdk.writer import SnapshotWriter
 
-__all__ = ["Config", "StepResult", "train", "add_arguments", "config_from_args"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Config", "StepResult", "add_arguments", "config_from_args", "train"]
 
 # Vocabulary: digits 0-9, "+", "=", EOS.
 PLUS, EQUALS, EOS = 10, 11, 12
@@ -90,28 +90,35 @@ class StepResult:
     events: list[dict[str, object]] = field(default_factory=list)
 
 
-class Policy(nn.Module):
+def _make_policy(embed: int, hidden: int) -> Any:
     """Embedding -> one GRU layer -> logits over the vocabulary (~5k parameters)."""
+    import torch
+    from torch import nn
 
-    def __init__(self, embed: int, hidden: int) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, embed)
-        self.gru = nn.GRU(embed, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, VOCAB)
-        with torch.no_grad():
-            # Like a pretrained model that answers briefly: EOS is likely from the start, so
-            # responses begin about as long as a right answer (1-2 digits + EOS).
-            self.head.bias.zero_()
-            self.head.bias[EOS] = 2.0
-            self.head.bias[PLUS] = self.head.bias[EQUALS] = -2.0
+    class Policy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, embed)
+            self.gru = nn.GRU(embed, hidden, batch_first=True)
+            self.head = nn.Linear(hidden, VOCAB)
+            with torch.no_grad():
+                # Like a pretrained model that answers briefly: EOS is likely from the start, so
+                # responses begin about as long as a right answer (1-2 digits + EOS).
+                self.head.bias.zero_()
+                self.head.bias[EOS] = 2.0
+                self.head.bias[PLUS] = self.head.bias[EQUALS] = -2.0
 
-    def forward(self, tokens: torch.Tensor, h: torch.Tensor | None = None):  # type: ignore[no-untyped-def]
-        out, h = self.gru(self.emb(tokens), h)
-        return self.head(out), h
+        def forward(self, tokens, h=None):  # type: ignore[no-untyped-def]
+            out, h = self.gru(self.emb(tokens), h)
+            return self.head(out), h
+
+    return Policy()
 
 
 def _answers(a: torch.Tensor, b: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right answers as token rows padded with EOS, and their lengths without EOS."""
+    import torch
+
     s = a + b
     two = s >= 10
     ans = torch.full((len(s), width), EOS, dtype=torch.long)
@@ -120,11 +127,18 @@ def _answers(a: torch.Tensor, b: torch.Tensor, width: int) -> tuple[torch.Tensor
     return ans, 1 + two.long()
 
 
-@torch.no_grad()
-def _sample(policy: Policy, prompts: torch.Tensor, max_new: int, temperature: float,
+def _sample(policy: Any, prompts: torch.Tensor, max_new: int, temperature: float,
             gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample responses; returns tokens [B, max_new] (EOS-padded) and the response mask (the
     tokens up to and including the first EOS)."""
+    import torch
+
+    with torch.no_grad():
+        return _sample_no_grad(torch, policy, prompts, max_new, temperature, gen)
+
+
+def _sample_no_grad(torch: Any, policy: Any, prompts: torch.Tensor, max_new: int,
+                    temperature: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     logits, h = policy(prompts)
     last = logits[:, -1]
     out = torch.full((prompts.shape[0], max_new), EOS, dtype=torch.long)
@@ -144,10 +158,12 @@ def _sample(policy: Policy, prompts: torch.Tensor, max_new: int, temperature: fl
     return out, mask
 
 
-def _token_logprobs(model: Policy, prompts: torch.Tensor, resp: torch.Tensor, temperature: float,
+def _token_logprobs(model: Any, prompts: torch.Tensor, resp: torch.Tensor, temperature: float,
                     with_entropy: bool = False):  # type: ignore[no-untyped-def]
     """Per-token log-probabilities of ``resp`` (and the per-token entropy) under the
     temperature-scaled policy, as TRL computes them."""
+    import torch
+
     seq = torch.cat([prompts, resp[:, :-1]], dim=1)
     logits, _ = model(seq)
     logits = logits[:, PROMPT_LEN - 1:] / temperature
@@ -166,6 +182,8 @@ def _grade(resp: torch.Tensor, mask: torch.Tensor, answers: torch.Tensor, ans_le
     strict: 1 for the exact answer then EOS; else partial credit 0.3 x the share of the
     answer's digits right in place. loose: strict plus ``length_bonus`` per generated token
     before EOS, which pays for length whether the answer is right or not."""
+    import torch
+
     width = answers.shape[1]
     head = resp[:, :width]
     lengths = mask.sum(-1)
@@ -183,13 +201,15 @@ def _grade(resp: torch.Tensor, mask: torch.Tensor, answers: torch.Tensor, ans_le
 
 def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
     """Run the loop for ``cfg.steps`` steps, logging every step; returns the logged metrics."""
+    import torch
+
     if cfg.group_size < 2 or (cfg.sick_group_size is not None and cfg.sick_group_size < 2):
         raise ValueError("group size must be >= 2")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    policy = Policy(cfg.embed, cfg.hidden)
-    ref = Policy(cfg.embed, cfg.hidden)
+    policy = _make_policy(cfg.embed, cfg.hidden)
+    ref = _make_policy(cfg.embed, cfg.hidden)
     ref.load_state_dict(policy.state_dict())
     ref.requires_grad_(False)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
@@ -216,8 +236,12 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
     return results
 
 
-def _step(cfg: Config, step: int, policy: Policy, ref: Policy, opt: torch.optim.Optimizer,
+def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimizer,
           gen: torch.Generator) -> StepResult:
+    import torch
+
+    from grpo_monitor.sdk.torch import grpo_stats
+
     t0 = time.perf_counter()
     sick = step >= cfg.onset
     beta = cfg.sick_beta if sick and cfg.sick_beta is not None else cfg.beta
