@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import requests
 
 import trl  # noqa: F401  (the test extra installs it; a missing trl must fail, not skip)
 
@@ -109,6 +110,38 @@ def test_grpo_trainer_run_is_exported(tmp_path: Path, snapshot_dir: Path, export
     assert value(s, "grpo_metric_value", key="rewards/_count_vowels/mean", **lbl) == pytest.approx(
         last["rewards/_count_vowels/mean"])
     assert exporter.errors("invalid_value") == 0
+
+
+def _infinite_for_one(completions: list[str], **_: Any) -> list[float]:
+    # A reward model that returns inf for one sample (seed 000 §4.4: "reward model 返回了 NaN
+    # 或者异常大的值").
+    return [math.inf if i == 0 else 0.5 for i, _ in enumerate(completions)]
+
+
+def test_sick_grpo_trainer_run_raises_the_red_card(tmp_path: Path, snapshot_dir: Path,
+                                                   exporter: Running) -> None:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from scenario_rules import RULE_INPUTS, Played, _format, check_cards
+
+    model_path, tokenizer = _tiny_model_dir(tmp_path)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=8, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
+        beta=0.1, save_strategy="no", seed=0, disable_tqdm=True)
+    trainer = GRPOTrainer(model=model_path, reward_funcs=_infinite_for_one, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["1+1=?", "ab?"] * 4}),
+                          processing_class=tokenizer,
+                          callbacks=[GRPOMonitorCallback(snapshot_dir, run="trl-sick")])
+    trainer.train()
+    exporter.wait_value("grpo_window_nonfinite", lambda v: v is not None and v >= 1,
+                        run="trl-sick", rank="0", key="reward/mean", window_steps="50")
+    # One scrape of the real exporter, evaluated by the real rules: the red card.
+    body = requests.get(f"{exporter.url}/metrics", timeout=5).text
+    series = {name: [_format(float(v))] for line in body.splitlines()
+              if line.startswith(RULE_INPUTS) for name, _, v in [line.rpartition(" ")]}
+    check_cards(Played(series, [2]), [(0, {"GRPONonFiniteValues"})], tmp_path)
 
 
 # -- the callback on hand-made trainer state ---------------------------------------------------
