@@ -43,38 +43,56 @@ def _format(value: float) -> str:
     return repr(value)
 
 
+class Recorder:
+    """The exporter's ingest and store over a snapshot folder; each scrape is one sample of every
+    series the rules read."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = RunStore()
+        self.ingestor = Ingestor(root, self.store, ExporterHealth())
+        self.series: dict[str, list[str]] = {}
+        self.steps: list[int] = []
+
+    def scrape(self, step: int, paths: list[Path]) -> None:
+        """Read what is new in ``paths``, then take one sample of the exposition."""
+        for path in paths:
+            self.ingestor.process(path)
+        self.store.flush()
+        self.add("".join(self.store.render()), step)
+
+    def add(self, exposition: str, step: int) -> None:
+        """One sample from exposition text (a real scrape's body, or the store's rendering)."""
+        index = len(self.steps)
+        self.steps.append(step)
+        for line in exposition.splitlines():
+            if line.startswith("#") or not line.startswith(RULE_INPUTS):
+                continue
+            name, _, value = line.rpartition(" ")
+            values = self.series.setdefault(name, ["_"] * index)
+            values.extend(["_"] * (index - len(values)))
+            values.append(_format(float(value)))
+
+    def played(self) -> Played:
+        for values in self.series.values():
+            values.extend(["_"] * (len(self.steps) - len(values)))
+        return Played(self.series, self.steps)
+
+
 def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: int = 4,
          step_seconds: float = 5.0) -> Played:
-    series: dict[str, list[str]] = {}
-    scrape_steps: list[int] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        store = RunStore()
-        ingestor = Ingestor(root, store, ExporterHealth())
+        recorder = Recorder(root)
         writers = [SnapshotWriter(root, scenario, rank=r, world_size=ranks) for r in range(ranks)]
         for st in generate(scenario, steps=steps, ranks=ranks, step_seconds=step_seconds):
             for rec in st.records:
                 writers[rec.rank].log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
                                       timestamp=rec.timestamp)
-            if st.step % scrape_every:
-                continue
-            for w in writers:
-                ingestor.process(Path(w.path))
-            store.flush()
-            index = len(scrape_steps)
-            scrape_steps.append(st.step)
-            for line in "".join(store.render()).splitlines():
-                if line.startswith("#") or not line.startswith(RULE_INPUTS):
-                    continue
-                name, _, value = line.rpartition(" ")
-                values = series.setdefault(name, ["_"] * index)
-                values.extend(["_"] * (index - len(values)))
-                values.append(_format(float(value)))
+            if st.step % scrape_every == 0:
+                recorder.scrape(st.step, [Path(w.path) for w in writers])
         for w in writers:
             w.close()
-    for values in series.values():
-        values.extend(["_"] * (len(scrape_steps) - len(values)))
-    return Played(series, scrape_steps)
+    return recorder.played()
 
 
 FIRED = 'group by (alertname, severity) (max_over_time(ALERTS{{alertstate="firing"}}[{minutes}m]))'

@@ -123,7 +123,7 @@ def test_sick_grpo_trainer_run_raises_the_red_card(tmp_path: Path, snapshot_dir:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from scenario_rules import RULE_INPUTS, Played, _format, check_cards
+    from scenario_rules import Recorder, check_cards
 
     model_path, tokenizer = _tiny_model_dir(tmp_path)
     args = GRPOConfig(
@@ -138,10 +138,9 @@ def test_sick_grpo_trainer_run_raises_the_red_card(tmp_path: Path, snapshot_dir:
     exporter.wait_value("grpo_window_nonfinite", lambda v: v is not None and v >= 1,
                         run="trl-sick", rank="0", key="reward/mean", window_steps="50")
     # One scrape of the real exporter, evaluated by the real rules: the red card.
-    body = requests.get(f"{exporter.url}/metrics", timeout=5).text
-    series = {name: [_format(float(v))] for line in body.splitlines()
-              if line.startswith(RULE_INPUTS) for name, _, v in [line.rpartition(" ")]}
-    check_cards(Played(series, [2]), [(0, {"GRPONonFiniteValues"})], tmp_path)
+    recorder = Recorder(snapshot_dir)
+    recorder.add(requests.get(f"{exporter.url}/metrics", timeout=5).text, step=2)
+    check_cards(recorder.played(), [(0, {"GRPONonFiniteValues"})], tmp_path)
 
 
 # -- the callback on hand-made trainer state ---------------------------------------------------

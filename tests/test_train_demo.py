@@ -34,11 +34,8 @@ from pathlib import Path
 import pytest
 
 
-from grpo_monitor.health import ExporterHealth
-from grpo_monitor.ingest import Ingestor
-from grpo_monitor.store import RunStore
 from grpo_monitor.train_demo import Config, StepResult, train
-from scenario_rules import FIRED, RULE_FILES, RULE_INPUTS, Played, _format
+from scenario_rules import FIRED, RULE_FILES, Played, Recorder
 
 SCRAPE_EVERY = 10
 # Cards the healthy toy run may raise for reasons that are real but not a training sickness:
@@ -51,31 +48,13 @@ HEALTHY_TOLERATED = {"GRPOStepTimeDrift", "GRPOThroughputDrop"}
 def play_real(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepResult], Played]:
     """Train for real; every ``scrape_every`` steps the exporter ingests the new lines and its
     exposition is parsed into one sample per series (one promtool minute per scrape)."""
-    store = RunStore()
-    ingestor = Ingestor(Path(cfg.snapshot_dir), store, ExporterHealth())
-    series: dict[str, list[str]] = {}
-    scrape_steps: list[int] = []
+    recorder = Recorder(Path(cfg.snapshot_dir))
 
     def on_step(res: StepResult) -> None:
-        if res.step % scrape_every:
-            return
-        for path in sorted((Path(cfg.snapshot_dir) / cfg.run).glob("rank-*.jsonl")):
-            ingestor.process(path)
-        store.flush()
-        index = len(scrape_steps)
-        scrape_steps.append(res.step)
-        for line in "".join(store.render()).splitlines():
-            if line.startswith("#") or not line.startswith(RULE_INPUTS):
-                continue
-            name, _, value = line.rpartition(" ")
-            values = series.setdefault(name, ["_"] * index)
-            values.extend(["_"] * (index - len(values)))
-            values.append(_format(float(value)))
+        if res.step % scrape_every == 0:
+            recorder.scrape(res.step, sorted((Path(cfg.snapshot_dir) / cfg.run).glob("rank-*.jsonl")))
 
-    results = train(cfg, on_step)
-    for values in series.values():
-        values.extend(["_"] * (len(scrape_steps) - len(values)))
-    return results, Played(series, scrape_steps)
+    return train(cfg, on_step), recorder.played()
 
 
 def fired_cards(played: Played, tmp: Path) -> set[str]:
