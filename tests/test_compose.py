@@ -124,7 +124,8 @@ def test_images_are_pinned(config: dict[str, Any]) -> None:
 
 def test_config_mounts_are_read_only(config: dict[str, Any]) -> None:
     """Every bind mount is read-only, except the snapshot folder of the services that write it."""
-    writers = {"demo", "cli"}
+    # The exporter writes control records (the red-card pause) next to the runs' snapshots.
+    writers = {"demo", "cli", "exporter"}
     for name, svc in config["services"].items():
         for src, dst, mode in _mounts(svc):
             if not _is_bind(src):
@@ -155,7 +156,7 @@ def test_snapshot_folder_comes_from_grpo_snapshot_dir(raw: dict[str, Any], tmp_m
     for name in ("exporter", "demo", "cli"):
         mounts = {dst: (src, mode) for src, dst, mode in _mounts(services[name])}
         assert mounts["/snapshots"][0] == "/data/grpo-snapshots", name
-    assert _mounts(services["exporter"])[0] == ("/data/grpo-snapshots", "/snapshots", "ro")
+    assert _mounts(services["exporter"])[0] == ("/data/grpo-snapshots", "/snapshots", "rw")
 
 
 def test_exporter_reserves_the_gpus(config: dict[str, Any]) -> None:

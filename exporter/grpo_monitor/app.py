@@ -26,7 +26,14 @@ class Exporter:
             rescan_interval=config.rescan_interval, run_timeout=config.run_timeout)
         self.gpu = (GPUCollector(config.gpu_interval, nvml=config.gpu_nvml, registry=self.health.registry)
                     if config.gpu_collector else None)
-        self.server = ExporterServer(config.listen_address, self.metrics, self.watcher.ready.is_set)
+        self.webhook = None
+        if config.webhook_token_file is not None:
+            from grpo_monitor.webhook import WebhookHandler
+
+            self.webhook = WebhookHandler(config.snapshot_dir.absolute(), config.webhook_token_file,
+                                          self.store, self.health.registry)
+        self.server = ExporterServer(config.listen_address, self.metrics, self.watcher.ready.is_set,
+                                     self.webhook, config.snapshot_dir.absolute())
 
     @property
     def url(self) -> str:

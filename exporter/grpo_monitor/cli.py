@@ -72,6 +72,9 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
          "grpo_gpu_collector_up 0 and nothing else.", default=True, action=argparse.BooleanOptionalAction)
     _add(p, "--collector.gpu.interval", "How often the GPU collector reads NVML (never on a scrape).",
          default=5.0, type=parse_duration)
+    _add(p, "--web.webhook-token-file", "File holding the bearer token Alertmanager sends to "
+         "POST /-/alertmanager/webhook (a red card pauses its run); without it the webhook is off.",
+         type=Path)
     _add(p, "--log.level", "Log level: debug, info, warn, error.", default="info")
 
 
@@ -89,7 +92,8 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                       max_prompt_types=v["metrics.max_prompt_types"],
                       max_event_types=v["metrics.max_event_types"],
                       baseline_steps=v["signals.baseline_steps"]),
-        gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"])
+        gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"],
+        webhook_token_file=v.get("web.webhook_token_file"))
 
 
 def _setup_logging(level: str) -> None:
@@ -294,6 +298,33 @@ def cmd_rebaseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Lift a red-card pause: set the run's control record to "running" (the trainer SDK's
+    wait_if_paused() returns it, rollback_to included)."""
+    from grpo_monitor.control import now_rfc3339, read_control, write_control
+
+    snapshot_dir = args.__dict__["snapshot.dir"]
+    if snapshot_dir is None:
+        print("--snapshot.dir is required", file=sys.stderr)
+        return 2
+    try:
+        record = read_control(snapshot_dir, args.run)
+    except ValueError as exc:
+        print(f"grpo-monitor resume: run {args.run!r}: bad control record: {exc}", file=sys.stderr)
+        return 2
+    if record is None:
+        print(f"grpo-monitor resume: run {args.run!r} has no control record under {snapshot_dir} "
+              "(it was never paused)", file=sys.stderr)
+        return 2
+    was = record.state
+    record = record.model_copy(update={"state": "running", "resumed_at": now_rfc3339(),
+                                       "rollback_to": args.rollback_to})
+    path = write_control(snapshot_dir, args.run, record)
+    rb = f", rollback to step {args.rollback_to}" if args.rollback_to is not None else ""
+    print(f"run {args.run!r}: {was} -> running{rb} ({path})")
+    return 0
+
+
 def _add_train_demo_flags(p: argparse.ArgumentParser) -> None:
     # train_demo imports torch only when training starts: the parser builds without it.
     from grpo_monitor.train_demo import add_arguments
@@ -344,6 +375,17 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Print a run's replayed samples: prompts with their G responses, rewards and lengths."""
+    from grpo_monitor.replay import print_replay
+
+    snapshot_dir = args.__dict__["snapshot.dir"]
+    if snapshot_dir is None:
+        print("--snapshot.dir is required", file=sys.stderr)
+        return 2
+    return print_replay(snapshot_dir, args.run, args.step)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-monitor", description="Signal-health monitoring for GRPO / PPO-style RL post-training.")
@@ -386,6 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="With --until-card or --exit-after-run: give up after this many seconds (status 1).")
     demo.set_defaults(func=cmd_demo)
 
+    rep = sub.add_parser("replay", help="Print a run's logged samples (seed 000 §5.2).",
+                         description=cmd_replay.__doc__)
+    _add(rep, "--snapshot.dir", "The snapshot folder.", type=Path)
+    rep.add_argument("run", help="Run name (its folder under the snapshot folder).")
+    rep.add_argument("--step", type=int, default=None,
+                     help="Step (default: the newest with samples; else the nearest earlier one).")
+    rep.set_defaults(func=cmd_replay)
+
     sim = sub.add_parser("simulate", help="Write a synthetic run (healthy or sick) to a snapshot folder.",
                          description=cmd_simulate.__doc__)
     _add(sim, "--snapshot.dir", "Folder to write the run under.", type=Path)
@@ -417,6 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     reb.add_argument("--at-step", type=int, default=None,
                      help="Last step of the new baseline (default: the newest step on disk).")
     reb.set_defaults(func=cmd_rebaseline)
+
+    res = sub.add_parser("resume", help="Resume a run a red card paused.", description=cmd_resume.__doc__)
+    _add(res, "--snapshot.dir", "The exporter's snapshot folder.", type=Path)
+    res.add_argument("run", help="Run name (its folder under the snapshot folder).")
+    res.add_argument("--rollback-to", type=int, default=None, metavar="STEP",
+                     help="Ask the trainer to go back to this step's checkpoint (it reads rollback_to).")
+    res.set_defaults(func=cmd_resume)
     return parser
 
 

@@ -56,3 +56,5 @@ class ExporterConfig:
     gpu_interval: float = 5.0
     # A pynvml-shaped module for the GPU collector (tests inject a fake); None imports pynvml.
     gpu_nvml: Any = field(default=None, repr=False, compare=False)
+    # Bearer token for POST /-/alertmanager/webhook (red card -> pause); None: no webhook (404).
+    webhook_token_file: Path | None = None

@@ -1,4 +1,5 @@
-"""The HTTP side: /metrics, /-/healthy, /-/ready, on a threading server."""
+"""The HTTP side: /metrics, /-/healthy, /-/ready, and (with a token file) the Alertmanager
+webhook POST /-/alertmanager/webhook, on a threading server."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo_monitor.webhook import WebhookHandler
 
 log = logging.getLogger("grpo_monitor.http")
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 LANDING = b"""<!doctype html><html><head><title>grpo-monitor exporter</title></head><body>
 <h1>grpo-monitor exporter</h1><ul><li><a href="metrics">/metrics</a></li>
+<li><a href="replay">/replay?run=RUN&amp;step=STEP</a> (sample replay)</li>
 <li><a href="-/healthy">/-/healthy</a></li><li><a href="-/ready">/-/ready</a></li></ul></body></html>
 """
 
@@ -29,7 +36,8 @@ class ExporterServer(ThreadingHTTPServer):
     daemon_threads = True
     # A scrape must not wait behind a slow client: each request has its own thread.
 
-    def __init__(self, address: str, metrics: Callable[[], bytes], ready: Callable[[], bool]) -> None:
+    def __init__(self, address: str, metrics: Callable[[], bytes], ready: Callable[[], bool],
+                 webhook: WebhookHandler | None = None, snapshot_dir: Path | None = None) -> None:
         host, port = parse_listen_address(address)
         if ":" in host:
             import socket
@@ -37,6 +45,8 @@ class ExporterServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         self.render_metrics = metrics
         self.is_ready = ready
+        self.webhook = webhook
+        self.snapshot_dir = snapshot_dir  # for /replay
         super().__init__((host, port), _Handler)
         self._thread: threading.Thread | None = None
 
@@ -81,6 +91,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, b"OK\n")
             else:
                 self._send(503, b"replaying snapshots already on disk\n")
+        elif path == "/replay" and self.server.snapshot_dir is not None:
+            from urllib.parse import parse_qs, urlsplit
+
+            from grpo_monitor.replay import replay_http
+
+            status, ctype, body = replay_http(self.server.snapshot_dir,
+                                              parse_qs(urlsplit(self.path).query),
+                                              self.headers.get("Accept", ""))
+            # Sample text is hostile: the page is escaped, loads nothing and runs nothing.
+            self._send(status, body, ctype, extra={
+                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+                "X-Content-Type-Options": "nosniff"})
         elif path == "/":
             self._send(200, LANDING, "text/html; charset=utf-8")
         else:
@@ -89,9 +111,42 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802
         self.do_GET()
 
+    def do_POST(self) -> None:  # noqa: N802
+        from grpo_monitor.webhook import PATH
+
+        hook = self.server.webhook
+        if self.path.split("?", 1)[0] != PATH or hook is None:
+            self.close_connection = True  # the body was not read
+            self._send(404, b"not found\n")
+            return
+        if not hook.authorized(self.headers.get("Authorization")):
+            hook.count("unauthorized")
+            self.close_connection = True
+            self._send(401, b"unauthorized\n", extra={"WWW-Authenticate": 'Bearer realm="grpo-monitor"'})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        if length < 0:
+            hook.count("bad_request")
+            self.close_connection = True
+            self._send(411 if "Content-Length" not in self.headers else 400, b"Content-Length required\n")
+            return
+        if length > hook.max_body_bytes:
+            hook.count("too_large")
+            self.close_connection = True
+            self._send(413, f"body over {hook.max_body_bytes} bytes\n".encode())
+            return
+        body = self.rfile.read(length)
+        code, msg = hook.handle(body)
+        self._send(code, (msg + "\n").encode())
+
     def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
-              compress: bool = False) -> None:
-        headers = {"Content-Type": ctype}
+              compress: bool = False, extra: dict[str, str] | None = None) -> None:
+        headers = {"Content-Type": ctype, **(extra or {})}
+        if self.close_connection:
+            headers["Connection"] = "close"
         if compress and "gzip" in self.headers.get("Accept-Encoding", ""):
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"

@@ -146,6 +146,7 @@ class NativeStack:
         self._spawn("exporter", [sys.executable, "-m", "grpo_monitor.cli", "serve",
                                  "--snapshot.dir", str(c.snapshot_dir),
                                  "--web.listen-address", f"127.0.0.1:{exporter_port}",
+                                 "--web.webhook-token-file", str(token),
                                  *c.exporter_args], f"http://127.0.0.1:{exporter_port}/metrics")
         am_yml = c.state_dir / "alertmanager.yml"
         am_yml.write_text(yaml.safe_dump(alertmanager_config(

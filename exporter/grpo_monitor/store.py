@@ -248,6 +248,12 @@ class RunStore:
                 del self._runs[name]
         return gone
 
+    def max_step(self, run_name: str) -> int | None:
+        """The newest step any rank of the run reported; None for a run not (or no longer) seen."""
+        with self._lock:
+            run = self._runs.get(run_name)
+            return max((r.step for r in run.ranks.values()), default=None) if run else None
+
     def run_count(self) -> int:
         with self._lock:
             return len(self._runs)

@@ -186,6 +186,11 @@ class SnapshotWriter:
         self._closed = False
         self._warned_disk = False
         self._warned_value = False
+        # The run's control record (red-card pause, exporter's webhook): see should_pause().
+        self.control_path: str = os.path.join(self.dir, ".grpo-control.json")
+        self._control_sig: tuple[int, int, int] | None = None
+        self._control: dict[str, Any] | None = None
+        self._warned_control = False
         with self._lock:
             self._open()
 
@@ -229,6 +234,52 @@ class SnapshotWriter:
             return False
         with self._lock:
             return self._append(data)
+
+    def should_pause(self) -> bool:
+        """True while a red card holds this run paused (``<dir>/.grpo-control.json`` says
+        ``"state": "paused"``). Cheap enough for every step: one ``os.stat``; the file is read
+        again only when its (mtime_ns, size, inode) changed. Never raises: an unreadable or
+        malformed record counts as not paused (warned once)."""
+        record = self._read_control()
+        return record is not None and record.get("state") == "paused"
+
+    def wait_if_paused(self, poll_interval: float = 1.0, log: bool = True) -> dict[str, Any] | None:
+        """Block while the run is paused; None at once when it is not. After ``grpo-monitor
+        resume`` returns the control record (honour its ``rollback_to``, a step or None)."""
+        if not self.should_pause():
+            return None
+        if log:
+            rec = self._control or {}
+            _log.warning("training paused by red card %s at step %s; run `grpo-monitor resume %s` "
+                         "to continue", rec.get("alertname"), rec.get("step"), self.run)
+        while self.should_pause():
+            time.sleep(poll_interval)
+        if log:
+            _log.warning("training resumed (rollback_to=%s)", (self._control or {}).get("rollback_to"))
+        return dict(self._control) if self._control is not None else {"state": "running"}
+
+    def _read_control(self) -> dict[str, Any] | None:
+        try:
+            try:
+                st = os.stat(self.control_path)
+            except FileNotFoundError:
+                self._control_sig, self._control = None, None
+                return None
+            sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if sig != self._control_sig:
+                with open(self.control_path, "rb") as fh:
+                    record = json.loads(fh.read())
+                if not isinstance(record, dict):
+                    raise ValueError("control record is not a JSON object")
+                self._control_sig, self._control = sig, record
+            return self._control
+        except Exception as exc:  # noqa: BLE001 (the training loop must never see it)
+            if not self._warned_control:
+                _log.warning("cannot read the control record %s (%s); treating the run as not "
+                             "paused", self.control_path, exc)
+                self._warned_control = True
+            self._control_sig, self._control = None, None
+            return None
 
     def close(self) -> None:
         """Close the file; later ``log()`` calls are dropped."""

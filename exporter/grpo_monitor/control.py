@@ -1,0 +1,78 @@
+"""The control record of a run: ``<snapshot_dir>/<run>/.grpo-control.json``.
+
+Written by the exporter's Alertmanager webhook when a red card fires (state ``paused``) and by
+``grpo-monitor resume`` (state ``running``); read by the trainer SDK
+(``SnapshotWriter.should_pause``). A dotfile, so the ingest never reads it as a snapshot.
+Always written atomically (a temporary file in the same folder, then ``os.replace``): a reader
+sees the old record or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+CONTROL_FILE = ".grpo-control.json"
+
+
+class ControlRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    version: Literal[1] = 1
+    state: Literal["paused", "running"]
+    alertname: str | None = None
+    run: str | None = None
+    step: int | None = None  # the run's newest step the exporter knew when the card arrived
+    onset: str | None = None  # the alert's startsAt (RFC 3339)
+    fingerprint: str | None = None
+    paused_at: str | None = None
+    resumed_at: str | None = None
+    rollback_to: int | None = None
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def control_path(snapshot_dir: str | os.PathLike[str], run: str) -> Path:
+    if not run or run in (".", "..") or "/" in run or os.sep in run or "\x00" in run:
+        raise ValueError(f"run must be a plain folder name, got {run!r}")
+    return Path(snapshot_dir) / run / CONTROL_FILE
+
+
+def read_control(snapshot_dir: str | os.PathLike[str], run: str) -> ControlRecord | None:
+    """The run's control record, or None when it has none. A malformed one raises ValueError."""
+    try:
+        text = control_path(snapshot_dir, run).read_text()
+    except FileNotFoundError:
+        return None
+    return ControlRecord.model_validate_json(text)
+
+
+def write_control(snapshot_dir: str | os.PathLike[str], run: str, record: ControlRecord) -> Path:
+    """Write atomically: tmp file in the run folder + fsync + os.replace."""
+    path = control_path(snapshot_dir, run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(record.model_dump(), indent=2) + "\n"
+    # A dotfile ending in .tmp: the ingest ignores it on both counts.
+    fd, tmp = tempfile.mkstemp(prefix=".grpo-control.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # the trainer (another uid, maybe) must be able to read it
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path

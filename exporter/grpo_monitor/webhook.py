@@ -1,0 +1,141 @@
+"""``POST /-/alertmanager/webhook``: a red card pauses its run.
+
+Alertmanager (receiver ``grpo-webhook`` in prometheus/alertmanager.yml) posts its webhook
+payload, version 4, with ``Authorization: Bearer <token>``. For every FIRING alert with
+``severity="critical"`` and a ``run`` label, the run's control record
+(``<snapshot_dir>/<run>/.grpo-control.json``, see control.py) is set to ``paused``; the trainer
+SDK sees it at its next step. Everything else (warnings, resolved alerts, alerts without a run)
+is acknowledged and ignored: a resolved card does NOT resume a run, a person does
+(``grpo-monitor resume``), because a NaN that stopped recurring has not un-ruined the weights.
+
+Idempotent: Alertmanager re-sends a firing group (group_interval, repeat_interval, retries).
+The same alert (fingerprint and startsAt) again changes nothing, neither for a paused run
+(the first onset is kept) nor for a run someone resumed while the card still fires. A new
+firing (another fingerprint, or the same one with a new startsAt) pauses again.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from grpo_monitor.control import (
+    ControlRecord,
+    control_path,
+    now_rfc3339,
+    read_control,
+    write_control,
+)
+from grpo_monitor.store import RunStore
+
+log = logging.getLogger("grpo_monitor.webhook")
+
+PATH = "/-/alertmanager/webhook"
+MAX_BODY_BYTES = 2**20
+OUTCOMES = ("paused", "ignored", "unauthorized", "bad_request", "too_large", "error")
+
+
+class WebhookHandler:
+    """Authentication, validation and the control-record writes; http.py does the transport."""
+
+    def __init__(self, snapshot_dir: Path, token_file: Path, store: RunStore,
+                 registry: CollectorRegistry, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.snapshot_dir = snapshot_dir
+        self.token_file = Path(token_file)
+        self.store = store
+        self.max_body_bytes = max_body_bytes
+        self._token = self._read_token()  # fail at start-up, not at the first red card
+        self._lock = threading.Lock()  # one read-modify-write of a control record at a time
+        self.requests = Counter(
+            "grpo_webhook_requests", "Alertmanager webhook requests, by outcome (paused: at least "
+            "one run was paused by this request).", ["outcome"], registry=registry)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+
+    def _read_token(self) -> bytes:
+        token = self.token_file.read_text().strip().encode()
+        if not token:
+            raise ValueError(f"{self.token_file}: the webhook token file is empty")
+        return token
+
+    def _token_now(self) -> bytes:
+        # Re-read per request (rare, tiny): a rotated token file takes effect without a restart.
+        try:
+            self._token = self._read_token()
+        except (OSError, ValueError) as exc:
+            log.warning("cannot re-read webhook token file, keeping the previous token: %s", exc)
+        return self._token
+
+    def authorized(self, authorization: str | None) -> bool:
+        scheme, _, given = (authorization or "").partition(" ")
+        ok = hmac.compare_digest(given.strip().encode(), self._token_now())
+        return scheme.lower() == "bearer" and ok
+
+    def count(self, outcome: str) -> None:
+        self.requests.labels(outcome).inc()
+
+    def handle(self, body: bytes) -> tuple[int, str]:
+        """An authorized request's body -> (HTTP status, message)."""
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            self.count("bad_request")
+            return 400, "body is not JSON"
+        if not isinstance(payload, dict) or payload.get("version") != "4":
+            self.count("bad_request")
+            return 400, 'not an Alertmanager webhook payload of version "4"'
+        alerts = payload.get("alerts")
+        if not isinstance(alerts, list) or not all(isinstance(a, dict) for a in alerts):
+            self.count("bad_request")
+            return 400, "payload has no alerts list"
+        paused: list[str] = []
+        try:
+            for alert in alerts:
+                run = self._apply(alert)
+                if run:
+                    paused.append(run)
+        except Exception:
+            log.exception("webhook: writing a control record failed")
+            self.count("error")
+            return 500, "could not write the control record"
+        self.count("paused" if paused else "ignored")
+        return 200, ("paused: " + ", ".join(paused)) if paused else "nothing to pause"
+
+    def _apply(self, alert: dict[str, Any]) -> str | None:
+        labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
+        status = alert.get("status")
+        run = labels.get("run")
+        if status != "firing" or labels.get("severity") != "critical" or not isinstance(run, str):
+            return None
+        try:
+            control_path(self.snapshot_dir, run)
+        except ValueError:
+            log.warning("red card for run %r: not a plain folder name, ignored", run)
+            return None
+        fingerprint = str(alert.get("fingerprint") or "")
+        onset = str(alert.get("startsAt") or "")
+        alertname = str(labels.get("alertname") or "")
+        with self._lock:
+            try:
+                current = read_control(self.snapshot_dir, run)
+            except ValueError:
+                log.warning("run %s: malformed control record, replacing it", run)
+                current = None
+            except OSError:
+                current = None
+            if current is not None and current.state == "paused":
+                return None  # already paused: keep the first card's record
+            if current is not None and current.fingerprint == fingerprint and current.onset == onset:
+                return None  # the same firing again, after someone resumed: their call stands
+            record = ControlRecord(
+                state="paused", alertname=alertname, run=run, step=self.store.max_step(run),
+                onset=onset or None, fingerprint=fingerprint or None, paused_at=now_rfc3339())
+            write_control(self.snapshot_dir, run, record)
+        log.warning("red card %s: run %s paused at step %s", alertname, run, record.step)
+        return run
