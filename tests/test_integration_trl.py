@@ -143,6 +143,51 @@ def test_sick_grpo_trainer_run_raises_the_red_card(tmp_path: Path, snapshot_dir:
     check_cards(recorder.played(), [(0, {"GRPONonFiniteValues"})], tmp_path)
 
 
+def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
+        tmp_path: Path, snapshot_dir: Path) -> None:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_monitor.control import ControlRecord, now_rfc3339, write_control
+    from grpo_monitor.integrations.trl import ROLLBACK_FILE
+
+    calls = {"n": 0}
+
+    def reward_then_red_card(completions: list[str], **_: Any) -> list[float]:
+        # The red card arrives while step 3 generates: checkpoints 1 and 2 are healthy.
+        calls["n"] += 1
+        if calls["n"] == 3:
+            write_control(snapshot_dir, "trl-red", ControlRecord(
+                state="paused", alertname="GRPONonFiniteValues", run="trl-red", step=3,
+                onset=now_rfc3339(), fingerprint="f1", paused_at=now_rfc3339()))
+        return [0.5] * len(completions)
+
+    model_path, tokenizer = _tiny_model_dir(tmp_path)
+    out = tmp_path / "out"
+    args = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=8, max_steps=6, logging_steps=1, report_to=[], use_cpu=True,
+        beta=0.0, save_strategy="steps", save_steps=1, save_total_limit=1, seed=0,
+        disable_tqdm=True)
+    trainer = GRPOTrainer(model=model_path, reward_funcs=reward_then_red_card, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["1+1=?", "ab?"] * 8}),
+                          processing_class=tokenizer,
+                          callbacks=[GRPOMonitorCallback(snapshot_dir, run="trl-red")])
+    trainer.train()
+    # Stopped at the step of the red card (of 6), a checkpoint of it saved ...
+    assert trainer.state.global_step == 3
+    saves = [e["step"] for r in _read(snapshot_dir / "trl-red" / "rank-0.jsonl")
+             for e in r.get("events", [])]
+    assert saves == [1, 2, 3]
+    # ... and, with save_total_limit=1, rotation kept the newest checkpoint from before the
+    # card's onset (not the suspect checkpoint-3): the rollback target survives.
+    rollback = json.loads((snapshot_dir / "trl-red" / ROLLBACK_FILE).read_text())
+    assert rollback["step"] == 2 and rollback["alertname"] == "GRPONonFiniteValues"
+    assert Path(rollback["checkpoint"]).name == "checkpoint-2"
+    assert (out / "checkpoint-2").is_dir()
+    assert not (out / "checkpoint-1").exists()  # rotation still works for the rest
+
+
 # -- the callback on hand-made trainer state ---------------------------------------------------
 
 

@@ -15,11 +15,13 @@ raises into training.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from transformers import (
@@ -29,7 +31,10 @@ from transformers import (
     TrainingArguments,
 )
 
+from grpo_monitor.control import ControlRecord, control_path, read_control
 from grpo_monitor.sdk.writer import SnapshotWriter
+
+ROLLBACK_FILE = ".grpo-rollback.json"  # the last healthy checkpoint, once a red card fired
 
 __all__ = ["TRL_KEYS", "GRPOMonitorCallback", "map_trl_logs"]
 
@@ -106,6 +111,24 @@ def _run_name(args: TrainingArguments) -> str:
     return name[:128]
 
 
+def _parse_time(rfc3339: str) -> float | None:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def write_rollback(snapshot_dir: str, run: str, step: int, path: str, record: ControlRecord) -> None:
+    """``<run>/.grpo-rollback.json``: where to roll back to after this red card (atomic)."""
+    target = Path(snapshot_dir) / run / ROLLBACK_FILE
+    tmp = target.with_name(ROLLBACK_FILE + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "checkpoint": path, "alertname": record.alertname,
+                               "onset": record.onset, "fingerprint": record.fingerprint}) + "\n")
+    os.replace(tmp, target)
+
+
 class GRPOMonitorCallback(TrainerCallback):
     """Write a TRL (or any ``transformers.Trainer``) run's logs as grpo-monitor snapshots.
 
@@ -116,11 +139,17 @@ class GRPOMonitorCallback(TrainerCallback):
     """
 
     def __init__(self, snapshot_dir: str | os.PathLike[str], run: str | None = None, *,
-                 per_rank_perf: bool = False) -> None:
+                 per_rank_perf: bool = False, on_red_card: str = "stop") -> None:
+        if on_red_card not in ("stop", "wait", "ignore"):
+            raise ValueError(f"on_red_card must be 'stop', 'wait' or 'ignore', not {on_red_card!r}")
         self.snapshot_dir = os.fspath(snapshot_dir)
         self.run = run
         self.per_rank_perf = per_rank_perf
+        self.on_red_card = on_red_card
         self.writer: SnapshotWriter | None = None
+        self.saves: list[tuple[int, str, float]] = []  # (step, checkpoint path, unix time)
+        self._control_sig: tuple[int, int, int] | None = None
+        self._control: ControlRecord | None = None
         self._mark = time.time()  # end of the last step / log: a save's duration starts there
         self._warned = False
 
@@ -133,6 +162,8 @@ class GRPOMonitorCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
         self._mark = time.time()
+        if self.on_red_card != "ignore":
+            self._guard(self._check_red_card, args, state, control)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -192,7 +223,56 @@ class GRPOMonitorCallback(TrainerCallback):
         ckpt = getattr(args, "output_dir", None)
         if ckpt:
             event["path"] = os.path.join(str(ckpt), f"checkpoint-{step}")
+            self.saves.append((step, event["path"], now))
         writer.log({}, step, events=[event], timestamp=now)
+
+    def _paused(self, args: TrainingArguments) -> ControlRecord | None:
+        # Every process looks (one stat a step): all must stop at the same step, or the others
+        # hang in the next collective.
+        path = control_path(self.snapshot_dir, self.run or _run_name(args))
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self._control_sig = self._control = None
+            return None
+        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if sig != self._control_sig:
+            self._control_sig = sig
+            self._control = read_control(self.snapshot_dir, self.run or _run_name(args))
+        return self._control if self._control is not None and self._control.state == "paused" else None
+
+    def last_healthy_checkpoint(self, onset: str | None) -> tuple[int, str] | None:
+        """The newest checkpoint saved before the red card's onset: the rollback target."""
+        cutoff = _parse_time(onset) if onset else None
+        healthy = [(step, path) for step, path, t in self.saves if cutoff is None or t < cutoff]
+        return healthy[-1] if healthy else None
+
+    def _check_red_card(self, args: TrainingArguments, state: TrainerState,
+                        control: TrainerControl) -> None:
+        record = self._paused(args)
+        if record is None:
+            return
+        target = self.last_healthy_checkpoint(record.onset)
+        if target is not None:
+            # transformers never rotates away state.best_model_checkpoint (save_total_limit):
+            # pointing it at the rollback target keeps the last healthy checkpoint on disk.
+            state.best_model_checkpoint = target[1]
+            if state.is_world_process_zero:
+                write_rollback(self.snapshot_dir, self.run or _run_name(args), target[0], target[1],
+                               record)
+        _log.warning("grpo_monitor: red card %s for run %s at step %s; last healthy checkpoint: %s; %s",
+                     record.alertname, self.run or _run_name(args), state.global_step,
+                     target[1] if target else "none", "saving and stopping"
+                     if self.on_red_card == "stop" else "waiting for `grpo-monitor resume`")
+        if self.on_red_card == "stop":
+            control.should_save = True
+            control.should_training_stop = True
+            return
+        if self.writer is not None:
+            self.writer.wait_if_paused()
+        else:
+            while self._paused(args) is not None:
+                time.sleep(1.0)
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         try:
