@@ -436,6 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Step (default: the newest with samples; else the nearest earlier one).")
     rep.set_defaults(func=cmd_replay)
 
+    from grpo_monitor.report import add_parser as add_report_parser
+
+    add_report_parser(sub)
+
     sim = sub.add_parser("simulate", help="Write a synthetic run (healthy or sick) to a snapshot folder.",
                          description=cmd_simulate.__doc__)
     _add(sim, "--snapshot.dir", "Folder to write the run under.", type=Path)
