@@ -193,3 +193,26 @@ def test_train_demo_loose_grader_is_reward_hacking(tmp_path: Path) -> None:
     train(Config(snapshot_dir=tmp_path, run="td", steps=300, grader="loose", onset=200))
     res = report.build_report(tmp_path / "td", tmp_path / "out", plots=False)
     assert "reward_hacking" in _ids(res), res["text"]
+
+
+# Every simulate scenario's report names its sickness (the card's verdict), and only what the
+# sickness explains; the healthy run is tested above.
+SCENARIO_VERDICTS = {
+    "rank_stalled": {"rank_stalled"}, "kl_tail": {"kl_tail_outliers"},
+    "length_collapse": {"length_shift"}, "reward_std_rising": {"reward_std_rising"},
+    "reward_quantile_extreme": {"reward_quantile_extreme"},
+    "advantage_vanishing": {"advantage_vanishing"}, "group_dominated": {"group_dominated"},
+    "grad_norm_spike": {"grad_norm_spike"}, "kl_explosion": {"kl_explosion", "kl_tail_outliers"},
+    "entropy_collapse": {"entropy_collapse", "advantage_vanishing"},
+    "kl_growth": {"kl_explosion"}, "straggler": {"throughput_drop"},
+    "step_time_drift": {"throughput_drop"}, "reward_up_accuracy_flat": {"reward_hacking"},
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIO_VERDICTS))
+def test_every_scenario_is_named(scenario: str, tmp_path: Path) -> None:
+    from grpo_monitor.simulate import write_run
+
+    write_run(tmp_path, scenario, scenario)
+    res = report.build_report(tmp_path / scenario, tmp_path / "out", plots=False)
+    assert set(_ids(res)) == SCENARIO_VERDICTS[scenario], res["text"]

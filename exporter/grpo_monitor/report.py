@@ -83,6 +83,16 @@ CSV_COLUMNS: tuple[tuple[str, str], ...] = (
     ("lr", "train/lr"),
 )
 THROUGHPUT_KEYS = ("perf/samples_per_s", "perf/tokens_per_s")
+# The live cards' thresholds (prometheus/rules/grpo-thresholds.yml), judged here on medians of
+# step windows, so that a run the cards caught is not called healthy afterwards.
+RANK_LAG_STEPS = 20  # §2.4
+KL_TAIL_RATIO, KL_TAIL_BASELINE_RATIO = 3.0, 1.5  # §2.3
+LENGTH_SHIFT = 0.5  # table §3.3
+RISING_WINDOW, RISING_WINDOWS = 100, 10  # table §3.3: reward_std rising monotonically
+QUANTILE_SIGMAS = 3.0  # §3.3, §5.3
+ZERO_STD_SHARE, ADV_VANISHING_RATIO = 0.5, 0.2  # §2.2
+GROUP_GAP_SIGMAS, GROUP_GAP_BASELINE_SIGMAS = 2.0, 3.0  # §2.2
+GRAD_SPIKE_RATIO, GRAD_SPIKE_STEPS = 5.0, 50  # table §3.3
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
@@ -418,12 +428,95 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
         out.append(_verdict("throughput_drop", "warning", span or last_steps, ranks=dropped,
                             checkpoint_steps_excluded=len(ckpt)))
 
+    out.extend(_card_verdicts(data, s, have, base, ref, last, ref_steps, last_steps,
+                              hacking=any(v["id"] == "reward_hacking" for v in out)))
+
     if not out:
         ev: dict[str, Any] = {"reward_ref_median": r_ref, "reward_last_median": r_last}
         if have["kl/mean"]:
             ev.update(kl_ref_median=kl_ref, kl_last_median=kl_last)
         out.append(_verdict("healthy", "info", [steps[0], steps[-1]], **ev))
     out.sort(key=lambda v: (SEVERITY_ORDER[v["severity"]], v["steps"][0]))
+    return out
+
+
+def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool], base: slice,
+                   ref: slice, last: slice, ref_steps: list[int], last_steps: list[int], *,
+                   hacking: bool) -> list[dict[str, Any]]:
+    """The sicknesses the live cards watch beyond the three curves."""
+    out: list[dict[str, Any]] = []
+    s = dict(s)
+    for key in ("kl/max", "kl/p95", "reward/p25", "reward/p50", "reward/p75", "reward/p95",
+                "group/reward_gap", "group/zero_std_frac", "adv/mean_abs", "reward/std", "grad/norm",
+                "response/len_mean"):
+        if key not in s:
+            s[key] = data.series(key)
+            have = {**have, key: bool(np.isfinite(s[key]).any())}
+    steps = data.steps
+    lasts = {r: max(by) for r, by in data.perf.items() if by}
+    if steps:
+        lasts[0] = max(lasts.get(0, steps[-1]), steps[-1])
+    behind = {str(r): max(lasts.values()) - st for r, st in lasts.items()
+              if max(lasts.values()) - st > RANK_LAG_STEPS}
+    if behind:
+        out.append(_verdict("rank_stalled", "critical", last_steps, steps_behind=behind))
+
+    def med(key: str, part: slice) -> float:
+        return _med(s[key][part]) if have.get(key) else math.nan
+
+    tail_last = med("kl/max", last) / med("kl/p95", last)
+    tail_base = med("kl/max", base) / med("kl/p95", base)
+    if tail_last > KL_TAIL_RATIO and tail_last > KL_TAIL_BASELINE_RATIO * tail_base:
+        out.append(_verdict("kl_tail_outliers", "warning", last_steps, tail_ratio_last=tail_last,
+                            tail_ratio_baseline=tail_base))
+    length_ratio = med("response/len_mean", last) / med("response/len_mean", ref)
+    if not hacking and abs(length_ratio - 1) > LENGTH_SHIFT:
+        out.append(_verdict("length_shift", "warning", [ref_steps[0], last_steps[1]],
+                            length_ratio=length_ratio))
+    if have.get("reward/std"):
+        std, streak, best, prev = s["reward/std"], 0, 0, None
+        for i in range(0, len(std) - RISING_WINDOW + 1, RISING_WINDOW):
+            m = float(np.nanmean(std[i:i + RISING_WINDOW]))
+            streak = streak + 1 if prev is not None and m > prev else 0
+            best, prev = max(best, streak), m
+        if best >= RISING_WINDOWS:
+            out.append(_verdict("reward_std_rising", "warning", [steps[0], steps[-1]],
+                                rising_windows=best))
+    low = {}
+    for q in ("reward/p25", "reward/p50", "reward/p75", "reward/p95"):
+        if have.get(q):
+            b = s[q][base]
+            sd = float(np.nanstd(b, ddof=1))
+            limit = _med(b) - QUANTILE_SIGMAS * sd
+            # As the card: below baseline - 3σ at the end, or a 50-step mean that fell more
+            # than 3σ below the one 200 steps before it, anywhere in the run.
+            m50 = np.convolve(np.nan_to_num(s[q]), np.ones(50) / 50, "valid")
+            falls = m50[200:] - m50[:-200] if len(m50) > 200 else np.array([])
+            if med(q, last) < limit or (falls.size and falls.min() < -QUANTILE_SIGMAS * sd):
+                low[q] = {"last_median": _r(med(q, last)), "baseline_limit": _r(limit),
+                          "largest_fall_200_steps": _r(float(falls.min())) if falls.size else None}
+    if low:
+        out.append(_verdict("reward_quantile_extreme", "warning", last_steps, quantiles=low))
+    zero, adv = med("group/zero_std_frac", last), med("adv/mean_abs", last)
+    if zero > ZERO_STD_SHARE or adv < ADV_VANISHING_RATIO * med("adv/mean_abs", base):
+        out.append(_verdict("advantage_vanishing", "warning", last_steps, zero_std_share=zero,
+                            adv_abs_last=adv))
+    gap = med("group/reward_gap", last)
+    if have.get("group/reward_gap"):
+        gb = s["group/reward_gap"][base]
+        if (gap > GROUP_GAP_SIGMAS * med("reward/std", last)
+                and gap > _med(gb) + GROUP_GAP_BASELINE_SIGMAS * float(np.nanstd(gb, ddof=1))):
+            out.append(_verdict("group_dominated", "warning", last_steps, group_gap_last=gap,
+                                reward_std_last=med("reward/std", last)))
+    if have.get("grad/norm"):
+        g = s["grad/norm"]
+        limit = GRAD_SPIKE_RATIO * _med(g[base])
+        above = np.convolve((g > limit).astype(int), np.ones(GRAD_SPIKE_STEPS, int), "valid")
+        hit = np.nonzero(above == GRAD_SPIKE_STEPS)[0]
+        if hit.size:
+            out.append(_verdict("grad_norm_spike", "warning",
+                                [steps[int(hit[0])], steps[int(hit[-1]) + GRAD_SPIKE_STEPS - 1]],
+                                baseline_median=_med(g[base]), ratio=GRAD_SPIKE_RATIO))
     return out
 
 
@@ -456,6 +549,14 @@ _EXPLAIN = {
     "loss_without_reward": "loss went down while reward stayed flat: shrinking KL, not learning",
     "shortcut_learning": "easy prompt types up, hard ones down: the model takes shortcuts",
     "throughput_drop": "samples/s fell on some ranks: look at the cluster, not the curves",
+    "rank_stalled": "a rank stopped advancing while the others went on",
+    "kl_tail_outliers": "a few samples carry most of the KL: look for reward-hacking prompts",
+    "length_shift": "response length moved by more than half",
+    "reward_std_rising": "reward spread kept rising: easy prompts farmed, hard ones abandoned",
+    "reward_quantile_extreme": "a reward quantile fell far below its baseline",
+    "advantage_vanishing": "most groups had equal rewards: advantages vanished",
+    "group_dominated": "one response per group dominated the gradient",
+    "grad_norm_spike": "grad norm stayed over 5x its baseline for 50 steps",
 }
 
 
