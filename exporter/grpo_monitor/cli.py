@@ -42,11 +42,17 @@ def _add(parser: argparse.ArgumentParser, flag: str, help: str, *, default: Any 
         parser.add_argument(flag, type=type, default=default, help=help, **kw)
 
 
+def _add_snapshot_dir(p: argparse.ArgumentParser, help: str, *, required: bool) -> None:  # noqa: A002
+    """``--snapshot.dir``; when required, GRPO_MONITOR_SNAPSHOT_DIR can stand in for it."""
+    _add(p, "--snapshot.dir", help, type=Path,
+         required=required and env_name("--snapshot.dir") not in os.environ)
+
+
 def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     from grpo_monitor.config import parse_bytes, parse_duration
 
-    _add(p, "--snapshot.dir", "Folder the trainers write snapshots to; read recursively.",
-         type=Path, required=dir_required and env_name("--snapshot.dir") not in os.environ)
+    _add_snapshot_dir(p, "Folder the trainers write snapshots to; read recursively.",
+                      required=dir_required)
     _add(p, "--web.listen-address", "Address to serve /metrics on, HOST:PORT or :PORT.",
          default=":9400")
     _add(p, "--snapshot.poll", "Poll the folder instead of inotify; for NFS and other network "
@@ -161,9 +167,6 @@ def _start_stack(stack) -> int:  # type: ignore[no-untyped-def]
 def cmd_stack(args: argparse.Namespace) -> int:
     """Exporter, Prometheus and Alertmanager (and Grafana, if grafana-server is installed) as
     child processes, from the project's own configuration; Ctrl-C stops them all."""
-    if args.__dict__["snapshot.dir"] is None:
-        print("--snapshot.dir is required", file=sys.stderr)
-        return 2
     stack = _stack(args, args.__dict__["snapshot.dir"], args.interval)
     if _start_stack(stack):
         return 1
@@ -285,9 +288,6 @@ def cmd_rebaseline(args: argparse.Namespace) -> int:
     from grpo_monitor.rebaseline import request_rebaseline
 
     snapshot_dir = args.__dict__["snapshot.dir"]
-    if snapshot_dir is None:
-        print("--snapshot.dir is required", file=sys.stderr)
-        return 2
     try:
         path, at_step = request_rebaseline(snapshot_dir, args.run, steps=args.steps, at_step=args.at_step)
     except ValueError as exc:
@@ -304,9 +304,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from grpo_monitor.control import now_rfc3339, read_control, write_control
 
     snapshot_dir = args.__dict__["snapshot.dir"]
-    if snapshot_dir is None:
-        print("--snapshot.dir is required", file=sys.stderr)
-        return 2
     try:
         record = read_control(snapshot_dir, args.run)
     except ValueError as exc:
@@ -339,9 +336,6 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     import time
 
     snapshot_dir = args.__dict__["snapshot.dir"]
-    if snapshot_dir is None:
-        print("--snapshot.dir is required", file=sys.stderr)
-        return 2
     from grpo_monitor import train_demo
 
     try:
@@ -380,9 +374,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from grpo_monitor.replay import print_replay
 
     snapshot_dir = args.__dict__["snapshot.dir"]
-    if snapshot_dir is None:
-        print("--snapshot.dir is required", file=sys.stderr)
-        return 2
     return print_replay(snapshot_dir, args.run, args.step)
 
 
@@ -405,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     stack_sub = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = stack_sub.add_parser("up", help="Start exporter, Prometheus, Alertmanager (and Grafana).",
                               description=cmd_stack.__doc__)
-    _add(up, "--snapshot.dir", "Folder the trainers write snapshots to.", type=Path)
+    _add_snapshot_dir(up, "Folder the trainers write snapshots to.", required=True)
     _add_stack_flags(up, None)
     up.set_defaults(func=cmd_stack)
 
@@ -430,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replay", help="Print a run's logged samples (seed 000 §5.2).",
                          description=cmd_replay.__doc__)
-    _add(rep, "--snapshot.dir", "The snapshot folder.", type=Path)
+    _add_snapshot_dir(rep, "The snapshot folder.", required=True)
     rep.add_argument("run", help="Run name (its folder under the snapshot folder).")
     rep.add_argument("--step", type=int, default=None,
                      help="Step (default: the newest with samples; else the nearest earlier one).")
@@ -459,13 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     td = sub.add_parser("train-demo", help="A real tiny GRPO training loop on the CPU (needs torch).",
                         description=cmd_train_demo.__doc__)
-    _add(td, "--snapshot.dir", "Folder to write the run's snapshots under.", type=Path)
+    _add_snapshot_dir(td, "Folder to write the run's snapshots under.", required=True)
     _add_train_demo_flags(td)
     td.set_defaults(func=cmd_train_demo)
 
     reb = sub.add_parser("rebaseline", help="Make a run's last N steps its new baseline.",
                          description=cmd_rebaseline.__doc__)
-    _add(reb, "--snapshot.dir", "The exporter's snapshot folder.", type=Path)
+    _add_snapshot_dir(reb, "The exporter's snapshot folder.", required=True)
     reb.add_argument("run", help="Run name (its folder under the snapshot folder).")
     reb.add_argument("--steps", type=int, default=200, help="Baseline length in steps (default: 200).")
     reb.add_argument("--at-step", type=int, default=None,
@@ -473,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     reb.set_defaults(func=cmd_rebaseline)
 
     res = sub.add_parser("resume", help="Resume a run a red card paused.", description=cmd_resume.__doc__)
-    _add(res, "--snapshot.dir", "The exporter's snapshot folder.", type=Path)
+    _add_snapshot_dir(res, "The exporter's snapshot folder.", required=True)
     res.add_argument("run", help="Run name (its folder under the snapshot folder).")
     res.add_argument("--rollback-to", type=int, default=None, metavar="STEP",
                      help="Ask the trainer to go back to this step's checkpoint (it reads rollback_to).")
