@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor import __version__
+from grpo_monitor.signals import INITIAL_STEPS
 
 ENV_PREFIX = "GRPO_MONITOR_"
 
@@ -74,6 +75,9 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     _add(p, "--metrics.max-event-types", "Per run: distinct event types counted.", default=32, type=int)
     _add(p, "--signals.baseline-steps", "Steps of each rank's baseline period (seed 000 §3.3); "
          "cards that compare to a baseline wait for it.", default=200, type=int)
+    _add(p, "--signals.initial-steps", "Steps at the start of each signal whose mean is its initial "
+         "value, the reference of the cards that work before the baseline is ready (entropy below "
+         "0.1x its initial value, say).", default=INITIAL_STEPS, type=int)
     _add(p, "--collector.gpu", "GPU health from NVML (pynvml); without NVML or a GPU it exports "
          "grpo_gpu_collector_up 0 and nothing else.", default=True, action=argparse.BooleanOptionalAction)
     _add(p, "--collector.gpu.interval", "How often the GPU collector reads NVML (never on a scrape).",
@@ -97,7 +101,8 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         limits=Limits(max_unknown_keys=v["metrics.max_unknown_keys"],
                       max_prompt_types=v["metrics.max_prompt_types"],
                       max_event_types=v["metrics.max_event_types"],
-                      baseline_steps=v["signals.baseline_steps"]),
+                      baseline_steps=v["signals.baseline_steps"],
+                      initial_steps=v["signals.initial_steps"]),
         gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"],
         webhook_token_file=v.get("web.webhook_token_file"))
 

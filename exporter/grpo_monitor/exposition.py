@@ -83,6 +83,24 @@ GROWTH = Family(
     "grpo_window_growth_ratio", "gauge",
     "Growth of the signal's window_steps-step mean over the window before it, both shifted back "
     "by offset_steps (0.2 = +20% per window).")
+INITIAL_MEAN = Family(
+    "grpo_initial_mean", "gauge",
+    "Mean of the signal over its first steps (--signals.initial-steps): the reference of the cards "
+    "that work from a run's first steps, before the baseline is ready.")
+WINDOW_P10 = Family(
+    "grpo_window_p10", "gauge",
+    "10th percentile of the signal's last window_steps steps: above x when at least 90% of the "
+    "window is (a 'for N consecutive steps' that tolerates a noisy step).")
+WINDOW_P90 = Family(
+    "grpo_window_p90", "gauge",
+    "90th percentile of the signal's last window_steps steps: below x when at least 90% of the "
+    "window is.")
+RUN_WINDOW_MEAN_MAX = Family(
+    "grpo_run_window_mean_max", "gauge",
+    "Highest window_steps-step mean of the signal since the run started (its working level).")
+RUN_WINDOW_MEAN_MIN = Family(
+    "grpo_run_window_mean_min", "gauge",
+    "Lowest window_steps-step mean of the signal since the run started (its floor).")
 WINDOW_MIN = Family("grpo_window_min", "gauge", "Minimum of the signal's last window_steps values.")
 WINDOW_MAX = Family("grpo_window_max", "gauge", "Maximum of the signal's last window_steps values.")
 RISING = Family(
@@ -91,7 +109,8 @@ RISING = Family(
 WINDOW_NONFINITE = Family(
     "grpo_window_nonfinite", "gauge", "NaN or infinite values of the signal in its last window_steps steps.")
 FEATURE_FAMILIES: tuple[Family, ...] = (
-    BASELINE_READY, BASELINE_MEAN, BASELINE_STDDEV, WINDOW_MEAN, GROWTH, WINDOW_MIN, WINDOW_MAX, RISING,
+    BASELINE_READY, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
+    WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
     WINDOW_NONFINITE)
 
 # One Family per distinct metric name, in catalog order; the quantile signals share theirs.

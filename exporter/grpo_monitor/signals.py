@@ -6,10 +6,13 @@ counts wall time and a scrape sees one step in many. So the exporter keeps a sho
 history and publishes features over it; the rule files compare them to the thresholds (which
 live there, never here). A run replayed at 5 s or at 5 min per step yields the same features.
 
-Feature menu (docs/signals.md): baseline mean/stddev over the baseline period; window mean over
-the last N steps, also shifted back by an offset; growth per 100 steps; window
-min/max (a max below x for N steps = "below x for N consecutive steps"); the count of
-consecutive rising window means; non-finite values within a window.
+Feature menu (docs/signals.md): the initial mean over a run's first few steps (the reference of
+the cards that must work from step one, before any baseline exists); baseline mean/stddev over
+the baseline period; window mean over the last N steps, also shifted back by an offset; growth
+per 100 steps; window min/max; window 10th/90th percentiles (a 90th percentile below x over N
+steps = "below x for N consecutive steps", tolerating a noisy step in ten); the highest and lowest
+20-step mean since the run started (a "working level" and a "floor"); the count of consecutive
+rising window means; non-finite values within a window.
 """
 
 from __future__ import annotations
@@ -21,8 +24,17 @@ from dataclasses import dataclass, field
 
 # (window_steps, offset_steps) pairs published as grpo_window_mean.
 TRAINING_MEANS: tuple[tuple[int, int], ...] = (
-    (50, 0), (50, 200), (100, 0), (100, 100), (100, 200), (100, 300), (200, 0))
+    (20, 0), (50, 0), (50, 200), (100, 0), (100, 100), (100, 200), (100, 300), (200, 0))
 TRAINING_EXTREMES: tuple[int, ...] = (50, 100, 200)  # grpo_window_min / grpo_window_max
+# grpo_window_p10 / grpo_window_p90. The 50-step one is the seed's "for 50 consecutive steps";
+# the 20-step one lets the early cards act within a few dozen steps of a run's start.
+TRAINING_PERCENTILES: tuple[int, ...] = (20, 50)
+# grpo_run_window_mean_max / _min: the extremes of the signal's RANGE_WINDOW-step mean so far.
+RANGE_WINDOW = 20
+# The initial reference: the mean over each signal's first INITIAL_STEPS steps (settable with
+# --signals.initial-steps). Short enough to describe the policy the run started from, long
+# enough to average a few noisy steps when the trainer logs every step.
+INITIAL_STEPS = 10
 # Performance signals are logged by every rank: a smaller menu keeps 1024 ranks affordable.
 PERF_MEANS: tuple[tuple[int, int], ...] = ((50, 0),)
 PERF_EXTREMES: tuple[int, ...] = (50,)
@@ -68,9 +80,16 @@ class KeyHistory:
     first_step: int | None = None  # since when the history is complete
     nonfinite_steps: deque[int] = field(default_factory=deque)  # steps with a NaN / Inf
     baseline: Welford = field(default_factory=Welford)
+    initial: Welford = field(default_factory=Welford)
+    # Highest and lowest complete RANGE_WINDOW-step mean so far; a resume keeps them.
+    range_max: float | None = None
+    range_min: float | None = None
     rising: int = 0  # consecutive rising RISING_WINDOW means, judged at each window boundary
     last_block_mean: float | None = None
     block: int | None = None  # step // RISING_WINDOW of the last value
+
+    initial_first: int | None = None  # the key's first finite step ever; a resume keeps it
+    initial_done: bool = False
 
     def restart(self) -> None:
         """The run went back to an earlier step (resumed from a checkpoint): the windows start
@@ -93,15 +112,27 @@ class KeyHistory:
         return list(self.values)[lo:hi] or None
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (q in [0, 1]) of a non-empty list."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 @dataclass
 class Features:
     """What one rank publishes, ready for the exposition."""
 
     ready: bool
     baseline: dict[str, tuple[float, float]]  # key -> (mean, stddev)
+    initial: dict[str, float]  # key -> mean over its first INITIAL_STEPS steps
     means: list[tuple[str, int, int, float]]  # key, window, offset, mean
     growth: list[tuple[str, int, float]]  # key, offset, growth ratio over GROWTH_WINDOW
     extremes: list[tuple[str, int, float, float]]  # key, window, min, max
+    percentiles: list[tuple[str, int, float, float]]  # key, window, p10, p90
+    ranges: dict[str, tuple[float, float]]  # key -> (lowest, highest) RANGE_WINDOW-step mean
     rising: dict[str, int]
     nonfinite: dict[str, int]
 
@@ -109,8 +140,9 @@ class Features:
 class RankSignals:
     """The step history of one (run, rank) and the features derived from it."""
 
-    def __init__(self, baseline_steps: int) -> None:
+    def __init__(self, baseline_steps: int, initial_steps: int = INITIAL_STEPS) -> None:
         self.baseline_steps = baseline_steps
+        self.initial_steps = initial_steps
         self.first_step: int | None = None
         self.baseline_from: int | None = None  # first step of the current baseline period
         self.step = 0
@@ -152,9 +184,37 @@ class RankSignals:
             h.values.append(value)
             if in_baseline:
                 h.baseline.add(value)
+            self._add_initial(h, step, value)
+            if not is_perf(key):
+                self._advance_range(h, step)
         for h in self.keys.values():
             while h.nonfinite_steps and h.nonfinite_steps[0] <= step - NONFINITE_WINDOW:
                 h.nonfinite_steps.popleft()
+
+    def _add_initial(self, h: KeyHistory, step: int, value: float) -> None:
+        """The key's own first steps make its initial reference: a key first logged late (an
+        eval every 100 steps) starts when it starts, not with the run; a resume to an earlier
+        step does not reopen it."""
+        if h.initial_done:
+            return
+        if h.initial_first is None:
+            h.initial_first = step
+        if step < h.initial_first + self.initial_steps:
+            h.initial.add(value)
+        else:
+            h.initial_done = True
+
+    def _initial_ready(self, h: KeyHistory) -> bool:
+        return h.initial.n > 0 and (h.initial_done or self.step >= h.initial_first + self.initial_steps - 1)
+
+    def _advance_range(self, h: KeyHistory, step: int) -> None:
+        """Track the highest and lowest complete RANGE_WINDOW-step mean of the key."""
+        chunk = h.window(step, RANGE_WINDOW, 0)
+        if chunk is None:
+            return
+        mean = sum(chunk) / len(chunk)
+        h.range_max = mean if h.range_max is None else max(h.range_max, mean)
+        h.range_min = mean if h.range_min is None else min(h.range_min, mean)
 
     def note_nonfinite(self, key: str, step: int) -> None:
         """A NaN / Inf outside the canonical values (an unknown key, a by_type value)."""
@@ -181,9 +241,14 @@ class RankSignals:
         self.baseline_from = self.step - steps
         for h in self.keys.values():
             h.baseline = Welford()
+            # A person who says "this is normal now" means the initial value too: the early
+            # cards would otherwise keep judging the run against the policy it started from.
+            h.initial, h.initial_done = Welford(), True
             for s, v in zip(list(h.steps), list(h.values)):
                 if s > self.step - steps:
                     h.baseline.add(v)
+                if s > self.step - self.initial_steps:
+                    h.initial.add(v)
 
     def features(self) -> Features:
         ready = self.ready
@@ -191,6 +256,9 @@ class RankSignals:
         means: list[tuple[str, int, int, float]] = []
         growth: list[tuple[str, int, float]] = []
         extremes: list[tuple[str, int, float, float]] = []
+        percentiles: list[tuple[str, int, float, float]] = []
+        initial: dict[str, float] = {}
+        ranges: dict[str, tuple[float, float]] = {}
         rising: dict[str, int] = {}
         nonfinite: dict[str, int] = {}
         for key, h in self.keys.items():
@@ -217,6 +285,17 @@ class RankSignals:
                 chunk = h.window(now, window, 0)
                 if chunk is not None:
                     extremes.append((key, window, min(chunk), max(chunk)))
-            if not perf and h.last_block_mean is not None:
+            if perf:
+                continue
+            for window in TRAINING_PERCENTILES:
+                chunk = h.window(now, window, 0)
+                if chunk is not None:
+                    percentiles.append((key, window, percentile(chunk, 0.1), percentile(chunk, 0.9)))
+            if self._initial_ready(h):
+                initial[key] = h.initial.mean
+            if h.range_max is not None and h.range_min is not None:
+                ranges[key] = (h.range_min, h.range_max)
+            if h.last_block_mean is not None:
                 rising[key] = h.rising
-        return Features(ready, baseline, means, growth, extremes, rising, nonfinite)
+        return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
+                        rising, nonfinite)

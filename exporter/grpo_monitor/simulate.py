@@ -50,6 +50,10 @@ class Scenario:
     alerts: tuple[str, ...]  # the cards it must raise (after its onset, and none before)
     steps: int = 1600
     onset: int = 800
+    # Steps after the onset by which the first of ``alerts`` must have fired. 50 for a sickness
+    # that shows at once; a trend card's own definition can need longer (KL accelerating over
+    # three 100-step windows), and says so where it is set.
+    caught_within: int = 50
     sicken: Callable[["Sim", int, dict[str, float]], None] = lambda sim, k, m: None
     # Per-rank performance change after onset: (sim, steps since onset, rank) -> step time factor.
     slow: Callable[["Sim", int, int], float] = lambda sim, k, rank: 1.0
@@ -132,6 +136,60 @@ def _entropy_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
     m["entropy/mean"] = max(0.04, entropy * math.exp(-k / 45)) + abs(sim.rng.gauss(0, 0.003))
     m["group/zero_std_frac"] = min(0.95, m["group/zero_std_frac"] + k / 250)
     m["reward/mean"] += min(k, 400) / 400 * 0.03
+
+
+def _early_entropy_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §4.3 inside the baseline period: the cliff from a run's first steps (a real TRL run went
+    # 0.96 -> 0.11 by step 100), with the groups turning into duplicates.
+    m["entropy/mean"] = max(0.04, m["entropy/mean"] * math.exp(-k / 15)) + abs(sim.rng.gauss(0, 0.003))
+    m["group/zero_std_frac"] = min(0.97, m["group/zero_std_frac"] + k / 150)
+
+
+def _entropy_explosion(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # The policy turning to noise (a real TRL run at ~step 140 of 200: reward 0.9 -> 0, entropy
+    # 0.1 -> 5, every completion truncated): it rambles to the length limit and earns nothing.
+    ramp = min(k, 10) / 10
+    m["entropy/mean"] *= 1 + 30 * ramp
+    m["response/len_mean"] += (1024 - m["response/len_mean"]) * ramp
+    m["response/clip_ratio"] += (0.99 - m["response/clip_ratio"]) * ramp
+    _reward_to_floor(sim, ramp, m)
+
+
+def _reward_to_floor(sim: Sim, ramp: float, m: dict[str, float]) -> None:
+    # Every rollout earns (almost) nothing: the reward, its quantiles and its spread go to 0.
+    for key in ("reward/mean", "reward/p25", "reward/p50", "reward/p75", "reward/p95",
+                "reward/max", "eval/sample_acc"):
+        m[key] = m[key] * (1 - ramp) + abs(sim.rng.gauss(0, 0.005))
+    m["reward/std"] *= 1 - 0.9 * ramp
+
+
+def _reward_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # Seed 001's "reward suddenly turns down", all the way: within 15 steps the reward falls
+    # back to where the run started and below, while the policy's other signals look normal.
+    _reward_to_floor(sim, min(k, 15) / 15, m)
+
+
+def _dead_signal(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.2 from the first step: a sparse reward the policy almost never earns (a real TRL run
+    # scored 0 at 84 of its 100 steps): the G rewards of nearly every group are equal, so nearly
+    # every advantage is 0 and there is nothing to learn from.
+    hit = sim.rng.random() < 0.15
+    m["group/zero_std_frac"] = 0.875 if hit else 1.0
+    m["reward/std"] = 0.12 if hit else 0.0
+    m["adv/mean_abs"] = 0.1 if hit else 0.0
+    for key in ("reward/mean", "reward/p25", "reward/p50", "reward/p75", "reward/p95"):
+        m[key] = 0.0
+    m["reward/mean"] = 0.015 if hit else 0.0
+    m["reward/max"] = 1.0 if hit else 0.0
+    m["reward/min"] = 0.0
+    m["group/reward_gap"] = 0.125 if hit else 0.0
+    m["group/reward_std"] = 0.04 if hit else 0.0
+
+
+def _early_length_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # §2.1 early in a run: within ten steps the policy retreats to answers a third as long (a
+    # real TRL run went from 53 tokens to 2 by its 20th step).
+    m["response/len_mean"] *= 1 - 0.65 * min(k, 10) / 10
 
 
 def _kl_growth(sim: Sim, k: int, m: dict[str, float]) -> None:
@@ -220,6 +278,18 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              sicken=_kl_explosion),
     Scenario("entropy_collapse", "Entropy 1.5 -> 0.05 within 200 steps; groups become duplicates.",
              "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), sicken=_entropy_collapse),
+    Scenario("early_entropy_collapse", "Entropy 1.5 -> 0.05 within 50 steps of a run's start.",
+             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), steps=500, onset=40,
+             sicken=_early_entropy_collapse),
+    Scenario("entropy_explosion", "Entropy x30, every answer truncated, reward to 0 at step 140.",
+             "§2.1", ("GRPOEntropyExplosion", "GRPORewardCollapse", "GRPOCompletionsTruncated",
+                      "GRPOResponseLengthShift"), steps=450, onset=140, sicken=_entropy_explosion),
+    Scenario("reward_collapse", "Reward falls back to 0 within 15 steps at step 160.", "seed 001",
+             ("GRPORewardCollapse",), steps=450, onset=160, sicken=_reward_collapse),
+    Scenario("dead_signal", "A sparse reward earned at 15% of the steps: nothing to learn from.",
+             "§2.2", ("GRPOAdvantageVanishing",), steps=300, onset=1, sicken=_dead_signal),
+    Scenario("early_length_collapse", "Response length falls by two thirds at step 60.", "§2.1",
+             ("GRPOResponseLengthShift",), steps=400, onset=60, sicken=_early_length_collapse),
     Scenario("rank_stalled", "Rank 2 stops reporting while the others go on.", "§2.4",
              ("GRPORankStalled",), stalled_rank=2),
     Scenario("kl_growth", "KL grows 40% per 100 steps and faster each time.", "§2.3, table §3.3",

@@ -18,8 +18,10 @@ from grpo_monitor import exposition as ex
 from grpo_monitor.keys import SIGNALS
 from grpo_monitor.signals import (
     GROWTH_WINDOW,
+    INITIAL_STEPS,
     NONFINITE_WINDOW,
     PAUSE_EVENTS,
+    RANGE_WINDOW,
     RISING_WINDOW,
     RankSignals,
 )
@@ -33,8 +35,10 @@ class Limits:
     max_unknown_keys: int = 256
     max_prompt_types: int = 32
     max_event_types: int = 32
-    # Not a limit but the one signal setting: the baseline period of seed 000 §3.3.
+    # Not limits but the signal settings: the baseline period of seed 000 §3.3, and the initial
+    # period whose mean the early cards compare with.
     baseline_steps: int = 200
+    initial_steps: int = INITIAL_STEPS
 
 
 @dataclass
@@ -98,6 +102,8 @@ class RankState:
             lbl = f'{base},key="{key}"'
             out[ex.BASELINE_MEAN.name].append(f"{ex.BASELINE_MEAN.name}{{{lbl}}} {fv(mean)}\n")
             out[ex.BASELINE_STDDEV.name].append(f"{ex.BASELINE_STDDEV.name}{{{lbl}}} {fv(std)}\n")
+        for key, mean in f.initial.items():
+            out[ex.INITIAL_MEAN.name].append(f'{ex.INITIAL_MEAN.name}{{{base},key="{key}"}} {fv(mean)}\n')
         for key, window, offset, mean in f.means:
             out[ex.WINDOW_MEAN.name].append(
                 f'{ex.WINDOW_MEAN.name}{{{base},key="{key}",window_steps="{window}",'
@@ -110,6 +116,14 @@ class RankState:
             lbl = f'{base},key="{key}",window_steps="{window}"'
             out[ex.WINDOW_MIN.name].append(f"{ex.WINDOW_MIN.name}{{{lbl}}} {fv(lo)}\n")
             out[ex.WINDOW_MAX.name].append(f"{ex.WINDOW_MAX.name}{{{lbl}}} {fv(hi)}\n")
+        for key, window, p10, p90 in f.percentiles:
+            lbl = f'{base},key="{key}",window_steps="{window}"'
+            out[ex.WINDOW_P10.name].append(f"{ex.WINDOW_P10.name}{{{lbl}}} {fv(p10)}\n")
+            out[ex.WINDOW_P90.name].append(f"{ex.WINDOW_P90.name}{{{lbl}}} {fv(p90)}\n")
+        for key, (lo, hi) in f.ranges.items():
+            lbl = f'{base},key="{key}",window_steps="{RANGE_WINDOW}"'
+            out[ex.RUN_WINDOW_MEAN_MAX.name].append(f"{ex.RUN_WINDOW_MEAN_MAX.name}{{{lbl}}} {fv(hi)}\n")
+            out[ex.RUN_WINDOW_MEAN_MIN.name].append(f"{ex.RUN_WINDOW_MEAN_MIN.name}{{{lbl}}} {fv(lo)}\n")
         for key, n in f.rising.items():
             out[ex.RISING.name].append(
                 f'{ex.RISING.name}{{{base},key="{key}",window_steps="{RISING_WINDOW}"}} {n}\n')
@@ -167,7 +181,7 @@ class RunStore:
             rank = run.ranks.get(snap.rank)
             if rank is None:
                 rank = run.ranks[snap.rank] = RankState(
-                    snap.run, snap.rank, signals=RankSignals(lim.baseline_steps),
+                    snap.run, snap.rank, signals=RankSignals(lim.baseline_steps, lim.initial_steps),
                     pending_rebaseline=run.rebaseline)
             rank.step, rank.time = snap.step, snap.time
             paused = any(e.type in PAUSE_EVENTS for e in snap.events)
