@@ -21,6 +21,7 @@ from real_runs import (
     RealRunsMissing,
     fired,
     load,
+    main,
     parse_promtool_report,
     play_real,
     run_names,
@@ -160,3 +161,17 @@ def test_fired_reads_intervals_from_the_real_promtool(tmp_path: Path) -> None:
               ["_", "1", "2", "_", "_", "_", "3", "_"]}
     played = Played(series, [10, 20, 30, 40, 50, 60, 70, 80])
     assert fired(played, tmp_path) == {"GRPONonFiniteValues": [(20, 30), (70, 70)]}
+
+
+def test_command_line_reads_a_folder_and_prints_the_run(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Any folder holding a derived_steps.jsonl-style log, not only the shared runs' names.
+    folder = tmp_path / "my-run"
+    folder.mkdir()
+    lines = [json.dumps(r) for r in load("trl-dapo-qwen25vl-3b-aokvqa-collapse")[:20]]
+    (folder / "derived_steps.jsonl").write_text("\n".join(lines) + "\n")
+    assert main([str(folder), "--every", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "my-run: 10 records, steps 20..200 (every 20 step(s))"
+    assert out[1].startswith("  10 scrapes, ")
+    assert all(ln.startswith("  ") for ln in out[1:])
