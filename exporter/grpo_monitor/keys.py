@@ -7,6 +7,7 @@ Prometheus series each key becomes. docs/metrics.md is generated from it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -18,9 +19,14 @@ class Signal:
     metric: str
     help: str
     unit: str
+    # Other names of the key, most trusted first: when a record carries several of them (and not
+    # the canonical key itself), the first listed wins, whatever the record's key order.
     aliases: tuple[str, ...] = ()
     # Extra constant labels, e.g. {"quantile": "0.95"} for the quantile families.
     labels: tuple[tuple[str, str], ...] = field(default=())
+    # Aliases logged in another unit: (name, factor to the canonical unit), e.g. older verl's
+    # ``actor/lr(1e-4)``, the learning rate in units of 1e-4. They rank after ``aliases``.
+    scaled: tuple[tuple[str, float], ...] = field(default=())
 
 
 SIGNALS: tuple[Signal, ...] = (
@@ -28,6 +34,8 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("reward/mean", "grpo_reward_mean", "Mean reward over the step's rollouts.", "reward",
            ("reward_mean", "reward", "critic/score/mean", "rollout/reward_mean")),
     Signal("reward/std", "grpo_reward_std", "Standard deviation of the step's rewards.", "reward",
+           # TRL before 0.22 (Aug 2025) logged the mean within-group std as reward_std, since
+           # then the batch std; the name cannot tell them apart.
            ("reward_std", "rollout/reward_std", "critic/score/std")),
     Signal("reward/min", "grpo_reward_min", "Smallest reward of the step.", "reward",
            ("reward_min", "critic/score/min")),
@@ -54,8 +62,14 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("adv/mean_abs", "grpo_advantage_abs_mean", "Mean absolute group-normalised advantage.",
            "advantage", ("advantage_mean_abs", "adv_abs_mean")),
     # Distribution stability (seed 000 §2.3).
+    # Only KL to the reference model. verl's actor/ppo_kl and OpenRLHF's ppo_kl are the KL
+    # between the rollout policy and the updated one (the PPO step size) and stay unmapped.
+    # verl logs the reference KL as actor/reward_kl_penalty (KL in the reward; critic/kl before
+    # April 2025) or as actor/kl_loss (use_kl_loss; the value before its coefficient). The reward
+    # penalty ranks first: it appears only when that KL is computed, while recent verl logs
+    # actor/kl_loss as 0.0 even when use_kl_loss is off.
     Signal("kl/mean", "grpo_kl_mean", "Mean KL divergence of the policy to the reference model.",
-           "nats", ("kl_mean", "kl", "actor/kl_loss", "actor/reward_kl_penalty")),
+           "nats", ("kl_mean", "kl", "actor/reward_kl_penalty", "critic/kl", "actor/kl_loss")),
     Signal("kl/p50", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
            "nats", ("kl_p50",), (("quantile", "0.5"),)),
     Signal("kl/p95", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
@@ -65,10 +79,16 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("kl/max", "grpo_kl_max", "Largest per-sequence KL to the reference.", "nats",
            ("kl_max",)),
     # Policy behaviour (seed 000 §2.1).
+    # verl before June 2025 logged the mean token entropy as actor/entropy_loss: the entropy
+    # itself (positive; the loss subtracts coefficient x entropy), not a loss term; recent verl
+    # logs the same value under that name next to actor/entropy, which ranks first. A bare
+    # ``entropy_loss`` is left unmapped: OpenRLHF's is +entropy, Stable-Baselines3's -entropy.
     Signal("entropy/mean", "grpo_entropy_mean", "Mean token entropy of the policy.", "nats",
-           ("entropy", "entropy_mean", "actor/entropy")),
+           ("entropy", "entropy_mean", "actor/entropy", "policy/entropy", "actor/entropy_loss")),
     Signal("response/len_mean", "grpo_response_length_mean_tokens", "Mean response length.",
-           "tokens", ("response_len_mean", "completions/mean_length", "response_length/mean", "response_length")),
+           # completion_length: TRL GRPO from Jan to Apr 2025 (and Unsloth notebooks of then).
+           "tokens", ("response_len_mean", "completions/mean_length", "response_length/mean",
+                      "response_length", "completion_length")),
     Signal("response/len_max", "grpo_response_length_max_tokens", "Longest response length.",
            "tokens", ("response_len_max", "completions/max_length", "response_length/max")),
     Signal("response/clip_ratio", "grpo_response_truncated_ratio",
@@ -76,19 +96,23 @@ SIGNALS: tuple[Signal, ...] = (
            ("response_clip_ratio", "completions/clipped_ratio", "response_length/clip_ratio")),
     Signal("policy/clip_frac", "grpo_policy_clip_ratio",
            "Fraction of tokens whose probability ratio hit the PPO clip range.", "ratio",
-           ("clip_frac", "clip_ratio/region_mean", "actor/pg_clipfrac")),
+           ("clip_frac", "clip_ratio/region_mean", "actor/pg_clipfrac", "ppo_clip_ratio")),
     # Training mechanics.
-    Signal("loss", "grpo_loss", "Policy loss.", "loss", ("actor/pg_loss", "policy_loss")),
+    # "Training Loss": the column Hugging Face's notebook progress table (Unsloth) shows.
+    Signal("loss", "grpo_loss", "Policy loss.", "loss",
+           ("actor/pg_loss", "policy_loss", "Training Loss")),
     Signal("grad/norm", "grpo_grad_norm", "Gradient norm before clipping.", "norm",
-           ("grad_norm", "grad/grad_norm", "actor/grad_norm")),
+           ("grad_norm", "grad/grad_norm", "actor/grad_norm", "actor_grad_norm")),
     Signal("train/lr", "grpo_learning_rate", "Learning rate.", "rate",
-           ("lr", "learning_rate", "actor/lr", "actor_lr")),
+           ("lr", "learning_rate", "actor/lr", "actor_lr"), scaled=(("actor/lr(1e-4)", 1e-4),)),
     Signal("eval/sample_acc", "grpo_sample_accuracy_ratio",
            "Fraction of sampled responses graded correct by a verifier.", "ratio",
            ("sample_acc", "eval/sample_accuracy")),
     # Cluster health from the trainer's side (seed 000 §2.4, §4.5).
     Signal("perf/step_time_s", "grpo_step_duration_seconds", "Wall time of one training step.",
-           "seconds", ("step_time", "perf/time_per_step", "timing_s/step")),
+           # timing/step_total: OpenRLHF. Older verl (timing/*, before Jan 2025) logged only the
+           # phases of a step, never its total: no alias there.
+           "seconds", ("step_time", "timing_s/step", "perf/time_per_step", "timing/step_total")),
     Signal("perf/samples_per_s", "grpo_throughput_samples_per_second", "Training throughput.",
            "samples/s", ("samples_per_sec", "samples_per_s")),
     Signal("perf/tokens_per_s", "grpo_throughput_tokens_per_second", "Training throughput.",
@@ -103,26 +127,61 @@ SIGNALS: tuple[Signal, ...] = (
 
 SIGNALS_BY_KEY: dict[str, Signal] = {s.key: s for s in SIGNALS}
 
-# alias or canonical key -> canonical key. A canonical key written next to one of its aliases
-# wins (see snapshot.normalize_metrics).
+# alias -> canonical key, the alias's rank among its key's names (0 is the canonical key itself,
+# which wins over every alias: see snapshot.normalize_metrics) and the factor to the key's unit.
 ALIASES: dict[str, str] = {}
+ALIAS_RANK: dict[str, int] = {}
+ALIAS_SCALE: dict[str, float] = {}
 for _s in SIGNALS:
-    for _a in _s.aliases:
+    for _i, (_a, _f) in enumerate([(a, 1.0) for a in _s.aliases] + list(_s.scaled), start=1):
         if _a in ALIASES or _a in SIGNALS_BY_KEY:
             raise AssertionError(f"alias {_a!r} is ambiguous")
         ALIASES[_a] = _s.key
+        ALIAS_RANK[_a] = _i
+        if _f != 1.0:
+            ALIAS_SCALE[_a] = _f
+
+# A prefixed name (train/kl) ranks after every bare name of its key.
+_PREFIXED_RANK = 1000
+# Hugging Face's notebook table shows "rewards / check_answer" for rewards/check_answer.
+_SPACED_SLASH = re.compile(r"\s+/\s+")
+
+
+@dataclass(frozen=True)
+class KeyMatch:
+    """How a logged name maps: its canonical key, rank among the key's names, unit factor."""
+
+    key: str
+    rank: int
+    scale: float = 1.0
+
+
+def match_key(name: str) -> KeyMatch | None:
+    """The canonical key a logged name stands for, or None for an unknown name.
+
+    Hugging Face's wandb integration prefixes the trainer's keys with ``train/``
+    (``train/reward``, ``train/kl``); such a name maps like the bare one, ranked after it. Spaces
+    around a ``/`` are ignored (``rewards / x`` is ``rewards/x``).
+    """
+    if "/" in name and " " in name:
+        name = _SPACED_SLASH.sub("/", name)
+    hit = _match_bare(name)
+    if hit is None and name.startswith("train/"):
+        bare = _match_bare(name[len("train/"):])
+        if bare is not None:
+            hit = KeyMatch(bare.key, _PREFIXED_RANK + bare.rank, bare.scale)
+    return hit
+
+
+def _match_bare(name: str) -> KeyMatch | None:
+    if name in SIGNALS_BY_KEY:
+        return KeyMatch(name, 0)
+    if name in ALIASES:
+        return KeyMatch(ALIASES[name], ALIAS_RANK[name], ALIAS_SCALE.get(name, 1.0))
+    return None
 
 
 def canonical_key(name: str) -> str | None:
-    """Return the canonical key for a canonical or alias name, or None for an unknown key.
-
-    Hugging Face's wandb integration prefixes the trainer's keys with ``train/``
-    (``train/reward``, ``train/kl``); such a name maps like the bare one.
-    """
-    if name in SIGNALS_BY_KEY:
-        return name
-    hit = ALIASES.get(name)
-    if hit is None and name.startswith("train/"):
-        bare = name[len("train/"):]
-        hit = bare if bare in SIGNALS_BY_KEY else ALIASES.get(bare)
-    return hit
+    """Return the canonical key for a canonical or alias name, or None for an unknown key."""
+    hit = match_key(name)
+    return None if hit is None else hit.key

@@ -38,8 +38,12 @@ whose files have not changed for `--snapshot.run-timeout` (default 1h) leaves `/
 ## Training signals
 
 One gauge per canonical snapshot key; the aliases are the names TRL, verl, OpenRLHF and the
-seeds use for the same signal, and a key is also recognised with wandb's `train/` prefix. When a
-record carries both a canonical key and one of its aliases, the canonical key wins.
+seeds use for the same signal (older names included), and a key is also recognised with wandb's
+`train/` prefix and with spaces around a `/`. When a record carries several names of one key,
+the canonical key wins, then the alias listed first here, then the `train/`-prefixed forms;
+the order of the record's keys does not matter. An alias marked (×f) is logged in another unit
+and multiplied by f. [snapshot-format.md](snapshot-format.md#aliases) says why each name means
+what it is mapped to, and which look-alike names are left unmapped.
 
 | metric | labels | unit | canonical key | aliases |
 |---|---|---|---|---|
@@ -149,7 +153,7 @@ def render() -> str:
     out = [HEADER]
     for s in SIGNALS:
         labels = "run, rank[, prompt_type]" + "".join(f", {k}=\"{v}\"" for k, v in s.labels)
-        aliases = ", ".join(f"`{a}`" for a in s.aliases) or "—"
+        aliases = ", ".join([f"`{a}`" for a in s.aliases] + [f"`{a}` (×{f:g})" for a, f in s.scaled]) or "—"
         out.append(f"| `{s.metric}` | {labels} | {s.unit} | `{s.key}` | {aliases} |\n")
     out.append(RUN_FAMILIES.format(
         step=ex.STEP.name, last=ex.LAST_SNAPSHOT.name, world=ex.WORLD_SIZE.name, info=ex.RANK_INFO.name,

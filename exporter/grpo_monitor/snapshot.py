@@ -24,7 +24,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from grpo_monitor.keys import canonical_key
+from grpo_monitor.keys import match_key
 
 Shape = Literal["native", "verl", "flat"]
 
@@ -211,12 +211,14 @@ def normalize_metrics(
     """Split raw metrics into (canonical, unknown) float maps.
 
     A canonical key wins over its aliases when a record carries both, so that a trainer that
-    logs ``reward/mean`` next to TRL's ``reward`` is read as it meant.
+    logs ``reward/mean`` next to TRL's ``reward`` is read as it meant. Between two aliases of
+    one key, the one ranked first in keys.py wins (not the one written first): which KL verl's
+    ``actor/kl_loss`` and ``actor/reward_kl_penalty`` stand for is decided there, once. An alias
+    logged in another unit is converted.
     """
     flat: dict[str, Any] = {}
     _flatten(raw, "", 0, flat)
-    canonical: dict[str, float] = {}
-    from_alias: dict[str, float] = {}
+    best: dict[str, tuple[int, float]] = {}  # canonical key -> (rank of the name used, value)
     unknown: dict[str, float] = {}
     for name, value in flat.items():
         if not name or len(name) > MAX_KEY_LENGTH:
@@ -229,16 +231,16 @@ def normalize_metrics(
             continue
         if number is None:
             continue
-        key = canonical_key(name)
-        if key is None:
+        hit = match_key(name)
+        if hit is None:
             unknown[name] = number
-        elif key == name:
-            canonical[key] = number
-        else:
-            from_alias.setdefault(key, number)
-    for key, number in from_alias.items():
-        canonical.setdefault(key, number)
-    return canonical, unknown
+            continue
+        if hit.scale != 1.0:
+            number *= hit.scale
+        held = best.get(hit.key)
+        if held is None or hit.rank < held[0]:
+            best[hit.key] = (hit.rank, number)
+    return {key: number for key, (_, number) in best.items()}, unknown
 
 
 def detect_shape(obj: Any) -> Shape:

@@ -1,0 +1,331 @@
+"""Real RL post-training runs, played through the exporter and the real rules.
+
+The shared collection (``../shared/real-runs`` beside the repository, or ``$GRPO_REAL_RUNS``)
+holds public runs as their frameworks logged them, one ``derived_steps.jsonl`` per run. This
+module writes such a run into a snapshot folder as flat records, the keys as logged, lets the
+exporter's ingest and store read it step by step (scenario_rules.Recorder), and asks the real
+``promtool`` which cards fired at which steps. Tests mostly assert with
+scenario_rules.check_cards on ``play_real``'s result; ``fired`` is for development and
+diagnosis, and so is the command line:
+
+    python tests/real_runs.py [NAME_OR_FOLDER ...] [--every K] [--scrape-every-steps N]
+
+The data is never copied into the repository; a missing collection is an error, not a skip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from scenario_rules import RULE_FILES, Played, Recorder
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = "GRPO_REAL_RUNS"
+STEPS_FILE = "derived_steps.jsonl"
+# Fields the collection's parser added for the reader (e.g. ``_step_inferred``: the log had no
+# step, it was counted); no trainer wrote them. wandb's own ``_step`` / ``_timestamp`` /
+# ``_runtime`` are part of the snapshot contract and are kept if a run has them.
+_CONTRACT_UNDERSCORED = frozenset({"_step", "_timestamp", "_runtime"})
+# The trainer clock of the written records: step s happened at T0 + s * STEP_SECONDS. A fixed
+# clock makes every play of a run identical, whatever the machine.
+T0 = 1_764_400_000.0
+STEP_SECONDS = 30.0
+
+
+class RealRunsMissing(FileNotFoundError):
+    """The shared collection is not where it should be."""
+
+
+def runs_dir() -> Path:
+    """The shared collection: ``$GRPO_REAL_RUNS``, else ``<repository>/../shared/real-runs``.
+
+    CI clones the repository with ``../shared`` beside it, so the default works there.
+    """
+    configured = os.environ.get(ENV)
+    path = Path(configured) if configured else ROOT.parent / "shared" / "real-runs"
+    if not path.is_dir():
+        how = f"${ENV}={configured}" if configured else f"the default (set ${ENV} to override)"
+        raise RealRunsMissing(
+            f"the shared real runs are missing: {path} is not a folder ({how}). They live outside "
+            f"the repository, in ../shared/real-runs beside the clone; the real-run tests need "
+            f"them and fail without them.")
+    return path
+
+
+def run_names() -> list[str]:
+    """Every run of the shared collection: the folders that hold a derived_steps.jsonl."""
+    return sorted(p.parent.name for p in runs_dir().glob(f"*/{STEPS_FILE}"))
+
+
+def steps_file(name_or_path: str | Path) -> Path:
+    """The steps file of a shared run's name, or of a folder / *.jsonl file given as a path."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        if (path / STEPS_FILE).is_file():
+            return path / STEPS_FILE
+        raise FileNotFoundError(f"{path} holds no {STEPS_FILE}")
+    found = runs_dir() / str(name_or_path) / STEPS_FILE
+    if not found.is_file():
+        raise FileNotFoundError(f"no real run {name_or_path!r}: {found} does not exist "
+                                f"(runs: {', '.join(run_names())})")
+    return found
+
+
+def run_label(name_or_path: str | Path) -> str:
+    """The run name a play uses: the run's folder name."""
+    return steps_file(name_or_path).parent.name
+
+
+def load(name_or_path: str | Path) -> list[dict[str, Any]]:
+    """The run's records, one per logged step, in the file's order, as logged (less the
+    collection's helper fields). Every record must carry an integer ``step``."""
+    path = steps_file(name_or_path)
+    records: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            raw = json.loads(line)
+            rec = {k: v for k, v in raw.items()
+                   if not k.startswith("_") or k in _CONTRACT_UNDERSCORED}
+            if not isinstance(rec.get("step"), int):
+                raise ValueError(f"{path}:{lineno}: no integer step")
+            records.append(rec)
+    return records
+
+
+def thin(records: Iterable[dict[str, Any]], every: int) -> list[dict[str, Any]]:
+    """Only the records of every ``every``-th step: a run logged every step, as if it had been
+    logged with ``logging_steps=every``."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, not {every}")
+    return [r for r in records if r["step"] % every == 0]
+
+
+def snapshot_path(root: Path, run: str) -> Path:
+    return root / run / "metrics.jsonl"
+
+
+def write_snapshots(records: Iterable[dict[str, Any]], root: Path, run: str, every: int = 1) -> Path:
+    """Append the records to ``root/<run>/metrics.jsonl`` as flat records, the way a trainer's
+    ``json.dumps`` of its log dict would: the keys as logged, ``step``, and a trainer ``time``.
+
+    Plain appends, one line each, so that the exporter's tail reads them as it reads any trainer.
+    Returns the file's path; calling it again appends more.
+    """
+    path = snapshot_path(root, run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        for rec in thin(records, every):
+            line = {**rec, "time": T0 + rec["step"] * STEP_SECONDS}
+            fh.write(json.dumps(line, allow_nan=True) + "\n")
+            fh.flush()
+    return path
+
+
+def play_real(name_or_path: str | Path, *, scrape_every_steps: int = 1, every: int = 1) -> Played:
+    """Write the run step by step and scrape the exporter's store as the run goes.
+
+    A scrape is taken after the last logged record of each block of ``scrape_every_steps``
+    steps (with the default, after every logged record), so promtool, one minute per scrape,
+    sees the run step by step; ``every`` thins the run first (see ``thin``).
+    """
+    if scrape_every_steps < 1:
+        raise ValueError(f"scrape_every_steps must be >= 1, not {scrape_every_steps}")
+    records = thin(load(name_or_path), every)
+    run = run_label(name_or_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        recorder = Recorder(root)
+        path = snapshot_path(root, run)
+        for i, rec in enumerate(records):
+            write_snapshots([rec], root, run)
+            last_of_block = (i + 1 == len(records)
+                             or records[i + 1]["step"] // scrape_every_steps != rec["step"] // scrape_every_steps)
+            if last_of_block:
+                recorder.scrape(rec["step"], [path])
+    return recorder.played()
+
+
+# -- which cards fired, asked of promtool ---------------------------------------------------
+
+FIRING = 'group by (alertname, severity) (ALERTS{alertstate="firing"})'
+Intervals = dict[str, list[tuple[int, int]]]
+
+
+def _with_staleness(values: list[str]) -> list[str]:
+    """A series missing from a scrape after being present gets a staleness marker, as the real
+    Prometheus writes one; with a bare gap promtool would keep its last value for 5 minutes
+    and a card would seem to fire for five scrapes after its signal went away."""
+    out: list[str] = []
+    for i, v in enumerate(values):
+        out.append("stale" if v == "_" and i and values[i - 1] != "_" else v)
+    return out
+
+
+def fired_at(played: Played, tmp: Path) -> list[set[tuple[str, str]]]:
+    """For each scrape, the (alertname, severity) pairs firing then, per the real promtool."""
+    n = len(played.scrape_steps)
+    test = {
+        "rule_files": RULE_FILES,
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": " ".join(_with_staleness(values))}
+                             for name, values in played.series.items()],
+            # promtool only asserts: expecting nothing at every scrape makes it print what was
+            # there instead, wherever something was.
+            "promql_expr_test": [{"expr": FIRING, "eval_time": f"{i}m", "exp_samples": []}
+                                 for i in range(n)],
+        }],
+    }
+    path = tmp / "real-run.test.json"
+    path.write_text(json.dumps(test))
+    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True,
+                          timeout=900)
+    by_minute = parse_promtool_report(proc.stdout + proc.stderr, proc.returncode, FIRING)
+    if any(m >= n for m in by_minute):
+        raise ValueError(f"promtool reported minute {max(by_minute)} of a {n}-scrape play")
+    return [by_minute.get(i, set()) for i in range(n)]
+
+
+_EXPR = re.compile(r'^    expr: (".*"), time: ([0-9a-z]+),$')
+_GOT_ITEM = re.compile(r'\{alertname="([^"\\]+)", severity="([^"\\]*)"\} 1E\+00')
+_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION_MS = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
+
+
+def _minutes(text: str) -> int:
+    m = _DURATION.match(text)
+    if not m or not any(m.groups()):
+        raise ValueError(f"promtool time {text!r} is not a duration")
+    ms = sum(int(g) * unit for g, unit in zip(m.groups(), _DURATION_MS) if g)
+    if ms % 60_000:
+        raise ValueError(f"promtool time {text!r} is not a whole minute")
+    return ms // 60_000
+
+
+def parse_promtool_report(output: str, returncode: int, expr: str) -> dict[int, set[tuple[str, str]]]:
+    """minute -> (alertname, severity) pairs, from ``promtool test rules`` output whose every
+    expression test expected nothing.
+
+    Strict on purpose: a line that is not part of the known report shape (another promtool
+    version, a rule file error, an expression test that failed for another reason) raises
+    ValueError instead of reading as "nothing fired".
+    """
+    lines = output.splitlines()
+    meaningful = [ln for ln in lines if ln.strip()]
+    if returncode == 0:
+        if not any(ln.strip() == "SUCCESS" for ln in meaningful):
+            raise ValueError(f"promtool exited 0 without SUCCESS:\n{output[-2000:]}")
+        return {}
+    if returncode != 1:
+        raise ValueError(f"promtool exited {returncode}:\n{output[-3000:]}")
+    try:
+        start = next(i for i, ln in enumerate(meaningful) if ln.strip().endswith("FAILED:"))
+    except StopIteration:
+        raise ValueError(f"promtool failed without a FAILED: report:\n{output[-3000:]}") from None
+    if not all(ln.startswith("Unit Testing:") for ln in meaningful[:start]):
+        raise ValueError(f"unexpected promtool output before its report:\n{output[-3000:]}")
+    body = meaningful[start + 1:]
+    if not body or len(body) % 3:
+        raise ValueError(f"promtool's report is not made of (expr, exp, got) triples:\n{output[-3000:]}")
+    out: dict[int, set[tuple[str, str]]] = {}
+    for i in range(0, len(body), 3):
+        head, exp, got = body[i:i + 3]
+        m = _EXPR.match(head)
+        if not m or json.loads(m.group(1)) != expr:
+            raise ValueError(f"unexpected promtool report line: {head!r}")
+        if exp.strip() != "exp: nil" or not got.strip().startswith("got: "):
+            raise ValueError(f"unexpected promtool report lines: {exp!r}, {got!r}")
+        items = got.strip()[len("got: "):]
+        pairs = _GOT_ITEM.findall(items)
+        if ", ".join(f'{{alertname="{a}", severity="{s}"}} 1E+00' for a, s in pairs) != items:
+            raise ValueError(f"cannot read promtool's got: list: {items!r}")
+        minute = _minutes(m.group(2))
+        if minute in out:
+            raise ValueError(f"promtool reported minute {minute} twice")
+        out[minute] = set(pairs)
+    return out
+
+
+def intervals(scrape_steps: list[int], at: list[set[tuple[str, str]]]) -> Intervals:
+    """alertname -> (first step, last step) of each unbroken run of scrapes that saw it firing."""
+    out: Intervals = {}
+    for i, firing in enumerate(at):
+        for alert in sorted({a for a, _ in firing}):
+            spans = out.setdefault(alert, [])
+            step = scrape_steps[i]
+            if spans and alert in {a for a, _ in at[i - 1]}:
+                spans[-1] = (spans[-1][0], step)
+            else:
+                spans.append((step, step))
+    return out
+
+
+def fired(played: Played, tmp: Path) -> Intervals:
+    """For each alert that fired, the intervals of logged steps during which it was firing:
+    (step of the first scrape that saw it firing, step of the last), in play order."""
+    return intervals(played.scrape_steps, fired_at(played, tmp))
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def _describe(name: str, records: list[dict[str, Any]]) -> str:
+    steps = [r["step"] for r in records]
+    gaps = sorted({b - a for a, b in zip(steps, steps[1:])})
+    cadence = f"every {gaps[0]} step(s)" if len(gaps) == 1 else f"step gaps {gaps[:5]}"
+    return f"{name}: {len(records)} records, steps {steps[0]}..{steps[-1]} ({cadence})"
+
+
+def report(name_or_path: str, *, every: int, scrape_every_steps: int) -> str:
+    records = thin(load(name_or_path), every)
+    lines = [_describe(run_label(name_or_path), records)]
+    t0 = time.monotonic()
+    played = play_real(name_or_path, every=every, scrape_every_steps=scrape_every_steps)
+    t1 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        at = fired_at(played, Path(tmp))
+    t2 = time.monotonic()
+    sev = {a: s for firing in at for a, s in firing}
+    spans = intervals(played.scrape_steps, at)
+    lines.append(f"  {len(played.scrape_steps)} scrapes, {len(played.series)} series; "
+                 f"play {t1 - t0:.1f}s, promtool {t2 - t1:.1f}s")
+    if not spans:
+        lines.append("  no card fired")
+    for alert in sorted(spans, key=lambda a: (spans[a][0][0], a)):
+        ranges = ", ".join(f"{a}..{b}" for a, b in spans[alert])
+        lines.append(f"  {alert:<28} {sev[alert]:<9} firing at steps {ranges}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Play real runs through the exporter and the rules; print which cards fired when.")
+    parser.add_argument("runs", nargs="*",
+                        help="shared run names, or folders / files with a derived_steps.jsonl-style "
+                             "log (default: every shared run)")
+    parser.add_argument("--every", type=int, default=1, help="keep only every k-th step")
+    parser.add_argument("--scrape-every-steps", type=int, default=1,
+                        help="one scrape (one promtool minute) per this many steps")
+    args = parser.parse_args(argv)
+    for name in args.runs or run_names():
+        print(report(name, every=args.every, scrape_every_steps=args.scrape_every_steps), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The real-runs harness reads every shared run, and the exporter understands what each logged.
+
+What the cards should say about each run is asserted elsewhere, on top of tests/real_runs.py;
+here: the collection is there, each run loads with its steps, its logged names map onto the
+canonical keys they stand for (first record and whole run), the exporter's features cover
+those keys after a play, and the harness's own pieces (writing, thinning, promtool's report)
+do what they say.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_monitor.snapshot import parse_record
+from real_runs import (
+    STEP_SECONDS,
+    T0,
+    RealRunsMissing,
+    fired,
+    load,
+    main,
+    parse_promtool_report,
+    play_real,
+    run_names,
+    runs_dir,
+    write_snapshots,
+)
+from scenario_rules import Played
+
+TRL_NEW = {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "policy/clip_frac",
+           "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean",
+           "reward/std", "train/lr"}
+VERL = {"entropy/mean", "grad/norm", "kl/mean", "loss", "policy/clip_frac", "response/len_max",
+        "response/len_mean", "reward/max", "reward/mean", "reward/min", "train/lr"}
+
+# name -> (records, first step, last step, canonical keys over the run, of its first record)
+RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
+    # TRL GRPO, 2026 key set; step_time is logged.
+    "memredteam-qwen25-3b-grpo-sparse-reward": (
+        100, 1, 100, TRL_NEW | {"kl/mean", "perf/step_time_s"}, TRL_NEW | {"kl/mean", "perf/step_time_s"}),
+    # TRL fork, beta 0 (no kl), logged every 10 steps.
+    "trl-dapo-qwen25vl-3b-aokvqa-collapse": (49, 10, 490, TRL_NEW, TRL_NEW),
+    # Unsloth's notebook table: "Training Loss" and completion_length (older TRL).
+    "unsloth-llama32-3b-grpo-gsm8k-500": (
+        500, 1, 500, {"kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std"},
+        {"kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std"}),
+    # Feb-2025 TRL trainer_state: completion_length, no entropy.
+    "unslothgrpo-llama31-8b-gsm8k-250": (
+        250, 1, 250, {"grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"},
+        {"grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"}),
+    # Mid-2025 verl: actor/kl_loss, actor/entropy, timing_s/step. Step 0 holds only the initial
+    # validation score, which is no canonical key.
+    "verl-grpo-qwen2-7b-gsm8k-megatron-base": (
+        106, 0, 105, VERL | {"perf/step_time_s", "perf/tokens_per_s", "response/clip_ratio"}, set()),
+    # Dec-2024 verl: critic/kl, actor/entropy_loss, actor/lr(1e-4); no step total, no clip ratio.
+    "verl-ppo-qwen25-05b-gsm8k": (435, 0, 434, VERL, VERL),
+}
+
+
+def canonical(record: dict[str, object]) -> dict[str, float]:
+    return parse_record(record, run="r", rank=0, mtime=0.0).metrics
+
+
+def test_the_shared_collection_is_there() -> None:
+    # Fails (never skips) without ../shared/real-runs or $GRPO_REAL_RUNS.
+    assert runs_dir().is_dir()
+    assert run_names() == sorted(RUNS)
+
+
+def test_a_missing_collection_is_an_error_that_says_where(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    real = runs_dir()
+    monkeypatch.setenv("GRPO_REAL_RUNS", str(tmp_path / "nowhere"))
+    with pytest.raises(RealRunsMissing, match="nowhere.*GRPO_REAL_RUNS"):
+        load("verl-ppo-qwen25-05b-gsm8k")
+    monkeypatch.setenv("GRPO_REAL_RUNS", str(real))
+    with pytest.raises(FileNotFoundError, match="no real run 'nope'"):
+        load("nope")
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_run_loads_with_its_steps_and_canonical_keys(name: str) -> None:
+    count, first, last, keys, first_keys = RUNS[name]
+    records = load(name)
+    steps = [r["step"] for r in records]
+    assert (len(records), steps[0], steps[-1]) == (count, first, last)
+    assert steps == sorted(set(steps))
+    assert not any(k.startswith("_") for r in records for k in r)  # helper fields dropped
+    assert set(canonical(records[0])) == first_keys
+    assert set().union(*(canonical(r) for r in records)) == keys
+
+
+def test_old_names_are_read_with_their_meaning_and_units() -> None:
+    # The verl PPO run's first line: actor/entropy_loss 0.526 (the entropy), critic/kl -0.0,
+    # actor/lr(1e-4) 0.01 (lr 1e-6), actor/ppo_kl 0.0 left generic.
+    verl = canonical(load("verl-ppo-qwen25-05b-gsm8k")[0])
+    assert verl["entropy/mean"] == 0.526 and verl["kl/mean"] == 0.0
+    assert verl["train/lr"] == pytest.approx(1e-6)
+    unsloth = canonical(load("unsloth-llama32-3b-grpo-gsm8k-500")[0])
+    assert unsloth["response/len_mean"] == 242.4375 and unsloth["loss"] == 0.0
+    grpo = canonical(load("verl-grpo-qwen2-7b-gsm8k-megatron-base")[1])
+    assert grpo["kl/mean"] == pytest.approx(0.0021767416)  # actor/kl_loss, not actor/ppo_kl
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_play_feeds_every_canonical_key_to_the_step_windows(name: str) -> None:
+    count, first, last, keys, _ = RUNS[name]
+    played = play_real(name)
+    assert played.scrape_steps == [r["step"] for r in load(name)]
+    windowed = {s.split('key="')[1].split('"')[0] for s in played.series
+                if s.startswith("grpo_window_max{") and 'window_steps="50"' in s}
+    assert windowed == keys
+
+
+def test_write_snapshots_appends_flat_records_as_logged(tmp_path: Path) -> None:
+    records = load("unslothgrpo-llama31-8b-gsm8k-250")[:12]
+    path = write_snapshots(records[:6], tmp_path, "u", every=3)
+    assert write_snapshots(records[6:], tmp_path, "u", every=3) == path
+    assert path == tmp_path / "u" / "metrics.jsonl"
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [ln["step"] for ln in lines] == [3, 6, 9, 12]
+    for ln in lines:
+        rec = next(r for r in records if r["step"] == ln["step"])
+        assert ln == {**rec, "time": T0 + rec["step"] * STEP_SECONDS}
+
+
+def test_thinned_play_is_logged_every_k_steps() -> None:
+    played = play_real("unslothgrpo-llama31-8b-gsm8k-250", every=10)
+    assert played.scrape_steps == list(range(10, 251, 10))
+    coarse = play_real("unslothgrpo-llama31-8b-gsm8k-250", scrape_every_steps=25)
+    assert coarse.scrape_steps == [24, *range(49, 250, 25), 250]
+
+
+REPORT = '''Unit Testing:  t.json
+  FAILED:
+    expr: "group by (alertname, severity) (ALERTS{alertstate=\\"firing\\"})", time: 1h5m,
+        exp: nil
+        got: {alertname="A", severity="warning"} 1E+00, {alertname="B", severity="critical"} 1E+00
+'''
+EXPR = 'group by (alertname, severity) (ALERTS{alertstate="firing"})'
+
+
+def test_promtool_report_is_parsed_strictly() -> None:
+    assert parse_promtool_report(REPORT, 1, EXPR) == {65: {("A", "warning"), ("B", "critical")}}
+    assert parse_promtool_report("Unit Testing:  t.json\n  SUCCESS\n", 0, EXPR) == {}
+    for bad, rc in [(REPORT.replace("1E+00, {", "2E+00, {"), 1), (REPORT.replace("1h5m", "65s"), 1),
+                    (REPORT.replace("exp: nil", 'exp: {a="b"}'), 1), (REPORT + "  surprise\n", 1),
+                    ("Unit Testing:  t.json\n  FAILED:\n", 1), ("error loading rules\n", 1),
+                    ("", 0), (REPORT, 2), (REPORT.replace('"firing', '"pending'), 1)]:
+        with pytest.raises(ValueError):
+            parse_promtool_report(bad, rc, EXPR)
+
+
+def test_fired_reads_intervals_from_the_real_promtool(tmp_path: Path) -> None:
+    # A NaN seen at steps 20 and 30 only: the red card fires at those scrapes and stops at the
+    # next, where the series is gone (a staleness marker, as the real Prometheus writes).
+    series = {'grpo_window_nonfinite{run="r",rank="0",key="loss",window_steps="50"}':
+              ["_", "1", "2", "_", "_", "_", "3", "_"]}
+    played = Played(series, [10, 20, 30, 40, 50, 60, 70, 80])
+    assert fired(played, tmp_path) == {"GRPONonFiniteValues": [(20, 30), (70, 70)]}
+
+
+def test_command_line_reads_a_folder_and_prints_the_run(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Any folder holding a derived_steps.jsonl-style log, not only the shared runs' names.
+    folder = tmp_path / "my-run"
+    folder.mkdir()
+    lines = [json.dumps(r) for r in load("trl-dapo-qwen25vl-3b-aokvqa-collapse")[:20]]
+    (folder / "derived_steps.jsonl").write_text("\n".join(lines) + "\n")
+    assert main([str(folder), "--every", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "my-run: 10 records, steps 20..200 (every 20 step(s))"
+    assert out[1].startswith("  10 scrapes, ")
+    assert all(ln.startswith("  ") for ln in out[1:])
