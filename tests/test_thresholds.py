@@ -3,6 +3,7 @@ every threshold the rules record or read, and is what the report compares with."
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -138,3 +139,68 @@ def test_a_new_threshold_is_one_entry(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_promql_numbers_read_back_exactly(v: float, text: str) -> None:
     assert th.promql_number(v) == text
     assert float(text) == v
+
+
+# -- the report reads the table -------------------------------------------------------------------
+
+def test_report_keeps_no_numbers_of_its_own() -> None:
+    """report.py defines no module-level numeric constant: its thresholds come from the table."""
+    from grpo_monitor import report
+
+    tree = ast.parse(Path(report.__file__).read_text())
+
+    def numeric(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+        if isinstance(node, ast.UnaryOp):
+            return numeric(node.operand)
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return any(numeric(e) for e in node.elts)
+        return False
+
+    own = [ast.unparse(n) for n in tree.body
+           if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and numeric(n.value)]
+    assert not own, f"report.py keeps its own numbers; put them in grpo_monitor.thresholds: {own}"
+
+
+_RUNS: dict[str, Any] = {}
+
+
+def _run(scenario: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from grpo_monitor import report
+    from grpo_monitor.simulate import write_run
+
+    if scenario not in _RUNS:
+        root = tmp_path_factory.mktemp(scenario)
+        write_run(root, scenario, scenario)
+        _RUNS[scenario] = report.load_run(root / scenario)
+    return _RUNS[scenario]
+
+
+# (scenario, threshold, patched value, the verdict that appears or disappears with the patch)
+REPORT_READS = [
+    ("throughput_drop", "throughput_drop_ratio", 0.5, "throughput_drop"),
+    # The old copy in report.py said 0.2: a straggler's 23% lower samples/s read as a drop.
+    ("straggler", "throughput_drop_ratio", 0.2, "throughput_drop"),
+    ("straggler", "straggler_ratio", 0.4, "rank_straggler"),
+    ("step_time_drift", "step_time_drift_ratio", 0.5, "step_time_drift"),
+    ("kl_explosion", "kl_explosion_ratio", 1e6, "kl_explosion"),
+    ("entropy_collapse", "entropy_collapse_ratio", 1e-6, "entropy_collapse"),
+    ("grad_norm_spike", "grad_norm_spike_ratio", 100, "grad_norm_spike"),
+    ("grad_norm_spike", "sustain_steps", 1000, "grad_norm_spike"),
+    ("reward_up_accuracy_flat", "reward_rise", 10, "reward_hacking"),
+]
+
+
+@pytest.mark.parametrize("scenario, name, patched, verdict", REPORT_READS,
+                         ids=[f"{c[0]}-{c[1]}" for c in REPORT_READS])
+def test_report_follows_the_table(scenario: str, name: str, patched: float, verdict: str,
+                                  monkeypatch: pytest.MonkeyPatch,
+                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    from grpo_monitor import report
+
+    data = _run(scenario, tmp_path_factory)
+    before = {v["id"] for v in report.diagnose(data)}
+    monkeypatch.setitem(THRESHOLDS, name, replace(THRESHOLDS[name], value=patched))
+    after = {v["id"] for v in report.diagnose(data)}
+    assert (verdict in before) != (verdict in after), (name, before, after)
