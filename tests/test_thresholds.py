@@ -85,10 +85,12 @@ def test_rule_files_and_table_agree() -> None:
 def test_agreement_check_catches_a_drift(monkeypatch: pytest.MonkeyPatch) -> None:
     # The check above compares values, not just names: a table edit without `make docs` fails.
     old = THRESHOLDS["throughput_drop_ratio"]
-    monkeypatch.setitem(THRESHOLDS, old.name, replace(old, value=0.2))
-    with pytest.raises(AssertionError, match="throughput_drop_ratio: 0.3 in grpo-thresholds.yml, 0.2"):
+    patched = old.value / 2
+    monkeypatch.setitem(THRESHOLDS, old.name, replace(old, value=patched))
+    with pytest.raises(AssertionError, match=re.escape(
+            f"{old.name}: {float(old.value)} in grpo-thresholds.yml, {patched} in the table")):
         test_rule_files_and_table_agree()
-    monkeypatch.setattr(th, "TABLE", tuple(replace(t, value=0.2) if t.name == old.name else t
+    monkeypatch.setattr(th, "TABLE", tuple(replace(t, value=patched) if t.name == old.name else t
                                            for t in th.TABLE))
     with pytest.raises(AssertionError, match="stale"):
         test_committed_rule_file_is_generated()
