@@ -48,6 +48,7 @@ bench: deps system-deps
 
 docs: deps
 	$(PY) -m grpo_monitor.metrics_doc > docs/metrics.md
+	$(PY) -m grpo_monitor.thresholds > prometheus/rules/grpo-thresholds.yml
 
 clean:
 	rm -rf $(VENV) .pytest_cache

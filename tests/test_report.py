@@ -22,7 +22,8 @@ SCENARIO_VERDICT = {
     "entropy_collapse": "entropy_collapse",
     "nan_loss": "nonfinite",
     "throughput_drop": "throughput_drop",
-    "straggler": "throughput_drop",
+    "step_time_drift": "step_time_drift",
+    "straggler": "rank_straggler",
 }
 
 
@@ -204,8 +205,9 @@ SCENARIO_VERDICTS = {
     "advantage_vanishing": {"advantage_vanishing"}, "group_dominated": {"group_dominated"},
     "grad_norm_spike": {"grad_norm_spike"}, "kl_explosion": {"kl_explosion", "kl_tail_outliers"},
     "entropy_collapse": {"entropy_collapse", "advantage_vanishing"},
-    "kl_growth": {"kl_explosion"}, "straggler": {"throughput_drop"},
-    "step_time_drift": {"throughput_drop"}, "reward_up_accuracy_flat": {"reward_hacking"},
+    "kl_growth": {"kl_explosion"}, "straggler": {"rank_straggler", "step_time_drift"},
+    "step_time_drift": {"step_time_drift"}, "reward_up_accuracy_flat": {"reward_hacking"},
+    "throughput_drop": {"throughput_drop", "step_time_drift"},
 }
 
 

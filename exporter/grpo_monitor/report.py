@@ -28,41 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from grpo_monitor import thresholds as th
 from grpo_monitor.snapshot import RecordError, identity_from_path, parse_record
 
-# -- thresholds (each with its seed source) ------------------------------------------------
-
-# Seed 000 §3.3: the first 200 steps are the baseline period; comparisons use 200-step windows.
-WINDOW_STEPS = 200
-# Short runs (train_demo: 300 steps) use a fifth of the run per window, at least this many steps.
-MIN_WINDOW_STEPS = 10
-# Seed 001 §1: reward "should rise"; a gain below this between the reference and the last
-# window is a plateau (reward units, rewards in [0, 1]).
-REWARD_RISE_MIN = 0.05
-# Seed 000 §4.1 / seed 001 §1: a reward gain at least this large counts as "reward up".
-REWARD_RISE = 0.1
-# Seed 001 §1: "KL≈0" - the policy cannot move (beta too large / temperature too low).
-KL_NEAR_ZERO = 0.01
-# Seed 000 §5.1: KL above 10x its baseline is a red card.
-KL_EXPLOSION_RATIO = 10.0
-# Seed 001 §1: reward "suddenly turns down": a drop of this much from its best window.
-REWARD_DROP = 0.1
-# Seed 000 table §3.3: response length changing by more than 50% is alarming.
-LENGTH_SURGE_RATIO = 1.5
-# Seed 001 §1: reward up while sample accuracy does not follow. Accuracy gain below this
-# fraction of the reward gain counts as flat (a healthy run's accuracy follows its reward).
-ACC_FLAT_FRACTION = 0.25
-# Seed 001 §1: sample accuracy gain below this is flat (ratio units).
-ACC_FLAT_ABS = 0.02
-# Seed 000 table §3.3 / §5.1: entropy down by more than 90% (below 0.1x its start).
-ENTROPY_COLLAPSE_RATIO = 0.1
-# Seed 001 §1: loss down while reward is flat; "down" is a drop of at least this many
-# reference-window standard deviations of the loss.
-LOSS_DROP_SD = 1.0
-# Seed 000 §5.2: easy prompts up, hard ones down; the change of each, in reward units.
-SHORTCUT_DELTA = 0.05
-# Seed 000 §2.4 / §4.5: step time drifting more than 20% (samples/s 1.8 -> 1.0 in §4.5).
-THROUGHPUT_DROP_FRACTION = 0.2
+# Every number a verdict compares with is read from grpo_monitor.thresholds at each use: the
+# card thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
+# table), so a run the cards caught is not called healthy afterwards; the report's own windows
+# and three-curve limits sit in that table's `report` group. Judged here on window medians.
 
 CORE_SIGNALS: tuple[str, ...] = (
     "reward/mean", "reward/std", "reward/p25", "reward/p50", "reward/p75", "kl/mean", "kl/p95",
@@ -83,16 +55,6 @@ CSV_COLUMNS: tuple[tuple[str, str], ...] = (
     ("lr", "train/lr"),
 )
 THROUGHPUT_KEYS = ("perf/samples_per_s", "perf/tokens_per_s")
-# The live cards' thresholds (prometheus/rules/grpo-thresholds.yml), judged here on medians of
-# step windows, so that a run the cards caught is not called healthy afterwards.
-RANK_LAG_STEPS = 20  # §2.4
-KL_TAIL_RATIO, KL_TAIL_BASELINE_RATIO = 3.0, 1.5  # §2.3
-LENGTH_SHIFT = 0.5  # table §3.3
-RISING_WINDOW, RISING_WINDOWS = 100, 10  # table §3.3: reward_std rising monotonically
-QUANTILE_SIGMAS = 3.0  # §3.3, §5.3
-ZERO_STD_SHARE, ADV_VANISHING_RATIO = 0.5, 0.2  # §2.2
-GROUP_GAP_SIGMAS, GROUP_GAP_BASELINE_SIGMAS = 2.0, 3.0  # §2.2
-GRAD_SPIKE_RATIO, GRAD_SPIKE_STEPS = 5.0, 50  # table §3.3
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
@@ -217,7 +179,7 @@ def describe(values: Any) -> dict[str, float]:
 
 
 def window_size(n_steps: int) -> int:
-    return max(MIN_WINDOW_STEPS, min(WINDOW_STEPS, n_steps // 5))
+    return max(th.count("min_window_steps"), min(th.count("baseline_steps"), n_steps // 5))
 
 
 def windows(steps: list[int], size: int) -> list[tuple[int, int]]:
@@ -305,8 +267,9 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
     kl_ratio = kl_last / kl_ref if kl_ref > 0 else (math.inf if kl_last > 0 else math.nan)
 
     # kl_explosion (seed 000 §4.2, §5.1): KL over 10x its reference window.
-    if have["kl/mean"] and math.isfinite(kl_ref) and kl_ratio >= KL_EXPLOSION_RATIO:
-        span = _first_last(steps, kl > KL_EXPLOSION_RATIO * kl_ref, ref.stop) or last_steps
+    if have["kl/mean"] and math.isfinite(kl_ref) and kl_ratio >= th.value("kl_explosion_ratio"):
+        span = _first_last(steps, kl > th.value("kl_explosion_ratio") * kl_ref,
+                           ref.stop) or last_steps
         out.append(_verdict("kl_explosion", "critical", span, kl_ref_median=kl_ref,
                             kl_last_median=kl_last, ratio=kl_ratio, kl_max=float(np.nanmax(kl)),
                             reference_steps=ref_steps, last_steps=last_steps))
@@ -315,7 +278,7 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
     if have["reward/mean"] and have["kl/mean"]:
         medians = [(_med(reward[a:b]), a, b) for a, b in windows(steps, w)]
         best, a, b = max((m for m in medians if math.isfinite(m[0])), default=(math.nan, 0, 0))
-        if best - r_last >= REWARD_DROP and kl_ratio >= KL_EXPLOSION_RATIO:
+        if best - r_last >= th.value("reward_drop") and kl_ratio >= th.value("kl_explosion_ratio"):
             out.append(_verdict("reward_collapse_kl_blowup", "critical", [steps[b - 1], steps[-1]],
                                 reward_best_window_median=best, reward_last_median=r_last,
                                 best_window_steps=[steps[a], steps[b - 1]],
@@ -325,8 +288,9 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
     if have["entropy/mean"]:
         ent = s["entropy/mean"]
         e_base, e_last = _med(ent[base]), _med(ent[last])
-        if e_base > 0 and e_last < ENTROPY_COLLAPSE_RATIO * e_base:
-            span = _first_last(steps, ent < ENTROPY_COLLAPSE_RATIO * e_base) or last_steps
+        limit = th.value("entropy_collapse_ratio") * e_base
+        if e_base > 0 and e_last < limit:
+            span = _first_last(steps, ent < limit) or last_steps
             out.append(_verdict("entropy_collapse", "critical", span, entropy_base_median=e_base,
                                 entropy_last_median=e_last, ratio=e_last / e_base,
                                 entropy_min=float(np.nanmin(ent))))
@@ -338,8 +302,9 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
     if have["reward/mean"] and have["response/len_mean"]:
         ln = s["response/len_mean"]
         l_ref, l_last = _med(ln[ref]), _med(ln[last])
-        if l_ref > 0 and l_last / l_ref >= LENGTH_SURGE_RATIO and gain >= REWARD_RISE_MIN:
-            hack_span = _first_last(steps, ln > LENGTH_SURGE_RATIO * l_ref, ref.stop) or last_steps
+        surge = th.value("hacking_length_ratio")
+        if l_ref > 0 and l_last / l_ref >= surge and gain >= th.value("reward_rise_min"):
+            hack_span = _first_last(steps, ln > surge * l_ref, ref.stop) or last_steps
             hack_evidence.update(length_ref_median=l_ref, length_last_median=l_last,
                                  length_ratio=l_last / l_ref, reward_ref_median=r_ref,
                                  reward_last_median=r_last)
@@ -351,7 +316,7 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
             if b > last.start:
                 break
             rg, ag = r_last - _med(reward[a:b]), a_last - _med(acc[a:b])
-            if rg >= REWARD_RISE and ag < ACC_FLAT_FRACTION * rg:
+            if rg >= th.value("reward_rise") and ag < th.value("acc_flat_fraction") * rg:
                 best_j = (rg - ag, a, b, rg, ag)  # the latest such window: where flat begins
         if best_j is not None:
             _, a, b, rg, ag = best_j
@@ -363,16 +328,16 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
         out.append(_verdict("reward_hacking", "critical", hack_span, **hack_evidence))
 
     # Plateaus (seed 001 §1): reward flat between the reference and the last window.
-    if have["reward/mean"] and n >= 3 * w and gain < REWARD_RISE_MIN:
+    if have["reward/mean"] and n >= 3 * w and gain < th.value("reward_rise_min"):
         ev = dict(reward_ref_median=r_ref, reward_last_median=r_last, reward_gain=gain,
                   reference_steps=ref_steps, last_steps=last_steps)
-        if have["kl/mean"] and kl_last < KL_NEAR_ZERO:
+        if have["kl/mean"] and kl_last < th.value("kl_near_zero"):
             out.append(_verdict("reward_plateau_beta_too_large", "warning",
                                 [ref_steps[0], steps[-1]], kl_last_median=kl_last, **ev))
         elif have["eval/sample_acc"] and have["kl/mean"]:
             acc = s["eval/sample_acc"]
             ag = _med(acc[last]) - _med(acc[ref])
-            if ag < ACC_FLAT_ABS:
+            if ag < th.value("acc_flat_abs"):
                 out.append(_verdict("reward_plateau_grader_too_loose", "warning",
                                     [ref_steps[0], steps[-1]], kl_last_median=kl_last,
                                     sample_acc_gain=ag, **ev))
@@ -380,7 +345,7 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
             loss = s["loss"]
             l_ref, l_last = _med(loss[ref]), _med(loss[last])
             sd = float(np.nanstd(loss[ref], ddof=1)) if np.isfinite(loss[ref]).sum() > 1 else 0.0
-            if l_ref - l_last > max(LOSS_DROP_SD * sd, 1e-12):
+            if l_ref - l_last > max(th.value("loss_drop_sd") * sd, 1e-12):
                 out.append(_verdict("loss_without_reward", "warning", [ref_steps[0], steps[-1]],
                                     loss_ref_median=l_ref, loss_last_median=l_last,
                                     loss_ref_stddev=sd, **ev))
@@ -397,16 +362,24 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
         hard = "hard" if "hard" in types else min(ref_by, key=ref_by.__getitem__)
         d_easy = _med(types[easy][last]) - ref_by[easy]
         d_hard = _med(types[hard][last]) - ref_by[hard]
-        if easy != hard and d_easy >= SHORTCUT_DELTA and d_hard <= -SHORTCUT_DELTA:
+        delta = th.value("shortcut_delta")
+        if easy != hard and d_easy >= delta and d_hard <= -delta:
             out.append(_verdict("shortcut_learning", "warning", [ref_steps[0], steps[-1]],
                                 easy_type=easy, hard_type=hard, easy_change=d_easy,
                                 hard_change=d_hard, reference_steps=ref_steps,
                                 last_steps=last_steps))
 
-    # throughput_drop (seed 000 §2.4, §4.5): samples/s per rank, checkpoint steps left out.
+    # The cluster, per rank, checkpoint steps left out (a save stalls on IO), as its cards:
+    # throughput_drop (samples/s, else tokens/s, else 1/step time, down by more than the drop
+    # ratio), step_time_drift (step time, else 1/throughput, off by more than the drift ratio,
+    # either way) and rank_straggler (a rank's step time over the median rank's).
     ckpt = {e["step"] for e in data.events if e["type"] == "checkpoint_save"}
-    dropped: dict[str, Any] = {}
-    span = None
+    drop, drift = th.value("throughput_drop_ratio"), th.value("step_time_drift_ratio")
+    tests = (("throughput_drop", lambda x, ref: x < (1 - drop) * ref),
+             ("step_time_drift", lambda x, ref: np.abs(x / ref - 1) > drift))
+    found: dict[str, dict[str, Any]] = {vid: {} for vid, _ in tests}
+    spans: dict[str, list[int] | None] = {vid: None for vid, _ in tests}
+    own_step_time: dict[str, float] = {}  # rank -> last-window median of its logged step time
     for rank, by_step in sorted(data.perf.items()):
         psteps = [st for st in sorted(by_step) if st not in ckpt]
         key = next((k for k in THROUGHPUT_KEYS if any(k in by_step[st] for st in psteps)), None)
@@ -414,19 +387,44 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
                          (1 / by_step[st]["perf/step_time_s"]
                           if by_step[st].get("perf/step_time_s") else math.nan)
                          for st in psteps], dtype=float)
+        stime = np.array([by_step[st].get("perf/step_time_s", math.nan) for st in psteps],
+                         dtype=float)
         m = len(psteps)
-        if m < 3 * w or not np.isfinite(tput).any():
+        if np.isfinite(stime[max(0, m - w):]).any():
+            own_step_time[str(rank)] = _med(stime[max(0, m - w):])
+        elif key:
+            # Only the ratios of step time are compared: seconds per sample (or token) will do.
+            with np.errstate(divide="ignore"):
+                stime = 1 / tput
+        if m < 3 * w:
             continue
-        t_ref, t_last = _med(tput[w:2 * w]), _med(tput[m - w:])
-        if t_ref > 0 and t_last < (1 - THROUGHPUT_DROP_FRACTION) * t_ref:
-            dropped[str(rank)] = {"signal": key or "1/perf/step_time_s", "ref_median": _r(t_ref),
-                                  "last_median": _r(t_last), "ratio": _r(t_last / t_ref)}
-            fl = _first_last(psteps, tput < (1 - THROUGHPUT_DROP_FRACTION) * t_ref, 2 * w)
+        signals = {"throughput_drop": (tput, key or "1/perf/step_time_s"),
+                   "step_time_drift": (stime, "perf/step_time_s" if str(rank) in own_step_time
+                                       else f"1/{key}")}
+        for vid, sick in tests:
+            series, signal = signals[vid]
+            x_ref, x_last = _med(series[w:2 * w]), _med(series[m - w:])
+            if not (x_ref > 0 and sick(x_last, x_ref)):
+                continue
+            found[vid][str(rank)] = {"signal": signal, "ref_median": _r(x_ref),
+                                     "last_median": _r(x_last), "ratio": _r(x_last / x_ref)}
+            fl = _first_last(psteps, sick(series, x_ref), 2 * w)
             if fl:
-                span = fl if span is None else [min(span[0], fl[0]), max(span[1], fl[1])]
-    if dropped:
-        out.append(_verdict("throughput_drop", "warning", span or last_steps, ranks=dropped,
-                            checkpoint_steps_excluded=len(ckpt)))
+                sp = spans[vid]
+                spans[vid] = fl if sp is None else [min(sp[0], fl[0]), max(sp[1], fl[1])]
+    for vid, ranks in found.items():
+        if ranks:
+            out.append(_verdict(vid, "warning", spans[vid] or last_steps, ranks=ranks,
+                                checkpoint_steps_excluded=len(ckpt)))
+    # The straggler card needs ranks that log their own step time: the inverse of throughput
+    # is the same on every rank of a synchronous run, straggler or not.
+    if len(own_step_time) >= th.count("straggler_min_ranks"):
+        median = float(np.median(list(own_step_time.values())))
+        slow = {r: _r(t / median) for r, t in own_step_time.items()
+                if median > 0 and t > (1 + th.value("straggler_ratio")) * median}
+        if slow:
+            out.append(_verdict("rank_straggler", "warning", last_steps, ratio_to_median=slow,
+                                median_rank_step_time=median))
 
     out.extend(_card_verdicts(data, s, have, base, ref, last, ref_steps, last_steps,
                               hacking=any(v["id"] == "reward_hacking" for v in out)))
@@ -457,7 +455,7 @@ def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool
     if steps:
         lasts[0] = max(lasts.get(0, steps[-1]), steps[-1])
     behind = {str(r): max(lasts.values()) - st for r, st in lasts.items()
-              if max(lasts.values()) - st > RANK_LAG_STEPS}
+              if max(lasts.values()) - st > th.value("rank_lag_steps")}
     if behind:
         out.append(_verdict("rank_stalled", "critical", last_steps, steps_behind=behind))
 
@@ -466,57 +464,64 @@ def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool
 
     tail_last = med("kl/max", last) / med("kl/p95", last)
     tail_base = med("kl/max", base) / med("kl/p95", base)
-    if tail_last > KL_TAIL_RATIO and tail_last > KL_TAIL_BASELINE_RATIO * tail_base:
+    if (tail_last > th.value("kl_tail_ratio")
+            and tail_last > th.value("kl_tail_baseline_ratio") * tail_base):
         out.append(_verdict("kl_tail_outliers", "warning", last_steps, tail_ratio_last=tail_last,
                             tail_ratio_baseline=tail_base))
     length_ratio = med("response/len_mean", last) / med("response/len_mean", ref)
-    if not hacking and abs(length_ratio - 1) > LENGTH_SHIFT:
+    if not hacking and abs(length_ratio - 1) > th.value("length_shift_ratio"):
         out.append(_verdict("length_shift", "warning", [ref_steps[0], last_steps[1]],
                             length_ratio=length_ratio))
     if have.get("reward/std"):
         std, streak, best, prev = s["reward/std"], 0, 0, None
-        for i in range(0, len(std) - RISING_WINDOW + 1, RISING_WINDOW):
-            m = float(np.nanmean(std[i:i + RISING_WINDOW]))
+        rw = th.count("rising_window_steps")
+        for i in range(0, len(std) - rw + 1, rw):
+            m = float(np.nanmean(std[i:i + rw]))
             streak = streak + 1 if prev is not None and m > prev else 0
             best, prev = max(best, streak), m
-        if best >= RISING_WINDOWS:
+        if best >= th.value("reward_std_rising_windows"):
             out.append(_verdict("reward_std_rising", "warning", [steps[0], steps[-1]],
                                 rising_windows=best))
     low = {}
+    sigmas, sus, back = (th.value("reward_quantile_sigmas"), th.count("sustain_steps"),
+                         th.count("lookback_steps"))
     for q in ("reward/p25", "reward/p50", "reward/p75", "reward/p95"):
         if have.get(q):
             b = s[q][base]
             sd = float(np.nanstd(b, ddof=1))
-            limit = _med(b) - QUANTILE_SIGMAS * sd
+            limit = _med(b) - sigmas * sd
             # As the card: below baseline - 3σ at the end, or a 50-step mean that fell more
             # than 3σ below the one 200 steps before it, anywhere in the run.
-            m50 = np.convolve(np.nan_to_num(s[q]), np.ones(50) / 50, "valid")
-            falls = m50[200:] - m50[:-200] if len(m50) > 200 else np.array([])
-            if med(q, last) < limit or (falls.size and falls.min() < -QUANTILE_SIGMAS * sd):
+            m50 = np.convolve(np.nan_to_num(s[q]), np.ones(sus) / sus, "valid")
+            falls = m50[back:] - m50[:-back] if len(m50) > back else np.array([])
+            if med(q, last) < limit or (falls.size and falls.min() < -sigmas * sd):
                 low[q] = {"last_median": _r(med(q, last)), "baseline_limit": _r(limit),
                           "largest_fall_200_steps": _r(float(falls.min())) if falls.size else None}
     if low:
         out.append(_verdict("reward_quantile_extreme", "warning", last_steps, quantiles=low))
     zero, adv = med("group/zero_std_frac", last), med("adv/mean_abs", last)
-    if zero > ZERO_STD_SHARE or adv < ADV_VANISHING_RATIO * med("adv/mean_abs", base):
+    adv_limit = th.value("advantage_vanishing_ratio") * med("adv/mean_abs", base)
+    if zero > th.value("zero_std_group_ratio") or adv < adv_limit:
         out.append(_verdict("advantage_vanishing", "warning", last_steps, zero_std_share=zero,
                             adv_abs_last=adv))
     gap = med("group/reward_gap", last)
     if have.get("group/reward_gap"):
         gb = s["group/reward_gap"][base]
-        if (gap > GROUP_GAP_SIGMAS * med("reward/std", last)
-                and gap > _med(gb) + GROUP_GAP_BASELINE_SIGMAS * float(np.nanstd(gb, ddof=1))):
+        gb_sd = float(np.nanstd(gb, ddof=1))
+        if (gap > th.value("group_gap_sigmas") * med("reward/std", last)
+                and gap > _med(gb) + th.value("group_gap_baseline_sigmas") * gb_sd):
             out.append(_verdict("group_dominated", "warning", last_steps, group_gap_last=gap,
                                 reward_std_last=med("reward/std", last)))
     if have.get("grad/norm"):
         g = s["grad/norm"]
-        limit = GRAD_SPIKE_RATIO * _med(g[base])
-        above = np.convolve((g > limit).astype(int), np.ones(GRAD_SPIKE_STEPS, int), "valid")
-        hit = np.nonzero(above == GRAD_SPIKE_STEPS)[0]
+        ratio, sus = th.value("grad_norm_spike_ratio"), th.count("sustain_steps")
+        limit = ratio * _med(g[base])
+        above = np.convolve((g > limit).astype(int), np.ones(sus, int), "valid")
+        hit = np.nonzero(above == sus)[0]
         if hit.size:
             out.append(_verdict("grad_norm_spike", "warning",
-                                [steps[int(hit[0])], steps[int(hit[-1]) + GRAD_SPIKE_STEPS - 1]],
-                                baseline_median=_med(g[base]), ratio=GRAD_SPIKE_RATIO))
+                                [steps[int(hit[0])], steps[int(hit[-1]) + sus - 1]],
+                                baseline_median=_med(g[base]), ratio=ratio))
     return out
 
 
@@ -540,7 +545,8 @@ _EXPLAIN = {
     "nonfinite": "NaN or inf in the training signals: roll back to the last good checkpoint",
     "kl_explosion": "KL ran away from its reference window: the policy is drifting",
     "reward_collapse_kl_blowup": "reward turned down while KL blew up: the KL rein is too loose",
-    "entropy_collapse": "entropy fell below a tenth of its start: the policy stopped exploring",
+    "entropy_collapse": f"entropy fell below {th.value('entropy_collapse_ratio'):g}x its start: "
+                        "the policy stopped exploring",
     "reward_hacking": "reward up with a length surge or without sample accuracy: grader exploited",
     "reward_plateau_beta_too_large": "reward flat with KL near 0: beta too large (or temperature "
                                      "too low)",
@@ -549,14 +555,20 @@ _EXPLAIN = {
     "loss_without_reward": "loss went down while reward stayed flat: shrinking KL, not learning",
     "shortcut_learning": "easy prompt types up, hard ones down: the model takes shortcuts",
     "throughput_drop": "samples/s fell on some ranks: look at the cluster, not the curves",
+    "step_time_drift": "step time moved away from its reference on some ranks: the cluster "
+                       "changed, not the model",
+    "rank_straggler": "a rank's steps take far longer than the other ranks': every rank waits "
+                      "for it at each gradient sync",
     "rank_stalled": "a rank stopped advancing while the others went on",
     "kl_tail_outliers": "a few samples carry most of the KL: look for reward-hacking prompts",
-    "length_shift": "response length moved by more than half",
+    "length_shift": f"response length moved by more than "
+                    f"{100 * th.value('length_shift_ratio'):g}%",
     "reward_std_rising": "reward spread kept rising: easy prompts farmed, hard ones abandoned",
     "reward_quantile_extreme": "a reward quantile fell far below its baseline",
     "advantage_vanishing": "most groups had equal rewards: advantages vanished",
     "group_dominated": "one response per group dominated the gradient",
-    "grad_norm_spike": "grad norm stayed over 5x its baseline for 50 steps",
+    "grad_norm_spike": f"grad norm stayed over {th.value('grad_norm_spike_ratio'):g}x its "
+                       f"baseline for {th.count('sustain_steps')} steps",
 }
 
 
