@@ -80,12 +80,15 @@ class Recorder:
 
 
 def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: int = 4,
-         step_seconds: float = 5.0) -> Played:
+         step_seconds: float = 5.0, log_every: int = 1) -> Played:
+    """``log_every``: the trainer logs every k-th step only (TRL's ``logging_steps``)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         recorder = Recorder(root)
         writers = [SnapshotWriter(root, scenario, rank=r, world_size=ranks) for r in range(ranks)]
         for st in generate(scenario, steps=steps, ranks=ranks, step_seconds=step_seconds):
+            if st.step % log_every:
+                continue
             for rec in st.records:
                 writers[rec.rank].log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
                                       timestamp=rec.timestamp)
@@ -96,17 +99,21 @@ def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: i
     return recorder.played()
 
 
-FIRED = 'group by (alertname, severity) (max_over_time(ALERTS{{alertstate="firing"}}[{minutes}m]))'
+FIRED = 'group by (alertname, severity) (max_over_time(ALERTS{{alertstate="firing"{only}}}[{minutes}m]))'
+FIRING_NOW = 'group by (alertname, severity) (ALERTS{{alertstate="firing"{only}}})'
 
 
-def check_cards(played: Played, checks: list[tuple[int, set[str]]], tmp: Path) -> None:
+def check_cards(played: Played, checks: list[tuple[int, set[str]]], tmp: Path, *,
+                now: bool = False, only: str = "") -> None:
     """Assert with promtool that exactly the given cards had fired by each given scrape.
 
     ``checks`` holds (scrape index, expected card names); each scrape is one minute of
-    promtool's clock. Raises AssertionError with promtool's report, which names the cards that
-    did fire, when a set differs.
+    promtool's clock. ``now``: the cards firing at that scrape, rather than at any scrape up to
+    it. ``only``: extra label matchers for ALERTS (e.g. ``,severity="critical"``). Raises
+    AssertionError with promtool's report, which names the cards that did fire, when a set
+    differs.
     """
-    severities = _severities()
+    severities = SEVERITIES
     test = {
         "rule_files": RULE_FILES,
         "evaluation_interval": "1m",
@@ -115,7 +122,7 @@ def check_cards(played: Played, checks: list[tuple[int, set[str]]], tmp: Path) -
             "input_series": [{"series": name, "values": " ".join(values)}
                              for name, values in played.series.items()],
             "promql_expr_test": [{
-                "expr": FIRED.format(minutes=at + 1),
+                "expr": (FIRING_NOW if now else FIRED).format(minutes=at + 1, only=only),
                 "eval_time": f"{at}m",
                 "exp_samples": [{"labels": f'{{alertname="{a}",severity="{severities[a]}"}}', "value": 1}
                                 for a in sorted(expected)],
@@ -137,8 +144,16 @@ def _severities() -> dict[str, str]:
             for g in yaml.safe_load(Path(f).read_text())["groups"] for r in g["rules"] if "alert" in r}
 
 
+SEVERITIES = _severities()  # alert name -> severity, from the rule files
+
+
 def scrape_index_before(played: Played, step: int) -> int:
     """The last scrape taken before ``step``."""
     return max(i for i, s in enumerate(played.scrape_steps) if s < step)
+
+
+def scrape_index_at(played: Played, step: int) -> int:
+    """The last scrape taken at or before ``step``."""
+    return max(i for i, s in enumerate(played.scrape_steps) if s <= step)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor.simulate import SCENARIOS
-from scenario_rules import check_cards, play, scrape_index_before
+from scenario_rules import SEVERITIES, check_cards, play, scrape_index_at, scrape_index_before
 
 # One scrape every 10 steps: a 5-minute step scraped every 15 s would give one scrape per step,
 # a 1.5 s step ten steps per scrape; the cards must not care (see the cadence test below).
@@ -20,11 +20,40 @@ SCRAPE_EVERY = 10
 
 
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n != "healthy"])
-def test_sickness_raises_its_cards_and_none_before_onset(name: str, tmp_path: Path) -> None:
+def test_sickness_raises_its_cards_in_time_and_none_before_onset(name: str, tmp_path: Path) -> None:
     sc = SCENARIOS[name]
     played = play(name, scrape_every=SCRAPE_EVERY)
+    last = len(played.scrape_steps) - 1
+    primary = sc.alerts[0]
+    check_cards(played, [(scrape_index_before(played, sc.onset), set()),
+                         (last, set(sc.alerts))], tmp_path)
+    # Caught in time: its first card by `caught_within` steps after the onset.
+    check_cards(played, [(scrape_index_at(played, sc.onset + sc.caught_within), {primary})],
+                tmp_path, only=f',alertname="{primary}"')
+    # A red card stays red while the sickness lasts: every scenario holds its sickness to its
+    # last step, hundreds of steps after the onset.
+    red = {a for a in sc.alerts if SEVERITIES[a] == "critical"}
+    check_cards(played, [(last, red)], tmp_path, now=True, only=',severity="critical"')
+
+
+# Sicknesses whose first card must come as fast when the trainer logs every 5th or 10th step
+# (TRL's logging_steps): the windows count steps, not records.
+SPARSE = ("early_entropy_collapse", "entropy_explosion", "early_length_collapse", "dead_signal",
+          "kl_explosion", "grad_norm_spike", "nan_loss")
+
+
+@pytest.mark.parametrize("log_every", [5, 10])
+@pytest.mark.parametrize("name", SPARSE)
+def test_sparse_logging_raises_the_same_cards_at_the_same_steps(name: str, log_every: int,
+                                                                tmp_path: Path) -> None:
+    sc = SCENARIOS[name]
+    played = play(name, scrape_every=SCRAPE_EVERY, log_every=log_every)
+    primary = sc.alerts[0]
     check_cards(played, [(scrape_index_before(played, sc.onset), set()),
                          (len(played.scrape_steps) - 1, set(sc.alerts))], tmp_path)
+    # One logging interval of slack: the first sick record may be up to k - 1 steps late.
+    check_cards(played, [(scrape_index_at(played, sc.onset + sc.caught_within + log_every),
+                          {primary})], tmp_path, only=f',alertname="{primary}"')
 
 
 @pytest.mark.parametrize("scrape_every", [1, 7, 50])

@@ -164,9 +164,9 @@ def _reward_to_floor(sim: Sim, ramp: float, m: dict[str, float]) -> None:
 
 
 def _reward_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # Seed 001's "reward suddenly turns down", all the way: within 15 steps the reward falls
+    # Seed 001's "reward suddenly turns down", all the way: within 5 steps the reward falls
     # back to where the run started and below, while the policy's other signals look normal.
-    _reward_to_floor(sim, min(k, 15) / 15, m)
+    _reward_to_floor(sim, min(k, 5) / 5, m)
 
 
 def _dead_signal(sim: Sim, k: int, m: dict[str, float]) -> None:
@@ -284,7 +284,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("entropy_explosion", "Entropy x30, every answer truncated, reward to 0 at step 140.",
              "§2.1", ("GRPOEntropyExplosion", "GRPORewardCollapse", "GRPOCompletionsTruncated",
                       "GRPOResponseLengthShift"), steps=450, onset=140, sicken=_entropy_explosion),
-    Scenario("reward_collapse", "Reward falls back to 0 within 15 steps at step 160.", "seed 001",
+    Scenario("reward_collapse", "Reward falls back to 0 within 5 steps at step 160.", "seed 001",
              ("GRPORewardCollapse",), steps=450, onset=160, sicken=_reward_collapse),
     Scenario("dead_signal", "A sparse reward earned at 15% of the steps: nothing to learn from.",
              "§2.2", ("GRPOAdvantageVanishing",), steps=300, onset=1, sicken=_dead_signal),

@@ -74,7 +74,7 @@ TABLE: tuple[Threshold, ...] = (
         turning to noise, its answers rambling until the length limit cuts them. Healthy runs
         keep entropy at or below where it started."""),
     Threshold("reward_collapse_ratio", 0.25, "red", """
-        Reward back at its floor: 90% of the last 20 steps in the lowest quarter (this fraction)
+        Reward back at its floor: 90% of the last 50 steps in the lowest quarter (this fraction)
         of the range between the lowest and the highest 20-step mean the run has had ..."""),
     Threshold("reward_collapse_spread_ratio", 0.5, "red", """
         ... where that range spans at least this many of the reward's initial within-batch
