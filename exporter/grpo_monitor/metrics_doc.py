@@ -67,8 +67,8 @@ RUN_FAMILIES = """
 FEATURES = """
 ## Step-window features
 
-Per (run, rank) and canonical `key`, over the rank's step history (a window counts the key's
-last N logged values; trainers log every step). The alert rules compare them to the thresholds;
+Per (run, rank) and canonical `key`, over the rank's step history (a window counts steps, not
+logged values: a key logged every 10 steps has 5 values in a 50-step window). The alert rules compare them to the thresholds;
 [signals.md](signals.md) explains each and ties it to its seed section.
 
 | metric | labels | meaning |
@@ -76,9 +76,12 @@ last N logged values; trainers log every step). The alert rules compare them to 
 | `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default 200) |
 | `{bmean}` | run, rank, key | mean over the baseline period (present once ready) |
 | `{bstd}` | run, rank, key | sample standard deviation over the baseline period |
+| `{imean}` | run, rank, key | mean over the key's first {init} steps (`--signals.initial-steps`): its initial value, present once those steps are past (training keys) |
 | `{wmean}` | run, rank, key, window_steps, offset_steps | mean of the last `window_steps` values, shifted back by `offset_steps`; training keys: {train_means}; `perf/*`: {perf_means} |
 | `{growth}` | run, rank, key, window_steps, offset_steps | growth of the {gw}-step mean over the {gw} steps before it, both shifted back by `offset_steps` ({goffs}); 0.2 = +20% per {gw} steps (training keys) |
 | `{wmin}`, `{wmax}` | run, rank, key, window_steps | min / max of the last `window_steps` values; training keys: {train_ext}; `perf/*`: {perf_ext} |
+| `{p10}`, `{p90}` | run, rank, key, window_steps | 10th / 90th percentile of the last `window_steps` steps' values ({train_pct}; training keys) |
+| `{rmax}`, `{rmin}` | run, rank, key, window_steps | highest / lowest complete {range_w}-step mean since the run started: its working level and its floor (training keys) |
 | `{rising}` | run, rank, key, window_steps | consecutive {rising_w}-step windows whose mean rose (training keys) |
 | `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
 
@@ -167,7 +170,10 @@ def render() -> str:
         train_means=_pairs(sig.TRAINING_MEANS), perf_means=_pairs(sig.PERF_MEANS),
         train_ext=", ".join(map(str, sig.TRAINING_EXTREMES)),
         perf_ext=", ".join(map(str, sig.PERF_EXTREMES)), rising_w=sig.RISING_WINDOW,
-        nf_w=sig.NONFINITE_WINDOW))
+        nf_w=sig.NONFINITE_WINDOW, imean=ex.INITIAL_MEAN.name, init=sig.INITIAL_STEPS,
+        p10=ex.WINDOW_P10.name, p90=ex.WINDOW_P90.name,
+        train_pct=", ".join(map(str, sig.TRAINING_PERCENTILES)), rmax=ex.RUN_WINDOW_MEAN_MAX.name,
+        rmin=ex.RUN_WINDOW_MEAN_MIN.name, range_w=sig.RANGE_WINDOW))
     out.append(EXPORTER)
     for reason, (what, kept) in ERROR_REASONS.items():
         out.append(f"| `{reason}` | {what} | {kept} |\n")

@@ -277,10 +277,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "§4.2", ("GRPOKLExplosion", "GRPOKLTailOutliers", "GRPOKLGrowthAccelerating"),
              sicken=_kl_explosion),
     Scenario("entropy_collapse", "Entropy 1.5 -> 0.05 within 200 steps; groups become duplicates.",
-             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), sicken=_entropy_collapse),
+             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), sicken=_entropy_collapse,
+             # the fall (exp(-k/45) from ~1.0) takes ~85 steps to pass 0.1x the initial entropy
+             caught_within=110),
     Scenario("early_entropy_collapse", "Entropy 1.5 -> 0.05 within 50 steps of a run's start.",
              "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), steps=500, onset=40,
-             sicken=_early_entropy_collapse),
+             sicken=_early_entropy_collapse,
+             # the cliff (exp(-k/15)) takes 35 steps to pass 0.1x the initial entropy
+             caught_within=60),
     Scenario("entropy_explosion", "Entropy x30, every answer truncated, reward to 0 at step 140.",
              "§2.1", ("GRPOEntropyExplosion", "GRPORewardCollapse", "GRPOCompletionsTruncated",
                       "GRPOResponseLengthShift"), steps=450, onset=140, sicken=_entropy_explosion),
@@ -293,31 +297,51 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("rank_stalled", "Rank 2 stops reporting while the others go on.", "§2.4",
              ("GRPORankStalled",), stalled_rank=2),
     Scenario("kl_growth", "KL grows 40% per 100 steps and faster each time.", "§2.3, table §3.3",
-             ("GRPOKLGrowthAccelerating",), steps=1700, sicken=_kl_growth),
+             ("GRPOKLGrowthAccelerating",), steps=1700, sicken=_kl_growth,
+             # the card's own rule: three 100-step windows each growing, 300 steps
+             caught_within=320),
     Scenario("kl_tail", "A few prompts reach 4-5x the KL p95.", "§2.3", ("GRPOKLTailOutliers",),
              sicken=_kl_tail),
     Scenario("reward_hacking", "Reward 0.2 -> 0.8 while length goes 300 -> 900 tokens.", "§4.1",
-             ("GRPORewardHackingSuspected", "GRPOResponseLengthShift"), sicken=_reward_hacking),
+             ("GRPORewardHackingSuspected", "GRPOResponseLengthShift"), sicken=_reward_hacking,
+             # length passes +50% 50 steps into its 200-step ramp, then a 50-step mean
+             caught_within=100),
     Scenario("reward_up_accuracy_flat", "Reward climbs while sample accuracy stays flat.",
-             "seed 001", ("GRPORewardHackingSuspected",), sicken=_reward_up_accuracy_flat),
+             "seed 001", ("GRPORewardHackingSuspected",), sicken=_reward_up_accuracy_flat,
+             # a 3-sigma reward rise within 200 steps takes ~200 steps
+             caught_within=220),
     Scenario("length_collapse", "Response length falls by two thirds within 50 steps.", "§2.1",
-             ("GRPOResponseLengthShift",), sicken=_length_collapse),
+             ("GRPOResponseLengthShift",), sicken=_length_collapse,
+             # length passes -50% 38 steps into its 50-step ramp, then a 50-step mean
+             caught_within=80),
     Scenario("reward_std_rising", "reward/std rises steadily for over 1000 steps.",
-             "§2.2, table §3.3", ("GRPORewardStdRising",), steps=2400, sicken=_reward_std_rising),
+             "§2.2, table §3.3", ("GRPORewardStdRising",), steps=2400, sicken=_reward_std_rising,
+             # the card's own rule: ten rising 100-step windows
+             caught_within=1000),
     Scenario("reward_quantile_extreme", "The lower reward quantiles fall far below baseline.",
              "§3.3, §5.3", ("GRPORewardQuantileExtreme",), sicken=_quantile_extreme),
     Scenario("advantage_vanishing", "Most groups have equal rewards; advantages vanish.", "§2.2",
-             ("GRPOAdvantageVanishing",), sicken=_advantage_vanishing),
+             ("GRPOAdvantageVanishing",), sicken=_advantage_vanishing,
+             # the share passes 0.5 42 steps in, then 90% of 50 steps
+             caught_within=100),
     Scenario("group_dominated", "Within-group gaps beyond 2 reward stddevs.", "§2.2",
-             ("GRPOGroupDominated",), sicken=_group_dominated),
+             ("GRPOGroupDominated",), sicken=_group_dominated,
+             # the gap ramps over 50 steps, read as a 50-step mean
+             caught_within=60),
     Scenario("grad_norm_spike", "Grad norm at 8x its baseline for hundreds of steps.",
              "table §3.3", ("GRPOGradNormSpike",), sicken=_grad_norm_spike),
     Scenario("step_time_drift", "Every rank's step time 35% longer.", "§2.4",
-             ("GRPOStepTimeDrift",), slow=_slow_all(1.35)),
+             ("GRPOStepTimeDrift",), slow=_slow_all(1.35),
+             # step time ramps over 100 steps, passes +20% at 57, then a 50-step mean
+             caught_within=100),
     Scenario("straggler", "Rank 3 computes 30% slower than the others.", "§2.4",
-             ("GRPORankStraggler", "GRPOStepTimeDrift"), slow=_slow_rank(3, 1.3)),
+             ("GRPORankStraggler", "GRPOStepTimeDrift"), slow=_slow_rank(3, 1.3),
+             # rank 3 slows over 100 steps
+             caught_within=120),
     Scenario("throughput_drop", "samples/s from 1.8 to 1.0 per rank: a flaky NVLink.", "§4.5",
-             ("GRPOThroughputDrop", "GRPOStepTimeDrift"), slow=_slow_all(1.8)),
+             ("GRPOThroughputDrop", "GRPOStepTimeDrift"), slow=_slow_all(1.8),
+             # throughput ramps down over 100 steps, then a 50-step mean
+             caught_within=100),
 )}
 
 

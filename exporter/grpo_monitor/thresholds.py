@@ -77,9 +77,10 @@ TABLE: tuple[Threshold, ...] = (
         Reward back at its floor: 90% of the last 50 steps in the lowest quarter (this fraction)
         of the range between the lowest and the highest 20-step mean the run has had ..."""),
     Threshold("reward_collapse_spread_ratio", 0.5, "red", """
-        ... where that range spans at least this many of the reward's initial within-batch
-        standard deviations, so that a run that never left its floor (a sparse reward earned by
-        the odd lucky batch) is no collapse."""),
+        ... where that range spans at least this many of the reward's within-batch standard
+        deviation (its largest 20-step mean), so that a run that never left its floor is no
+        collapse: a binary reward earned at a rate p has a spread of sqrt(p(1-p)), more than
+        twice p for any p under 0.2, so a sparse reward and its odd lucky batch never count."""),
     Threshold("rank_lag_steps", 20, "red", """
         A rank this many steps behind the run's most advanced rank has stalled while the others
         go on; a lagging rank corrupts the gradient sync."""),
