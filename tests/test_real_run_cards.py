@@ -1,0 +1,68 @@
+"""The cards on real runs, replayed exactly as their frameworks logged them.
+
+Each shared run (tests/real_runs.py) is written into a snapshot folder record by record, read by
+the exporter's ingest and store, scraped after every logged step and judged by the project's
+rule files in the real promtool. A healthy run raises no card at all; a sick one raises the
+card of its sickness within 50 steps of the onset, inside the 200-step baseline period where
+these short runs live, and its red card is still red at the run's last step.
+
+The cards are not tuned to these six runs: their thresholds are the rules' own (see
+docs/signals.md), and the synthetic scenarios (tests/test_scenarios.py) hold each card to the
+same standard on sicknesses these runs do not show.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from real_runs import play_real
+from scenario_rules import Played, check_cards, scrape_index_at
+
+HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
+           "verl-ppo-qwen25-05b-gsm8k", "verl-grpo-qwen2-7b-gsm8k-megatron-base")
+# Dead learning signal from the first step: reward 0 at 84 of 100 steps, 96% of the groups
+# with identical rewards.
+DEAD = "memredteam-qwen25-3b-grpo-sparse-reward"
+# Sick from the start, logged every 10 steps: length 53 -> 2.6 tokens by step 20, entropy
+# 0.96 -> 0.11 by step 100 and ~0.03 later, zero-std groups near 100%.
+COLLAPSE = "trl-dapo-qwen25vl-3b-aokvqa-collapse"
+CAUGHT_WITHIN = 50
+
+
+def last(played: Played) -> int:
+    return len(played.scrape_steps) - 1
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_real_run_raises_no_card(name: str, tmp_path: Path) -> None:
+    played = play_real(name)
+    check_cards(played, [(last(played), set())], tmp_path)
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_dead_learning_signal_is_caught_from_the_first_steps(every: int, tmp_path: Path) -> None:
+    # Logged every step as the run was, and thinned to every 5th step: the same card, as soon.
+    played = play_real(DEAD, every=every)
+    onset = played.scrape_steps[0]
+    check_cards(played, [(scrape_index_at(played, onset + CAUGHT_WITHIN), {"GRPOAdvantageVanishing"}),
+                         (last(played), {"GRPOAdvantageVanishing"})], tmp_path)
+
+
+def test_early_collapse_is_caught_and_the_red_card_holds(tmp_path: Path) -> None:
+    played = play_real(COLLAPSE)
+    onset = played.scrape_steps[0]  # sick from its first logged step
+    # Within 50 steps: the answers shrank from 53 tokens to 2 against the initial length.
+    check_cards(played, [(scrape_index_at(played, onset + CAUGHT_WITHIN), {"GRPOResponseLengthShift"})],
+                tmp_path)
+    # Entropy passes 0.1x its initial value at step 130 (after falling since the start); the
+    # red card follows within the next two logged steps ...
+    check_cards(played, [(scrape_index_at(played, 150), {"GRPOEntropyCollapse"})], tmp_path,
+                only=',alertname="GRPOEntropyCollapse"')
+    # ... and is still red at the run's last step, 340 steps later.
+    check_cards(played, [(last(played), {"GRPOEntropyCollapse"})], tmp_path, now=True,
+                only=',severity="critical"')
+    # By the end: the collapse's cards, and nothing else.
+    check_cards(played, [(last(played), {"GRPOResponseLengthShift", "GRPOEntropyCollapse",
+                                          "GRPOAdvantageVanishing"})], tmp_path)
