@@ -12,11 +12,19 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor.simulate import SCENARIOS
-from scenario_rules import SEVERITIES, check_cards, play, scrape_index_at, scrape_index_before
+from scenario_rules import SEVERITIES, Played, check_cards, play, scrape_index_at, scrape_index_before
 
 # One scrape every 10 steps: a 5-minute step scraped every 15 s would give one scrape per step,
 # a 1.5 s step ten steps per scrape; the cards must not care (see the cadence test below).
 SCRAPE_EVERY = 10
+
+
+def quiet_before_onset(played: Played, onset: int) -> list[tuple[int, set[str]]]:
+    """No card by the last scrape before the onset; nothing to check for a run sick from its
+    first step."""
+    if played.scrape_steps[0] >= onset:
+        return []
+    return [(scrape_index_before(played, onset), set())]
 
 
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n != "healthy"])
@@ -25,8 +33,7 @@ def test_sickness_raises_its_cards_in_time_and_none_before_onset(name: str, tmp_
     played = play(name, scrape_every=SCRAPE_EVERY)
     last = len(played.scrape_steps) - 1
     primary = sc.alerts[0]
-    check_cards(played, [(scrape_index_before(played, sc.onset), set()),
-                         (last, set(sc.alerts))], tmp_path)
+    check_cards(played, [*quiet_before_onset(played, sc.onset), (last, set(sc.alerts))], tmp_path)
     # Caught in time: its first card by `caught_within` steps after the onset.
     check_cards(played, [(scrape_index_at(played, sc.onset + sc.caught_within), {primary})],
                 tmp_path, only=f',alertname="{primary}"')
@@ -49,7 +56,7 @@ def test_sparse_logging_raises_the_same_cards_at_the_same_steps(name: str, log_e
     sc = SCENARIOS[name]
     played = play(name, scrape_every=SCRAPE_EVERY, log_every=log_every)
     primary = sc.alerts[0]
-    check_cards(played, [(scrape_index_before(played, sc.onset), set()),
+    check_cards(played, [*quiet_before_onset(played, sc.onset),
                          (len(played.scrape_steps) - 1, set(sc.alerts))], tmp_path)
     # One logging interval of slack: the first sick record may be up to k - 1 steps late.
     check_cards(played, [(scrape_index_at(played, sc.onset + sc.caught_within + log_every),

@@ -131,3 +131,53 @@ def test_rebaseline_rejects_a_run_without_steps(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "rebaseline", "--snapshot.dir",
                            str(tmp_path), "empty"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no step found" in proc.stderr
+
+
+def test_initial_value_is_each_keys_first_steps_and_survives_a_resume() -> None:
+    sig = RankSignals(baseline_steps=200, initial_steps=10)
+    feed(sig, range(1, 9), lambda s: {"entropy/mean": float(s)})
+    assert "entropy/mean" not in sig.features().initial  # its first 10 steps are not past yet
+    feed(sig, range(9, 60), lambda s: {"entropy/mean": float(s), **({"eval/sample_acc": 0.5} if s >= 30 else {})})
+    f = sig.features()
+    assert f.initial["entropy/mean"] == pytest.approx(5.5)  # steps 1..10, before any baseline
+    assert f.initial["eval/sample_acc"] == pytest.approx(0.5)  # from its own first step (30)
+    feed(sig, range(5, 20), lambda s: {"entropy/mean": 100.0})  # resumed from an older checkpoint
+    assert sig.features().initial["entropy/mean"] == pytest.approx(5.5)
+
+
+def test_initial_value_of_a_sparse_log_counts_steps_not_records() -> None:
+    sig = RankSignals(baseline_steps=200, initial_steps=10)
+    feed(sig, range(10, 100, 10), lambda s: {"entropy/mean": 1.0 if s == 10 else 0.1})
+    assert sig.features().initial["entropy/mean"] == 1.0  # step 10 alone: 20 is past 10 steps
+
+
+def test_rebaseline_takes_a_new_initial_value_too() -> None:
+    sig = RankSignals(baseline_steps=50, initial_steps=10)
+    feed(sig, range(1, 101), lambda s: {"entropy/mean": 1.0 if s <= 50 else 0.2})
+    sig.rebaseline(20)
+    assert sig.features().initial["entropy/mean"] == pytest.approx(0.2)
+
+
+def test_window_percentiles_tolerate_one_step_in_ten() -> None:
+    sig = RankSignals(baseline_steps=200)
+    # 2 noisy steps in every 20 at 1.0, the rest at 0.05: the max sees the noise, the p90 not.
+    feed(sig, range(1, 101), lambda s: {"entropy/mean": 1.0 if s % 20 in (3, 11) else 0.05})
+    f = sig.features()
+    p = {w: (lo, hi) for k, w, lo, hi in f.percentiles}
+    mx = {w: hi for k, w, lo, hi in f.extremes}
+    assert mx[50] == 1.0
+    assert p[20][1] < 0.2 and p[50][1] < 0.2
+    assert p[20][0] == pytest.approx(0.05)
+    # Performance signals keep their small menu: no percentiles for every rank's step time.
+    feed(sig, range(101, 160), lambda s: {"perf/step_time_s": 1.0})
+    assert all(not k.startswith("perf/") for k, *_ in sig.features().percentiles)
+
+
+def test_run_range_is_the_highest_and_lowest_20_step_mean_and_never_forgets() -> None:
+    sig = RankSignals(baseline_steps=200)
+    rewards = [0.2] * 40 + [0.9] * 40 + [0.0] * 40
+    feed(sig, range(1, 121), lambda s: {"reward/mean": rewards[s - 1]})
+    lo, hi = sig.features().ranges["reward/mean"]
+    assert (lo, hi) == (pytest.approx(0.0), pytest.approx(0.9))
+    feed(sig, range(60, 70), lambda s: {"reward/mean": 0.5})  # a resume keeps the range
+    assert sig.features().ranges["reward/mean"] == (pytest.approx(0.0), pytest.approx(0.9))

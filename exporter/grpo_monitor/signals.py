@@ -81,15 +81,14 @@ class KeyHistory:
     nonfinite_steps: deque[int] = field(default_factory=deque)  # steps with a NaN / Inf
     baseline: Welford = field(default_factory=Welford)
     initial: Welford = field(default_factory=Welford)
+    initial_first: int | None = None  # the key's first finite step ever; a resume keeps it
+    initial_done: bool = False
     # Highest and lowest complete RANGE_WINDOW-step mean so far; a resume keeps them.
     range_max: float | None = None
     range_min: float | None = None
     rising: int = 0  # consecutive rising RISING_WINDOW means, judged at each window boundary
     last_block_mean: float | None = None
     block: int | None = None  # step // RISING_WINDOW of the last value
-
-    initial_first: int | None = None  # the key's first finite step ever; a resume keeps it
-    initial_done: bool = False
 
     def restart(self) -> None:
         """The run went back to an earlier step (resumed from a checkpoint): the windows start
