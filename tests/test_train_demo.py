@@ -35,7 +35,7 @@ import pytest
 
 
 from grpo_monitor.train_demo import Config, StepResult, train
-from scenario_rules import FIRED, RULE_FILES, Played, Recorder
+from scenario_rules import FIRED, RULE_FILES, SEVERITIES, Played, Recorder
 
 SCRAPE_EVERY = 10
 # Cards the healthy toy run may raise for reasons that are real but not a training sickness:
@@ -43,6 +43,10 @@ SCRAPE_EVERY = 10
 # steps by 2-10x. (The k3 KL over 1-3-token answers is heavy-tailed from step 0 too, but the
 # tail card asks for a tail heavier than the baseline's, so it stays quiet.)
 HEALTHY_TOLERATED = {"GRPOStepTimeDrift", "GRPOThroughputDrop"}
+# Past 300 steps the toy's KL is still climbing (27-53% per 100 steps around step 400, every
+# seed), and the rule that growth of over 20% per 100 steps sustained for 300 steps, and
+# accelerating, is a policy that keeps drifting says so: a yellow card, rightly. No red card.
+LONG_RUN_TOLERATED = HEALTHY_TOLERATED | {"GRPOKLGrowthAccelerating"}
 
 
 def play_real(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepResult], Played]:
@@ -124,6 +128,14 @@ def test_healthy_run_raises_no_card(healthy: tuple[list[StepResult], Played, Pat
                                     tmp_path: Path) -> None:
     _, played, _ = healthy
     assert fired_cards(played, tmp_path) - HEALTHY_TOLERATED == set()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_runs_of_600_steps_raise_no_red_card(seed: int, tmp_path: Path) -> None:
+    _, played = play_real(Config(snapshot_dir=tmp_path, run=f"seed{seed}", steps=600, seed=seed))
+    cards = fired_cards(played, tmp_path)
+    assert not {c for c in cards if SEVERITIES[c] == "critical"}, cards
+    assert cards <= LONG_RUN_TOLERATED, cards
 
 
 def test_loose_grader_hacks_the_reward_with_length(tmp_path: Path) -> None:
