@@ -178,6 +178,12 @@ TABLE: tuple[Threshold, ...] = (
         "Sustained" in steps, as the cards count it: a condition held for this many consecutive
         steps (grad norm spike), and the length of the means that smooth step noise (reward
         quantiles)."""),
+    Threshold("early_window_steps", 20, "report", """
+        The short window of the cards that act from a run's first steps (entropy collapse and
+        explosion, reward collapse, the dead learning signal, truncation, the early length
+        shift, the KL jump): its 10th or 90th percentile is "in 90% of the last 20 steps". The
+        exporter's own 20-step windows (grpo_window_p10 / _p90, the reward's working level and
+        floor) have this length; a test keeps the two equal."""),
     Threshold("lookback_steps", 200, "report", """
         "Within 200 steps", as the cards read it: a 50-step mean compared with the one this
         many steps before it (the fall of a reward quantile)."""),
