@@ -36,7 +36,8 @@ from grpo_monitor.snapshot import RecordError, identity_from_path, parse_record
 # Every number a verdict compares with is read from grpo_monitor.thresholds at each use: the
 # card thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
 # table), so a run the cards caught is not called healthy afterwards; the report's own windows
-# and three-curve limits sit in that table's `report` group. Judged here on window medians.
+# and three-curve limits sit in that table's `report` group. The three-curve verdicts compare
+# window medians; the cards' verdicts replay each card on its own step windows (STEP_CARD_VERDICTS).
 
 CORE_SIGNALS: tuple[str, ...] = (
     "reward/mean", "reward/std", "reward/p25", "reward/p50", "reward/p75", "kl/mean", "kl/p95",
