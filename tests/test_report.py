@@ -203,11 +203,23 @@ SCENARIO_VERDICTS = {
     "length_collapse": {"length_shift"}, "reward_std_rising": {"reward_std_rising"},
     "reward_quantile_extreme": {"reward_quantile_extreme"},
     "advantage_vanishing": {"advantage_vanishing"}, "group_dominated": {"group_dominated"},
-    "grad_norm_spike": {"grad_norm_spike"}, "kl_explosion": {"kl_explosion", "kl_tail_outliers"},
-    "entropy_collapse": {"entropy_collapse", "advantage_vanishing"},
-    "kl_growth": {"kl_explosion"}, "straggler": {"rank_straggler", "step_time_drift"},
+    "grad_norm_spike": {"grad_norm_spike"},
+    "kl_explosion": {"kl_explosion", "kl_tail_outliers", "kl_growth_accelerating"},
+    # The groups turn into duplicates as entropy falls: the dead-signal branch of the vanishing
+    # card fires too, once nine groups in ten are.
+    "entropy_collapse": {"entropy_collapse", "advantage_vanishing", "dead_learning_signal"},
+    "kl_growth": {"kl_growth_accelerating"}, "straggler": {"rank_straggler", "step_time_drift"},
     "step_time_drift": {"step_time_drift"}, "reward_up_accuracy_flat": {"reward_hacking"},
     "throughput_drop": {"throughput_drop", "step_time_drift"},
+    # The scenarios that turn sick inside the baseline period, caught from the first steps.
+    "early_entropy_collapse": {"entropy_collapse", "dead_learning_signal", "advantage_vanishing"},
+    "entropy_explosion": {"entropy_explosion", "reward_collapse", "completions_truncated",
+                          "length_shift"},
+    # Its quantiles fall by over 3 baseline sigmas within 200 steps, once the baseline is ready:
+    # the quantile card fires as well, for a few steps.
+    "reward_collapse": {"reward_collapse", "reward_quantile_extreme"},
+    "dead_signal": {"dead_learning_signal", "advantage_vanishing"},
+    "early_length_collapse": {"length_shift"},
 }
 
 
@@ -218,3 +230,77 @@ def test_every_scenario_is_named(scenario: str, tmp_path: Path) -> None:
     write_run(tmp_path, scenario, scenario)
     res = report.build_report(tmp_path / scenario, tmp_path / "out", plots=False)
     assert set(_ids(res)) == SCENARIO_VERDICTS[scenario], res["text"]
+
+
+def test_card_windows_are_the_exporters() -> None:
+    # The report's step windows, initial and baseline means against the exporter's own features
+    # (signals.RankSignals) on one irregularly logged signal: the same numbers at every step.
+    from grpo_monitor.signals import RankSignals
+
+    rng = random.Random(3)
+    steps = sorted(rng.sample(range(1, 700), 400))
+    values = [rng.uniform(0, 2) for _ in steps]
+    sig = RankSignals(report.th.count("baseline_steps"))
+    track = report.Track(np.array(steps), np.array(values), steps[0])
+    early, sus, back = (report.th.count("early_window_steps"), report.th.count("sustain_steps"),
+                        report.th.count("lookback_steps"))
+    p10, p90 = track.rolling(early, "p10"), track.rolling(early, "p90")
+    mean, before = track.rolling(sus, "mean"), track.rolling(sus, "mean", offset=back)
+    seen = 0
+    for i, (st, v) in enumerate(zip(steps, values)):
+        sig.add(st, {"x": v}, paused=False)
+        f = sig.features()
+        pct = {w: (lo, hi) for k, w, lo, hi in f.percentiles}
+        means = {(w, o): m for k, w, o, m in f.means}
+        assert (early in pct) == np.isfinite(p10[i]), st
+        if early in pct:
+            assert pct[early] == pytest.approx((p10[i], p90[i]))
+            seen += 1
+        assert means.get((sus, 0), math.nan) == pytest.approx(mean[i], nan_ok=True)
+        assert means.get((sus, back), math.nan) == pytest.approx(before[i], nan_ok=True)
+        assert bool(f.ready) == bool(track.ready()[i])
+        if "x" in f.initial:
+            assert f.initial["x"] == pytest.approx(track.initial())
+    assert seen > 300
+    assert f.baseline["x"] == pytest.approx((track.baseline(), track.baseline_stddev()))
+
+
+def test_the_short_window_is_the_exporters() -> None:
+    # The early cards read the exporter's 20-step percentiles and 20-step range; the report
+    # reads the table's early_window_steps, which must stay that length.
+    from grpo_monitor import signals
+
+    assert report.th.count("early_window_steps") in signals.TRAINING_PERCENTILES
+    assert report.th.count("early_window_steps") == signals.RANGE_WINDOW
+    assert report.th.count("sustain_steps") in signals.TRAINING_PERCENTILES
+
+
+def test_every_card_has_its_verdict() -> None:
+    import yaml
+
+    rules = Path(__file__).resolve().parents[1] / "prometheus" / "rules"
+    def names(rule_file: str) -> set[str]:
+        groups = yaml.safe_load((rules / rule_file).read_text())["groups"]
+        return {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+
+    alerts, cluster = names("grpo-alerts.yml"), names("grpo-cluster.yml")
+    assert alerts <= set(report.CARD_OF_VERDICT.values())
+    assert set(report.CARD_OF_VERDICT.values()) <= alerts | cluster
+    assert set(report.CARD_OF_VERDICT) <= set(report._EXPLAIN)
+    assert {j.__name__ for j in report.STEP_CARD_VERDICTS} <= set(report.CARD_OF_VERDICT)
+
+
+def test_a_run_too_short_for_a_baseline_gets_only_the_early_cards(tmp_path: Path) -> None:
+    # 150 steps whose grad norm is 8x its start from step 60: the spike card needs the 200-step
+    # baseline, so no verdict; the entropy that falls to 5% of its start is caught from step one.
+    def f(step, rng):  # type: ignore[no-untyped-def]
+        return {"reward/mean": 0.3 + rng.gauss(0, 0.01), "kl/mean": 0.01,
+                "grad/norm": (8 if step > 60 else 1) + rng.gauss(0, 0.01),
+                "entropy/mean": 1.0 if step < 50 else 0.05}, None
+    _write_records(tmp_path / "r", _synthetic(150, f), extra_bad=False)
+    res = report.build_report(tmp_path / "r", tmp_path / "out", plots=False)
+    assert _ids(res) == ["entropy_collapse"], res["text"]
+    v = res["verdicts"][0]
+    # Step 68 is the first whose 20-step window is 90% under 0.1x the initial 1.0.
+    assert v["steps"] == [68, 150] and v["evidence"]["entropy_initial"] == 1.0
+    assert "steps 68-150" in res["text"] and "entropy_window_p90" in res["text"]

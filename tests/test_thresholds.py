@@ -191,6 +191,13 @@ REPORT_READS = [
     ("grad_norm_spike", "grad_norm_spike_ratio", 100, "grad_norm_spike"),
     ("grad_norm_spike", "sustain_steps", 1000, "grad_norm_spike"),
     ("reward_up_accuracy_flat", "reward_rise", 10, "reward_hacking"),
+    ("entropy_explosion", "entropy_explosion_ratio", 1e6, "entropy_explosion"),
+    ("entropy_explosion", "truncated_ratio", 1.0, "completions_truncated"),
+    ("reward_collapse", "reward_collapse_spread_ratio", 1e6, "reward_collapse"),
+    ("early_length_collapse", "length_shift_ratio", 10, "length_shift"),
+    # Windows longer than the run: the early cards never see one.
+    ("early_entropy_collapse", "early_window_steps", 1000, "entropy_collapse"),
+    ("kl_growth", "kl_growth_ratio", 10, "kl_growth_accelerating"),
 ]
 
 

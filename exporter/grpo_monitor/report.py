@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,14 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor import thresholds as th
+from grpo_monitor.signals import GROWTH_OFFSETS, GROWTH_WINDOW, INITIAL_STEPS
 from grpo_monitor.snapshot import RecordError, identity_from_path, parse_record
 
 # Every number a verdict compares with is read from grpo_monitor.thresholds at each use: the
 # card thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
 # table), so a run the cards caught is not called healthy afterwards; the report's own windows
-# and three-curve limits sit in that table's `report` group. Judged here on window medians.
+# and three-curve limits sit in that table's `report` group. The three-curve verdicts compare
+# window medians; the cards' verdicts replay each card on its own step windows (STEP_CARD_VERDICTS).
 
 CORE_SIGNALS: tuple[str, ...] = (
     "reward/mean", "reward/std", "reward/p25", "reward/p50", "reward/p75", "kl/mean", "kl/p95",
@@ -225,12 +228,352 @@ def _r(x: float) -> float | None:
 
 def _verdict(vid: str, severity: str, steps: list[int], **evidence: Any) -> dict[str, Any]:
     return {"id": vid, "severity": severity, "steps": [int(steps[0]), int(steps[-1])],
+            "card": CARD_OF_VERDICT.get(vid),
             "evidence": {k: (_r(v) if isinstance(v, float) else v) for k, v in evidence.items()}}
 
 
 def _first_last(steps: list[int], mask: np.ndarray, start: int = 0) -> list[int] | None:
     idx = [i for i in range(start, len(steps)) if mask[i]]
     return [steps[idx[0]], steps[idx[-1]]] if idx else None
+
+
+# -- the cards' own rules, on the cards' own step windows ---------------------------------------
+#
+# The verdicts below judge a run as its card judges it live, at every logged step: the same
+# features (a signal's initial mean over its first INITIAL_STEPS steps, its baseline mean over
+# the baseline period, 10th/90th percentiles and means of windows counted in steps), compared
+# with the same thresholds. A verdict names the steps where its card would have been firing.
+
+
+@dataclass(frozen=True)
+class Track:
+    """One signal as the exporter's step history holds it: its finite values by logged step."""
+
+    steps: np.ndarray  # ascending logged steps
+    values: np.ndarray
+    run_first: int  # the run's first step: the baseline period starts there, as the exporter's
+
+    def initial(self) -> float:
+        """grpo_initial_mean: the mean over the signal's own first INITIAL_STEPS steps."""
+        return float(self.values[self.steps < self.steps[0] + INITIAL_STEPS].mean())
+
+    def baseline(self) -> float:
+        """grpo_baseline_mean: the mean over the run's baseline period (NaN if not logged then)."""
+        inside = self.steps < self.run_first + th.count("baseline_steps")
+        return float(self.values[inside].mean()) if inside.any() else math.nan
+
+    def baseline_stddev(self) -> float:
+        """grpo_baseline_stddev: the sample stddev over the baseline period (0 under 2 values)."""
+        inside = self.values[self.steps < self.run_first + th.count("baseline_steps")]
+        return float(inside.std(ddof=1)) if inside.size > 1 else 0.0
+
+    def ready(self) -> np.ndarray:
+        """grpo_baseline_ready at each step: the cards that need the baseline wait for it."""
+        return self.steps >= self.run_first + th.count("baseline_steps")
+
+    def rolling(self, window: int, stat: str, offset: int = 0) -> np.ndarray:
+        """``stat`` ("mean", "p10", "p90") of the values of steps (t - offset - window, t - offset]
+        at each step t; NaN while the history does not reach back that far (signals.KeyHistory)."""
+        ends = self.steps - offset
+        starts = ends - window
+        lo = np.searchsorted(self.steps, starts, side="right")
+        hi = np.searchsorted(self.steps, ends, side="right")
+        out = np.full(self.steps.size, math.nan)
+        full = (self.steps[0] <= starts + 1) & (hi > lo)
+        q = {"p10": 10, "p90": 90}.get(stat)
+        for i in np.flatnonzero(full):
+            chunk = self.values[lo[i]:hi[i]]
+            out[i] = chunk.mean() if q is None else percentile(chunk, q)
+        return out
+
+
+def _track(data: RunData, key: str) -> Track | None:
+    xs = data.series(key)
+    keep = np.isfinite(xs)
+    if not keep.any():
+        return None
+    return Track(np.asarray(data.steps)[keep], xs[keep], data.steps[0])
+
+
+def _early() -> int:
+    return th.count("early_window_steps")
+
+
+def _flagged(tr: Track, mask: np.ndarray, **at_first: np.ndarray) -> dict[str, Any] | None:
+    """Where ``mask`` holds: the first and last step, how many steps, and each of ``at_first``'s
+    series at the first one (the values the card fired on)."""
+    idx = np.flatnonzero(mask)
+    if not idx.size:
+        return None
+    i = int(idx[0])
+    return {"steps": [int(tr.steps[i]), int(tr.steps[idx[-1]])], "steps_flagged": int(idx.size),
+            **{k: _r(float(v[i])) for k, v in at_first.items()}}
+
+
+def _branches(vid: str, severity: str, **found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One verdict from a card's branches (its `reason`s): its span covers every branch that
+    fired, and the evidence keeps each branch's own steps and values."""
+    hits = {k: v for k, v in found.items() if v is not None}
+    if not hits:
+        return None
+    span = [min(v["steps"][0] for v in hits.values()), max(v["steps"][1] for v in hits.values())]
+    return _verdict(vid, severity, span, **hits)
+
+
+def entropy_collapse(data: RunData) -> dict[str, Any] | None:
+    """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value."""
+    tr = _track(data, "entropy/mean")
+    if tr is None or not tr.initial() > 0:
+        return None
+    limit = th.value("entropy_collapse_ratio") * tr.initial()
+    p90 = tr.rolling(_early(), "p90")
+    hit = _flagged(tr, p90 < limit, entropy_window_p90=p90)
+    if hit is None:
+        return None
+    return _verdict("entropy_collapse", "critical", hit.pop("steps"), entropy_initial=tr.initial(),
+                    limit=limit, window_steps=_early(), **hit,
+                    entropy_min=float(tr.values.min()), entropy_last=float(tr.values[-1]))
+
+
+def entropy_explosion(data: RunData) -> dict[str, Any] | None:
+    """GRPOEntropyExplosion: entropy's p10 over the short window above 5x its initial value."""
+    tr = _track(data, "entropy/mean")
+    if tr is None or not tr.initial() > 0:
+        return None
+    limit = th.value("entropy_explosion_ratio") * tr.initial()
+    p10 = tr.rolling(_early(), "p10")
+    hit = _flagged(tr, p10 > limit, entropy_window_p10=p10)
+    if hit is None:
+        return None
+    return _verdict("entropy_explosion", "critical", hit.pop("steps"),
+                    entropy_initial=tr.initial(), limit=limit, window_steps=_early(), **hit,
+                    entropy_max=float(tr.values.max()), entropy_last=float(tr.values[-1]))
+
+
+def reward_collapse(data: RunData) -> dict[str, Any] | None:
+    """GRPORewardCollapse: reward's p90 over the short window in the lowest quarter of the range
+    between the run's floor and working level (its lowest and highest short-window mean so
+    far), a range of at least half the reward's initial within-batch stddev."""
+    tr, std = _track(data, "reward/mean"), _track(data, "reward/std")
+    if tr is None or std is None:
+        return None
+    means = tr.rolling(_early(), "mean")
+    with np.errstate(invalid="ignore"):
+        top, floor = np.fmax.accumulate(means), np.fmin.accumulate(means)
+    line = floor + th.value("reward_collapse_ratio") * (top - floor)
+    needed = th.value("reward_collapse_spread_ratio") * std.initial()
+    p90 = tr.rolling(_early(), "p90")
+    hit = _flagged(tr, (p90 < line) & (top - floor > needed), reward_window_p90=p90,
+                   working_level=top, floor=floor, limit=line)
+    if hit is None:
+        return None
+    return _verdict("reward_collapse", "critical", hit.pop("steps"), window_steps=_early(), **hit,
+                    reward_std_initial=std.initial(), range_needed=needed,
+                    reward_last=float(tr.values[-1]))
+
+
+def dead_learning_signal(data: RunData) -> dict[str, Any] | None:
+    """GRPOAdvantageVanishing from the first steps (reasons dead_groups, reward_constant): the
+    short-window mean of the zero-std group share over 0.9, or reward/std 0 in 90% of it."""
+    dead = reward_constant = None
+    zero = _track(data, "group/zero_std_frac")
+    if zero is not None:
+        mean = zero.rolling(_early(), "mean")
+        dead = _flagged(zero, mean > th.value("dead_signal_zero_std_ratio"),
+                        zero_std_share_window_mean=mean)
+        if dead is not None:
+            dead.update(limit=th.value("dead_signal_zero_std_ratio"), window_steps=_early(),
+                        zero_std_share_run_mean=_r(float(zero.values.mean())))
+    std = _track(data, "reward/std")
+    if std is not None:
+        p90 = std.rolling(_early(), "p90")
+        reward_constant = _flagged(std, p90 <= 0, reward_std_window_p90=p90)
+        if reward_constant is not None:
+            reward_constant.update(window_steps=_early(),
+                                   steps_with_reward_std_0=int((std.values <= 0).sum()),
+                                   steps_logged=int(std.values.size))
+    return _branches("dead_learning_signal", "warning", dead_groups=dead,
+                     reward_constant=reward_constant)
+
+
+def advantage_vanishing(data: RunData) -> dict[str, Any] | None:
+    """GRPOAdvantageVanishing once the baseline is ready: the zero-std group share over 0.5 in
+    90% of 50 steps, or |advantage| under 0.2x its baseline mean in 90% of 50 steps."""
+    sus = th.count("sustain_steps")
+    share = small = None
+    zero = _track(data, "group/zero_std_frac")
+    if zero is not None:
+        p10 = zero.rolling(sus, "p10")
+        share = _flagged(zero, zero.ready() & (p10 > th.value("zero_std_group_ratio")),
+                         zero_std_share_window_p10=p10)
+        if share is not None:
+            share.update(limit=th.value("zero_std_group_ratio"), window_steps=sus)
+    adv = _track(data, "adv/mean_abs")
+    if adv is not None:
+        limit = th.value("advantage_vanishing_ratio") * adv.baseline()
+        p90 = adv.rolling(sus, "p90")
+        small = _flagged(adv, adv.ready() & (p90 < limit), adv_abs_window_p90=p90)
+        if small is not None:
+            small.update(adv_abs_baseline=_r(adv.baseline()), limit=_r(limit), window_steps=sus)
+    return _branches("advantage_vanishing", "warning", zero_std_share=share, advantage_small=small)
+
+
+def completions_truncated(data: RunData) -> dict[str, Any] | None:
+    """GRPOCompletionsTruncated: the truncated share's p10 over the short window above 0.9."""
+    tr = _track(data, "response/clip_ratio")
+    if tr is None:
+        return None
+    p10 = tr.rolling(_early(), "p10")
+    hit = _flagged(tr, p10 > th.value("truncated_ratio"), truncated_window_p10=p10)
+    if hit is None:
+        return None
+    return _verdict("completions_truncated", "warning", hit.pop("steps"),
+                    limit=th.value("truncated_ratio"), window_steps=_early(), **hit,
+                    truncated_last=float(tr.values[-1]))
+
+
+def length_shift(data: RunData) -> dict[str, Any] | None:
+    """GRPOResponseLengthShift: the 50-step mean over the one 200 steps before off 1 by more than
+    0.5; before that comparison exists, the short window off the initial length by as much in
+    90% of its steps (its p90 below, or its p10 above)."""
+    tr = _track(data, "response/len_mean")
+    if tr is None:
+        return None
+    shift, sus, back = (th.value("length_shift_ratio"), th.count("sustain_steps"),
+                        th.count("lookback_steps"))
+    before = tr.rolling(sus, "mean", offset=back)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = tr.rolling(sus, "mean") / before
+        low = tr.rolling(_early(), "p90") / tr.initial()
+        high = tr.rolling(_early(), "p10") / tr.initial()
+    early_ratio = np.where(low < 1, low, np.where(high > 1, high, 1.0))
+    late = _flagged(tr, np.abs(ratio - 1) > shift, ratio=ratio)
+    early = _flagged(tr, np.isnan(before) & (np.abs(early_ratio - 1) > shift),
+                     ratio_to_initial=early_ratio)
+    if late is not None:
+        late.update(window_steps=sus, lookback_steps=back)
+    if early is not None:
+        early.update(length_initial=_r(tr.initial()), window_steps=_early())
+    return _branches("length_shift", "warning", within_200_steps=late, against_initial=early)
+
+
+def reward_quantile_extreme(data: RunData) -> dict[str, Any] | None:
+    """GRPORewardQuantileExtreme, downward only: once the baseline is ready, a reward quantile's
+    50-step mean below its baseline mean - 3 baseline stddevs, or fallen by more than 3 of them
+    below its 50-step mean 200 steps before."""
+    sigmas, sus, back = (th.value("reward_quantile_sigmas"), th.count("sustain_steps"),
+                         th.count("lookback_steps"))
+    found: dict[str, dict[str, Any] | None] = {}
+    for q in ("reward/p25", "reward/p50", "reward/p75", "reward/p95"):
+        tr = _track(data, q)
+        if tr is None:
+            continue
+        drop = sigmas * tr.baseline_stddev()
+        mean = tr.rolling(sus, "mean")
+        fall = mean - tr.rolling(sus, "mean", offset=back)
+        found[q] = _flagged(tr, tr.ready() & ((mean < tr.baseline() - drop) | (fall < -drop)),
+                            window_mean=mean, fall_within_200_steps=fall)
+        if found[q] is not None:
+            found[q].update(baseline_mean=_r(tr.baseline()), allowed_drop=_r(drop),
+                            window_steps=sus)
+    return _branches("reward_quantile_extreme", "warning", **found)
+
+
+def kl_explosion(data: RunData) -> dict[str, Any] | None:
+    """GRPOKLExplosion: KL's short-window p10 over 10x its baseline mean and over 3x its 50-step
+    mean 200 steps before; once raised, the card stays while the 50-step mean is over 10x."""
+    tr = _track(data, "kl/mean")
+    if tr is None:
+        return None
+    sus, back = th.count("sustain_steps"), th.count("lookback_steps")
+    limit = th.value("kl_explosion_ratio") * tr.baseline()
+    p10, mean = tr.rolling(_early(), "p10"), tr.rolling(sus, "mean")
+    before = tr.rolling(sus, "mean", offset=back)
+    raised = tr.ready() & (p10 > limit) & (p10 > th.value("kl_jump_ratio") * before)
+    stays = tr.ready() & (mean > limit)
+    firing = raised.copy()
+    for i in range(1, firing.size):  # the card's hysteresis: it reads its own ALERTS series
+        firing[i] |= firing[i - 1] and stays[i]
+    hit = _flagged(tr, firing, kl_window_p10=p10, kl_mean_200_steps_before=before)
+    if hit is None:
+        return None
+    return _verdict("kl_explosion", "critical", hit.pop("steps"), kl_baseline_mean=tr.baseline(),
+                    limit=limit, window_steps=_early(), **hit, kl_max=float(tr.values.max()),
+                    kl_last=float(tr.values[-1]))
+
+
+def kl_growth_accelerating(data: RunData) -> dict[str, Any] | None:
+    """GRPOKLGrowthAccelerating: KL's 100-step mean up by over 20% per 100 steps in each of the
+    last three 100-step windows, and the last increment larger than the one 200 steps before."""
+    tr = _track(data, "kl/mean")
+    if tr is None:
+        return None
+    means = [tr.rolling(GROWTH_WINDOW, "mean", offset=o)
+             for o in (*GROWTH_OFFSETS, GROWTH_OFFSETS[-1] + GROWTH_WINDOW)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # The exporter publishes no growth over a zero mean: NaN, never a card.
+        growth = np.min([np.where(means[j + 1] != 0, means[j] / means[j + 1] - 1, math.nan)
+                         for j in range(len(GROWTH_OFFSETS))], axis=0)
+    accel = (means[0] - means[1]) - (means[2] - means[3])
+    hit = _flagged(tr, tr.ready() & (growth > th.value("kl_growth_ratio")) & (accel > 0),
+                   least_growth_per_window=growth, acceleration=accel)
+    if hit is None:
+        return None
+    return _verdict("kl_growth_accelerating", "warning", hit.pop("steps"),
+                    limit=th.value("kl_growth_ratio"), window_steps=GROWTH_WINDOW, **hit)
+
+
+def grad_norm_spike(data: RunData) -> dict[str, Any] | None:
+    """GRPOGradNormSpike: grad norm's p10 over 50 steps above 5x its baseline mean."""
+    tr = _track(data, "grad/norm")
+    if tr is None:
+        return None
+    sus = th.count("sustain_steps")
+    limit = th.value("grad_norm_spike_ratio") * tr.baseline()
+    p10 = tr.rolling(sus, "p10")
+    hit = _flagged(tr, tr.ready() & (p10 > limit), grad_norm_window_p10=p10)
+    if hit is None:
+        return None
+    return _verdict("grad_norm_spike", "warning", hit.pop("steps"), baseline_mean=tr.baseline(),
+                    limit=limit, window_steps=sus, **hit)
+
+
+# The verdicts judged on the cards' step windows, each as its card judges it.
+STEP_CARD_VERDICTS: tuple[Callable[[RunData], dict[str, Any] | None], ...] = (
+    kl_explosion, entropy_collapse, entropy_explosion, reward_collapse, kl_growth_accelerating,
+    length_shift, completions_truncated, reward_quantile_extreme, dead_learning_signal,
+    advantage_vanishing, grad_norm_spike,
+)
+
+# The live card each verdict stands for: a run the card caught gets this verdict afterwards.
+# The three-curve verdicts (plateaus, loss without reward, reward collapse with a KL blow-up,
+# shortcut learning) have no card: they need the whole run.
+CARD_OF_VERDICT: dict[str, str] = {
+    "nonfinite": "GRPONonFiniteValues",
+    "kl_explosion": "GRPOKLExplosion",
+    "entropy_collapse": "GRPOEntropyCollapse",
+    "entropy_explosion": "GRPOEntropyExplosion",
+    "reward_collapse": "GRPORewardCollapse",
+    "rank_stalled": "GRPORankStalled",
+    "kl_growth_accelerating": "GRPOKLGrowthAccelerating",
+    "kl_tail_outliers": "GRPOKLTailOutliers",
+    "reward_hacking": "GRPORewardHackingSuspected",
+    "length_shift": "GRPOResponseLengthShift",
+    "completions_truncated": "GRPOCompletionsTruncated",
+    "reward_std_rising": "GRPORewardStdRising",
+    "reward_quantile_extreme": "GRPORewardQuantileExtreme",
+    "dead_learning_signal": "GRPOAdvantageVanishing",
+    "advantage_vanishing": "GRPOAdvantageVanishing",
+    "group_dominated": "GRPOGroupDominated",
+    "grad_norm_spike": "GRPOGradNormSpike",
+    "step_time_drift": "GRPOStepTimeDrift",
+    "throughput_drop": "GRPOThroughputDrop",
+    "rank_straggler": "GRPORankStraggler",
+}
+# Verdicts that say "no learning signal": a reward that stays flat is their consequence, so the
+# plateau verdicts, which would blame the KL coefficient or the grader, are left out beside them.
+NO_SIGNAL_VERDICTS = frozenset({"dead_learning_signal", "advantage_vanishing"})
+PLATEAU_VERDICTS = frozenset({"reward_plateau_beta_too_large", "reward_plateau_grader_too_loose"})
 
 
 def diagnose(data: RunData) -> list[dict[str, Any]]:
@@ -266,14 +609,6 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
     kl_ref, kl_last = _med(kl[ref]), _med(kl[last])
     kl_ratio = kl_last / kl_ref if kl_ref > 0 else (math.inf if kl_last > 0 else math.nan)
 
-    # kl_explosion (seed 000 §4.2, §5.1): KL over 10x its reference window.
-    if have["kl/mean"] and math.isfinite(kl_ref) and kl_ratio >= th.value("kl_explosion_ratio"):
-        span = _first_last(steps, kl > th.value("kl_explosion_ratio") * kl_ref,
-                           ref.stop) or last_steps
-        out.append(_verdict("kl_explosion", "critical", span, kl_ref_median=kl_ref,
-                            kl_last_median=kl_last, ratio=kl_ratio, kl_max=float(np.nanmax(kl)),
-                            reference_steps=ref_steps, last_steps=last_steps))
-
     # reward_collapse_kl_blowup (seed 001 §1): reward turns down while KL blows up.
     if have["reward/mean"] and have["kl/mean"]:
         medians = [(_med(reward[a:b]), a, b) for a, b in windows(steps, w)]
@@ -283,17 +618,6 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
                                 reward_best_window_median=best, reward_last_median=r_last,
                                 best_window_steps=[steps[a], steps[b - 1]],
                                 kl_ref_median=kl_ref, kl_last_median=kl_last, kl_ratio=kl_ratio))
-
-    # entropy_collapse (seed 000 §4.3, table §3.3): entropy below 0.1x its start.
-    if have["entropy/mean"]:
-        ent = s["entropy/mean"]
-        e_base, e_last = _med(ent[base]), _med(ent[last])
-        limit = th.value("entropy_collapse_ratio") * e_base
-        if e_base > 0 and e_last < limit:
-            span = _first_last(steps, ent < limit) or last_steps
-            out.append(_verdict("entropy_collapse", "critical", span, entropy_base_median=e_base,
-                                entropy_last_median=e_last, ratio=e_last / e_base,
-                                entropy_min=float(np.nanmin(ent))))
 
     # reward_hacking (seed 000 §4.1, seed 001 §1): reward up with a length surge, or reward up
     # while sample accuracy stays flat.
@@ -327,8 +651,10 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
     if hack_span is not None:
         out.append(_verdict("reward_hacking", "critical", hack_span, **hack_evidence))
 
-    # Plateaus (seed 001 §1): reward flat between the reference and the last window.
-    if have["reward/mean"] and n >= 3 * w and gain < th.value("reward_rise_min"):
+    # Plateaus (seed 001 §1): reward flat between the reference and the last window. Flat both
+    # ways: a reward that fell is a collapse (its own verdict), and blaming a loose grader or a
+    # large KL coefficient for it would send the reader the wrong way.
+    if have["reward/mean"] and n >= 3 * w and abs(gain) < th.value("reward_rise_min"):
         ev = dict(reward_ref_median=r_ref, reward_last_median=r_last, reward_gain=gain,
                   reference_steps=ref_steps, last_steps=last_steps)
         if have["kl/mean"] and kl_last < th.value("kl_near_zero"):
@@ -426,9 +752,11 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
             out.append(_verdict("rank_straggler", "warning", last_steps, ratio_to_median=slow,
                                 median_rank_step_time=median))
 
-    out.extend(_card_verdicts(data, s, have, base, ref, last, ref_steps, last_steps,
+    out.extend(_card_verdicts(data, s, have, base, last, last_steps,
                               hacking=any(v["id"] == "reward_hacking" for v in out)))
 
+    if NO_SIGNAL_VERDICTS & {v["id"] for v in out}:
+        out = [v for v in out if v["id"] not in PLATEAU_VERDICTS]
     if not out:
         ev: dict[str, Any] = {"reward_ref_median": r_ref, "reward_last_median": r_last}
         if have["kl/mean"]:
@@ -439,9 +767,9 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
 
 
 def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool], base: slice,
-                   ref: slice, last: slice, ref_steps: list[int], last_steps: list[int], *,
-                   hacking: bool) -> list[dict[str, Any]]:
-    """The sicknesses the live cards watch beyond the three curves."""
+                   last: slice, last_steps: list[int], *, hacking: bool) -> list[dict[str, Any]]:
+    """The sicknesses the live cards watch beyond the three curves: those judged on the report's
+    windows here, then those judged on the cards' own step windows (STEP_CARD_VERDICTS)."""
     out: list[dict[str, Any]] = []
     s = dict(s)
     for key in ("kl/max", "kl/p95", "reward/p25", "reward/p50", "reward/p75", "reward/p95",
@@ -468,10 +796,6 @@ def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool
             and tail_last > th.value("kl_tail_baseline_ratio") * tail_base):
         out.append(_verdict("kl_tail_outliers", "warning", last_steps, tail_ratio_last=tail_last,
                             tail_ratio_baseline=tail_base))
-    length_ratio = med("response/len_mean", last) / med("response/len_mean", ref)
-    if not hacking and abs(length_ratio - 1) > th.value("length_shift_ratio"):
-        out.append(_verdict("length_shift", "warning", [ref_steps[0], last_steps[1]],
-                            length_ratio=length_ratio))
     if have.get("reward/std"):
         std, streak, best, prev = s["reward/std"], 0, 0, None
         rw = th.count("rising_window_steps")
@@ -482,28 +806,6 @@ def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool
         if best >= th.value("reward_std_rising_windows"):
             out.append(_verdict("reward_std_rising", "warning", [steps[0], steps[-1]],
                                 rising_windows=best))
-    low = {}
-    sigmas, sus, back = (th.value("reward_quantile_sigmas"), th.count("sustain_steps"),
-                         th.count("lookback_steps"))
-    for q in ("reward/p25", "reward/p50", "reward/p75", "reward/p95"):
-        if have.get(q):
-            b = s[q][base]
-            sd = float(np.nanstd(b, ddof=1))
-            limit = _med(b) - sigmas * sd
-            # As the card: below baseline - 3σ at the end, or a 50-step mean that fell more
-            # than 3σ below the one 200 steps before it, anywhere in the run.
-            m50 = np.convolve(np.nan_to_num(s[q]), np.ones(sus) / sus, "valid")
-            falls = m50[back:] - m50[:-back] if len(m50) > back else np.array([])
-            if med(q, last) < limit or (falls.size and falls.min() < -sigmas * sd):
-                low[q] = {"last_median": _r(med(q, last)), "baseline_limit": _r(limit),
-                          "largest_fall_200_steps": _r(float(falls.min())) if falls.size else None}
-    if low:
-        out.append(_verdict("reward_quantile_extreme", "warning", last_steps, quantiles=low))
-    zero, adv = med("group/zero_std_frac", last), med("adv/mean_abs", last)
-    adv_limit = th.value("advantage_vanishing_ratio") * med("adv/mean_abs", base)
-    if zero > th.value("zero_std_group_ratio") or adv < adv_limit:
-        out.append(_verdict("advantage_vanishing", "warning", last_steps, zero_std_share=zero,
-                            adv_abs_last=adv))
     gap = med("group/reward_gap", last)
     if have.get("group/reward_gap"):
         gb = s["group/reward_gap"][base]
@@ -512,16 +814,12 @@ def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool
                 and gap > _med(gb) + th.value("group_gap_baseline_sigmas") * gb_sd):
             out.append(_verdict("group_dominated", "warning", last_steps, group_gap_last=gap,
                                 reward_std_last=med("reward/std", last)))
-    if have.get("grad/norm"):
-        g = s["grad/norm"]
-        ratio, sus = th.value("grad_norm_spike_ratio"), th.count("sustain_steps")
-        limit = ratio * _med(g[base])
-        above = np.convolve((g > limit).astype(int), np.ones(sus, int), "valid")
-        hit = np.nonzero(above == sus)[0]
-        if hit.size:
-            out.append(_verdict("grad_norm_spike", "warning",
-                                [steps[int(hit[0])], steps[int(hit[-1]) + sus - 1]],
-                                baseline_median=_med(g[base]), ratio=ratio))
+    for judge in STEP_CARD_VERDICTS:
+        found = judge(data)
+        # A length surge that reward hacking explains is that verdict's evidence, not a second
+        # sickness.
+        if found is not None and not (hacking and found["id"] == "length_shift"):
+            out.append(found)
     return out
 
 
@@ -543,10 +841,24 @@ def write_csv(data: RunData, path: Path) -> None:
 _EXPLAIN = {
     "healthy": "reward rises, KL stays bounded, nothing sick was found",
     "nonfinite": "NaN or inf in the training signals: roll back to the last good checkpoint",
-    "kl_explosion": "KL ran away from its reference window: the policy is drifting",
+    "kl_explosion": f"KL jumped over {th.value('kl_explosion_ratio'):g}x its baseline: the "
+                    "policy is running away from the reference model",
     "reward_collapse_kl_blowup": "reward turned down while KL blew up: the KL rein is too loose",
-    "entropy_collapse": f"entropy fell below {th.value('entropy_collapse_ratio'):g}x its start: "
-                        "the policy stopped exploring",
+    "entropy_collapse": f"entropy stayed below {th.value('entropy_collapse_ratio'):g}x its "
+                        f"initial value in 90% of {th.count('early_window_steps')} steps: the "
+                        "policy stopped exploring",
+    "entropy_explosion": f"entropy stayed above {th.value('entropy_explosion_ratio'):g}x its "
+                         f"initial value in 90% of {th.count('early_window_steps')} steps: the "
+                         "policy is turning to noise",
+    "reward_collapse": "reward fell back to the floor from the level the run had reached",
+    "kl_growth_accelerating": f"KL grew by over {100 * th.value('kl_growth_ratio'):g}% per "
+                              "100 steps for 300 steps, and faster lately: the policy keeps "
+                              "drifting",
+    "completions_truncated": f"over {100 * th.value('truncated_ratio'):g}% of the completions "
+                             f"were cut at the length limit in 90% of "
+                             f"{th.count('early_window_steps')} steps",
+    "dead_learning_signal": "from the first steps, nearly every prompt group had equal rewards "
+                            "(or the whole batch did): nothing to learn from",
     "reward_hacking": "reward up with a length surge or without sample accuracy: grader exploited",
     "reward_plateau_beta_too_large": "reward flat with KL near 0: beta too large (or temperature "
                                      "too low)",
@@ -562,13 +874,15 @@ _EXPLAIN = {
     "rank_stalled": "a rank stopped advancing while the others went on",
     "kl_tail_outliers": "a few samples carry most of the KL: look for reward-hacking prompts",
     "length_shift": f"response length moved by more than "
-                    f"{100 * th.value('length_shift_ratio'):g}%",
+                    f"{100 * th.value('length_shift_ratio'):g}% (within 200 steps, or early on "
+                    "against its initial value)",
     "reward_std_rising": "reward spread kept rising: easy prompts farmed, hard ones abandoned",
     "reward_quantile_extreme": "a reward quantile fell far below its baseline",
-    "advantage_vanishing": "most groups had equal rewards: advantages vanished",
+    "advantage_vanishing": "after the baseline, most groups had equal rewards or |advantage| "
+                           "shrank: advantages vanished",
     "group_dominated": "one response per group dominated the gradient",
     "grad_norm_spike": f"grad norm stayed over {th.value('grad_norm_spike_ratio'):g}x its "
-                       f"baseline for {th.count('sustain_steps')} steps",
+                       f"baseline in 90% of {th.count('sustain_steps')} steps",
 }
 
 

@@ -176,12 +176,19 @@ TABLE: tuple[Threshold, ...] = (
         A run shorter than five baseline periods gets windows of a fifth of its length, but
         never shorter than this: fewer steps make a median that one noisy step can move."""),
     Threshold("sustain_steps", 50, "report", """
-        "Sustained" in steps, as the cards count it: a condition held for this many consecutive
-        steps (grad norm spike), and the length of the means that smooth step noise (reward
-        quantiles)."""),
+        "Sustained" in steps, as the cards count it: the exporter's 50-step window, whose 10th
+        or 90th percentile says "in 90% of 50 steps" (grad norm spike, the vanishing advantage
+        once the baseline is ready), and whose mean smooths step noise (reward quantiles, the
+        length shift within 200 steps, KL's level 200 steps back)."""),
+    Threshold("early_window_steps", 20, "report", """
+        The short window of the cards that act from a run's first steps (entropy collapse and
+        explosion, reward collapse, the dead learning signal, truncation, the early length
+        shift, the KL jump): its 10th or 90th percentile is "in 90% of the last 20 steps". The
+        exporter's own 20-step windows (grpo_window_p10 / _p90, the reward's working level and
+        floor) have this length; a test keeps the two equal."""),
     Threshold("lookback_steps", 200, "report", """
         "Within 200 steps", as the cards read it: a 50-step mean compared with the one this
-        many steps before it (the fall of a reward quantile)."""),
+        many steps before it (the fall of a reward quantile, the length shift, the KL jump)."""),
     Threshold("rising_window_steps", 100, "report", """
         The window whose means must keep rising, reward_std_rising_windows times in a row, for
         the rising-spread verdict."""),

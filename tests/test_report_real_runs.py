@@ -1,0 +1,101 @@
+"""`grpo-monitor report` on the shared real runs: the healthy ones read `healthy`, the sick ones
+get the verdicts of the cards that catch them, from their first steps and with the numbers
+behind them.
+
+Each run is written as a trainer would have written it (tests/real_runs.py, the keys as logged)
+and the report runs on that snapshot folder through its command line. The expectations follow
+what each run's log shows (the collection's README and PROVENANCE.md), not the thresholds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo_monitor import report
+from real_runs import fired, load, play_real, write_snapshots
+
+HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
+           "verl-ppo-qwen25-05b-gsm8k", "verl-grpo-qwen2-7b-gsm8k-megatron-base")
+COLLAPSE = "trl-dapo-qwen25vl-3b-aokvqa-collapse"
+SPARSE = "memredteam-qwen25-3b-grpo-sparse-reward"
+
+
+def _report(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """The verdicts `grpo-monitor report RUN_DIR --format json` prints for the run."""
+    write_snapshots(load(name), tmp_path / "snapshots", name)
+    code = report.main(["report", str(tmp_path / "snapshots" / name), "--out",
+                        str(tmp_path / "out"), "--format", "json"])
+    assert code == 0
+    verdicts: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["verdicts"]
+    return verdicts
+
+
+def _by_id(verdicts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {v["id"]: v for v in verdicts}
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_real_run_reads_healthy(name: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    verdicts = _report(name, tmp_path, capsys)
+    assert [(v["id"], v["severity"]) for v in verdicts] == [("healthy", "info")], verdicts
+
+
+def test_collapsing_run_gets_entropy_collapse_length_shift_and_dead_signal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Logged every 10 steps: entropy 0.96 at step 10, under 0.1x that from step 130; length
+    # 53 -> 2.6 tokens by step 20; nine groups in ten with equal rewards from step ~20.
+    verdicts = _by_id(_report(COLLAPSE, tmp_path, capsys))
+    assert {"entropy_collapse", "length_shift", "dead_learning_signal"} <= set(verdicts)
+    assert "healthy" not in verdicts
+
+    entropy = verdicts["entropy_collapse"]
+    assert (entropy["severity"], entropy["card"]) == ("critical", "GRPOEntropyCollapse")
+    ev = entropy["evidence"]
+    assert ev["entropy_initial"] == pytest.approx(0.9559, abs=1e-3)  # step 10 alone
+    assert ev["entropy_window_p90"] < ev["limit"] == pytest.approx(0.09559, abs=1e-4)
+    assert 130 <= entropy["steps"][0] <= 130 + 50 and entropy["steps"][1] == 490
+
+    length = verdicts["length_shift"]["evidence"]["against_initial"]
+    assert length["length_initial"] == pytest.approx(53.35)
+    assert length["ratio_to_initial"] < 0.1  # 2-5 tokens out of 53
+    assert 20 <= length["steps"][0] <= 20 + 50
+
+    dead = verdicts["dead_learning_signal"]
+    assert dead["card"] == "GRPOAdvantageVanishing"
+    assert dead["evidence"]["dead_groups"]["zero_std_share_window_mean"] > 0.9
+    assert dead["steps"][0] <= 20 + 100  # twenty-step windows of values ten steps apart
+
+
+def test_sparse_reward_run_gets_the_dead_learning_signal_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Reward 0 at 84 of 100 steps, groups with equal rewards 96% on average, from step 1. The
+    # reward is flat and KL near 0 because nothing is learnt: the plateau verdicts, which would
+    # blame the KL coefficient, are left out beside the dead signal.
+    verdicts = _report(SPARSE, tmp_path, capsys)
+    assert [v["id"] for v in verdicts] == ["dead_learning_signal"], verdicts
+    dead = verdicts[0]
+    assert dead["severity"] == "warning"
+    assert dead["steps"] == [20, 100]  # the first full 20-step window already says so
+    groups, constant = dead["evidence"]["dead_groups"], dead["evidence"]["reward_constant"]
+    assert groups["zero_std_share_run_mean"] == pytest.approx(0.96)
+    assert groups["zero_std_share_window_mean"] > groups["limit"]
+    assert (constant["steps_with_reward_std_0"], constant["steps_logged"]) == (84, 100)
+    assert constant["reward_std_window_p90"] == 0
+
+
+@pytest.mark.parametrize("name", (COLLAPSE, SPARSE))
+def test_verdicts_start_where_their_cards_first_fire(name: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # The same run through the exporter and the real rules (promtool): each card that fired has
+    # its verdict, whose span starts at the step the card first fired, and no verdict names a
+    # card that stayed silent. The report's own three-curve verdicts have no card.
+    cards = fired(play_real(name), tmp_path)
+    verdicts = [v for v in _report(name, tmp_path, capsys) if v["card"] is not None]
+    assert {v["card"] for v in verdicts} == set(cards), (cards, verdicts)
+    for card, spans in cards.items():
+        assert min(v["steps"][0] for v in verdicts if v["card"] == card) == spans[0][0], card
