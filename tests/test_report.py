@@ -217,7 +217,7 @@ SCENARIO_VERDICTS = {
                           "length_shift"},
     # Its quantiles fall by over 3 baseline sigmas within 200 steps, once the baseline is ready:
     # the quantile card fires as well, for a few steps.
-    "reward_collapse": {"reward_collapse", "reward_quantile_extreme"},
+    "reward_collapse": {"reward_collapse"},
     "dead_signal": {"dead_learning_signal", "advantage_vanishing"},
     "early_length_collapse": {"length_shift"},
 }

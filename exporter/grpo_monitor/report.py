@@ -351,24 +351,31 @@ def entropy_explosion(data: RunData) -> dict[str, Any] | None:
 
 
 def reward_collapse(data: RunData) -> dict[str, Any] | None:
-    """GRPORewardCollapse: reward's p90 over the short window in the lowest quarter of the range
-    between the run's floor and working level (its lowest and highest short-window mean so
-    far), a range of at least half the reward's initial within-batch stddev."""
+    """GRPORewardCollapse: reward's p90 over the sustain window in the lowest quarter of the
+    range between the run's floor and working level (its lowest and highest short-window mean
+    so far), a range of at least half the largest short-window mean of the reward's
+    within-batch stddev so far."""
     tr, std = _track(data, "reward/mean"), _track(data, "reward/std")
     if tr is None or std is None:
         return None
     means = tr.rolling(_early(), "mean")
     with np.errstate(invalid="ignore"):
         top, floor = np.fmax.accumulate(means), np.fmin.accumulate(means)
+        spread = np.fmax.accumulate(std.rolling(_early(), "mean"))
+    # The spread as of each reward step: its newest value at or before that step.
+    at = np.searchsorted(std.steps, tr.steps, side="right") - 1
+    spread_now = np.where(at >= 0, spread[np.clip(at, 0, None)], math.nan)
     line = floor + th.value("reward_collapse_ratio") * (top - floor)
-    needed = th.value("reward_collapse_spread_ratio") * std.initial()
-    p90 = tr.rolling(_early(), "p90")
-    hit = _flagged(tr, (p90 < line) & (top - floor > needed), reward_window_p90=p90,
-                   working_level=top, floor=floor, limit=line)
+    needed = th.value("reward_collapse_spread_ratio") * spread_now
+    window = th.count("sustain_steps")
+    p90 = tr.rolling(window, "p90")
+    with np.errstate(invalid="ignore"):
+        mask = (p90 < line) & (top - floor > needed)
+    hit = _flagged(tr, mask, reward_window_p90=p90, working_level=top, floor=floor, limit=line,
+                   range_needed=needed)
     if hit is None:
         return None
-    return _verdict("reward_collapse", "critical", hit.pop("steps"), window_steps=_early(), **hit,
-                    reward_std_initial=std.initial(), range_needed=needed,
+    return _verdict("reward_collapse", "critical", hit.pop("steps"), window_steps=window, **hit,
                     reward_last=float(tr.values[-1]))
 
 
