@@ -31,6 +31,7 @@ CATALOG = {
     "GRPOKLExplosion": "red",
     "GRPOEntropyCollapse": "red",
     "GRPORankStalled": "red",
+    "GRPORunHung": "red",
     "GRPOKLGrowthAccelerating": "yellow",
     "GRPOKLTailOutliers": "yellow",
     "GRPORewardHackingSuspected": "yellow",

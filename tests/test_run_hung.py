@@ -1,0 +1,155 @@
+"""A hung run is a red card: the run-level series the GRPORunHung rule reads, and the rule on
+real processes.
+
+The store tests feed records through the contract's parser into the store and read its
+rendering. The end-to-end test runs SDK writers as child processes, a real `grpo-monitor serve`
+scraped over HTTP, and a real Prometheus evaluating the committed rule files (only the
+5-minute floor is lowered, in a copy of the thresholds file, so that the test takes seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from grpo_monitor.snapshot import parse_record
+from grpo_monitor.store import HUNG_RETAIN_INTERVALS, RunStore
+from stack import PROMETHEUS_YML, Process, find_binary, poll, start_listening
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "prometheus" / "rules"
+
+
+# -- the store ------------------------------------------------------------------------------
+
+def _apply(store: RunStore, record: dict[str, Any], *, run: str = "r", rank: int = 0,
+           wrote_at: float | None = None) -> None:
+    snap = parse_record(record, run=run, rank=rank, mtime=wrote_at or time.time())
+    store.apply(snap, wrote_at=wrote_at or time.time())
+    store.flush()
+
+
+def _series(store: RunStore) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = "".join(store.render())
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _get(store: RunStore, name: str, **labels: str) -> float | None:
+    return _series(store).get((name, frozenset(labels.items())))
+
+
+def _rec(step: int, t: float, rank: int = 0, run: str = "r") -> dict[str, Any]:
+    return {"run": run, "rank": rank, "step": step, "time": t, "metrics": {"loss": 0.1}}
+
+
+def _end(step: int, t: float, rank: int = 0, run: str = "r") -> dict[str, Any]:
+    return {"run": run, "rank": rank, "step": step, "time": t, "metrics": {},
+            "events": [{"type": "run_end", "step": step}]}
+
+
+def test_pace_is_the_median_on_the_trainer_clock_of_the_slowest_rank() -> None:
+    store = RunStore()
+    t0 = 1_764_400_000.0
+    _apply(store, _rec(1, t0))
+    assert _get(store, "grpo_run_step_interval_seconds", run="r") is None  # one record: no pace
+    assert _get(store, "grpo_run_ended", run="r") == 0
+    # Rank 0 logs every step at 5 s, with one 60 s checkpoint step the median ignores; rank 1
+    # logs every other step at 6 s a step. The trainer's clock, not the write time, counts.
+    t = t0
+    for step in range(2, 22):
+        t += 60 if step == 10 else 5
+        _apply(store, _rec(step, t))
+        if step % 2 == 0:
+            _apply(store, _rec(step, t0 + 6 * step, rank=1))
+    assert _get(store, "grpo_run_step_interval_seconds", run="r") == 6.0
+    assert _get(store, "grpo_run_log_interval_seconds", run="r") == 12.0
+    # A repeated step (a checkpoint event record at the same step) adds no interval.
+    _apply(store, {**_rec(21, t + 500), "metrics": {}, "events": [{"type": "checkpoint_save"}]})
+    assert _get(store, "grpo_run_log_interval_seconds", run="r") == 12.0
+
+
+def test_last_write_is_the_newest_file_mtime_capped_at_the_exporter_clock() -> None:
+    store = RunStore()
+    # A record stamped with a simulated clock far ahead: the file's mtime counts, not `time`.
+    _apply(store, _rec(1, 4_000_000_000.0), wrote_at=1_764_400_000.0)
+    assert _get(store, "grpo_run_last_write_timestamp_seconds", run="r") == 1_764_400_000.0
+    before = time.time()
+    _apply(store, _rec(2, 1.0), wrote_at=before + 3600)  # a file server's clock an hour ahead
+    assert before <= _get(store, "grpo_run_last_write_timestamp_seconds", run="r") <= time.time()
+
+
+def test_run_end_ends_the_run_without_touching_its_ranks() -> None:
+    store = RunStore()
+    for step in range(1, 11):
+        _apply(store, _rec(step, 1000.0 + step))
+        _apply(store, _rec(step, 1000.0 + step, rank=1))
+    _apply(store, _end(10, 1011.0))
+    # Rank 1's last record lands after rank 0's end: the run stays ended.
+    _apply(store, _rec(10, 1011.5, rank=1))
+    assert _get(store, "grpo_run_ended", run="r") == 1
+    assert _get(store, "grpo_events_total", run="r", rank="0", type="run_end") == 1
+    assert _get(store, "grpo_step", run="r", rank="0") == 10
+    # A bare end mark from a launch script (step 0, a rank the run does not have) changes no
+    # step, creates no rank and keeps the pace.
+    _apply(store, {"step": 0, "events": [{"type": "run_end"}]}, rank=7)
+    s = _series(store)
+    assert s[("grpo_step", frozenset({("run", "r"), ("rank", "0")}))] == 10
+    assert not any(n == "grpo_step" and ("rank", "7") in lbl for n, lbl in s)
+    assert s[("grpo_run_step_interval_seconds", frozenset({("run", "r")}))] == 1.0
+
+
+@pytest.mark.parametrize("resume", ["same rank writes again", "past the end step"])
+def test_a_run_that_goes_on_after_its_end_is_running_again(resume: str) -> None:
+    store = RunStore()
+    for step in range(1, 6):
+        _apply(store, _rec(step, 100.0 + step))
+        _apply(store, _rec(step, 100.0 + step, rank=1))
+    _apply(store, _end(5, 106.0))
+    assert _get(store, "grpo_run_ended", run="r") == 1
+    if resume == "same rank writes again":  # a new process, resumed from an earlier checkpoint
+        _apply(store, _rec(3, 200.0))
+    else:
+        _apply(store, _rec(6, 200.0, rank=1))
+    assert _get(store, "grpo_run_ended", run="r") == 0
+
+
+def test_a_flat_record_carries_the_end_mark() -> None:
+    snap = parse_record({"step": 0, "events": [{"type": "run_end"}]}, run="v", rank=0, mtime=5.0)
+    assert [e.type for e in snap.events] == ["run_end"] and snap.metrics == snap.unknown == {}
+    store = RunStore()
+    _apply(store, {"step": 40, "data": {"critic/score/mean": 0.5}}, run="v")  # a verl line
+    _apply(store, {"step": 0, "events": [{"type": "run_end"}]}, run="v")
+    assert _get(store, "grpo_run_ended", run="v") == 1
+    assert _get(store, "grpo_step", run="v", rank="0") == 40
+
+
+def test_a_silent_run_outlives_the_run_timeout_until_it_can_be_called_hung() -> None:
+    store = RunStore()
+    t0 = 1_764_400_000.0
+    # A slow run: a record every 600 s (10 min), last written at t0 + 3000.
+    for i, step in enumerate(range(1, 6)):
+        _apply(store, _rec(step, t0 + 600 * (i + 1)), wrote_at=t0 + 600 * (i + 1))
+    _apply(store, _rec(1, t0, run="done"), wrote_at=t0 + 3000)
+    _apply(store, _rec(2, t0 + 600, run="done"), wrote_at=t0 + 3000)
+    _apply(store, _end(2, t0 + 601, run="done"), wrote_at=t0 + 3000)
+    last = t0 + 3000
+    timeout = 3600.0  # --snapshot.run-timeout's default: less than 10 intervals of 600 s
+    # Past the timeout the ended run leaves, the silent one stays ...
+    assert store.expire(last + timeout + 1, timeout) == ["done"]
+    # ... for HUNG_RETAIN_INTERVALS of its intervals, and then it leaves too.
+    assert store.expire(last + HUNG_RETAIN_INTERVALS * 600 - 1, timeout) == []
+    assert store.expire(last + HUNG_RETAIN_INTERVALS * 600 + 1, timeout) == ["r"]
