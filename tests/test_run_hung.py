@@ -25,6 +25,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import grpo_monitor
 from grpo_monitor.snapshot import parse_record
 from grpo_monitor.store import HUNG_RETAIN_INTERVALS, RunStore
 from stack import PROMETHEUS_YML, Process, find_binary, poll, start_listening
@@ -153,3 +154,154 @@ def test_a_silent_run_outlives_the_run_timeout_until_it_can_be_called_hung() -> 
     # ... for HUNG_RETAIN_INTERVALS of its intervals, and then it leaves too.
     assert store.expire(last + HUNG_RETAIN_INTERVALS * 600 - 1, timeout) == []
     assert store.expire(last + HUNG_RETAIN_INTERVALS * 600 + 1, timeout) == ["r"]
+
+
+# -- on real processes ----------------------------------------------------------------------
+
+# A trainer rank: an SDK writer logging a step every ~50 ms; `steps` < 0 runs until killed,
+# else it closes cleanly (run_end) after that many steps and exits.
+_CHILD = textwrap.dedent("""
+    import sys, time
+    from grpo_monitor import SnapshotWriter
+    snapshot_dir, run, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    writer = SnapshotWriter(snapshot_dir, run, rank=0, world_size=1)
+    step = 0
+    while steps < 0 or step < steps:
+        step += 1
+        writer.log({"loss": 0.1, "perf/step_time_s": 0.05}, step)
+        time.sleep(0.05)
+    writer.close()
+""")
+# The floor of the card, lowered from 5 minutes so the test takes seconds; the multiple of the
+# run's interval (10 x ~50 ms) stays as committed, so here the floor decides.
+FLOOR_S = 2
+DEADLINE_S = 30.0
+
+
+def _rules_with_floor(workdir: Path, floor_s: float) -> list[str]:
+    """The committed rule files, copied, with run_hung_min_seconds set to ``floor_s``."""
+    paths = []
+    for name in ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml", "grpo-cluster.yml"):
+        doc = yaml.safe_load((RULES / name).read_text())
+        if name == "grpo-thresholds.yml":
+            (rule,) = [r for g in doc["groups"] for r in g["rules"]
+                       if r["record"] == "grpo:threshold:run_hung_min_seconds"]
+            rule["expr"] = f"vector({floor_s})"
+        path = workdir / name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(str(path))
+    return paths
+
+
+class _Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        resp = requests.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
+        resp.raise_for_status()
+        return resp.json()["data"]["result"]
+
+    def hung(self) -> dict[str, dict[str, Any]]:
+        """The firing GRPORunHung alerts, by run."""
+        resp = requests.get(f"{self.url}/api/v1/alerts", timeout=5)
+        resp.raise_for_status()
+        return {a["labels"]["run"]: a for a in resp.json()["data"]["alerts"]
+                if a["labels"].get("alertname") == "GRPORunHung" and a["state"] == "firing"}
+
+
+@pytest.fixture
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str, _Prometheus, ExitStack]]:
+    """A `grpo-monitor serve` process and a Prometheus scraping it every second."""
+    # The child processes (exporter, trainers) run in tmp_path: they must import the package
+    # under test, the one this process imported, whatever the working folder.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(Path(grpo_monitor.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    with ExitStack() as stack:
+        _, port = start_listening(stack, "exporter", lambda p: [
+            sys.executable, "-m", "grpo_monitor.cli", "serve", f"--snapshot.dir={snapshots}",
+            f"--web.listen-address=127.0.0.1:{p}", "--no-collector.gpu"], tmp_path)
+        exporter = f"http://127.0.0.1:{port}"
+        config = yaml.safe_load(PROMETHEUS_YML.read_text())
+        config["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
+        config["rule_files"] = _rules_with_floor(tmp_path, FLOOR_S)
+        config.pop("alerting")  # the alert's state in Prometheus is what this test reads
+        for sc in config["scrape_configs"]:
+            sc.pop("scrape_interval", None)
+            sc.pop("scrape_timeout", None)
+            sc["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        _, prom_port = start_listening(stack, "prometheus", lambda p: [
+            find_binary("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{p}"], tmp_path)
+        yield snapshots, exporter, _Prometheus(f"http://127.0.0.1:{prom_port}"), stack
+
+
+def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    resp = requests.get(f"{url}/metrics", timeout=5)
+    resp.raise_for_status()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(resp.text) for s in fam.samples}
+
+
+def _child(stack: ExitStack, workdir: Path, snapshots: Path, run: str, steps: int) -> Process:
+    proc = Process(run, [sys.executable, "-c", _CHILD, str(snapshots), run, str(steps)],
+                   workdir / f"{run}.log", workdir)
+
+    def stop() -> None:
+        # A stopped process cannot act on SIGTERM: let it run again, then end it.
+        if proc.alive():
+            os.kill(proc.proc.pid, signal.SIGCONT)
+        proc.stop()
+
+    stack.callback(stop)
+    return proc
+
+
+def test_a_frozen_run_turns_red_and_a_closed_one_does_not(
+        live: tuple[Path, str, _Prometheus, ExitStack], tmp_path: Path) -> None:
+    snapshots, exporter, prom, stack = live
+    finished = _child(stack, tmp_path, snapshots, "finished", 20)
+    frozen = _child(stack, tmp_path, snapshots, "frozen", -1)
+
+    def get(name: str, run: str) -> float | None:
+        return _scrape(exporter).get((name, frozenset({("run", run)})))
+
+    # The finished run closed (its process exited 0) and the exporter saw its end.
+    poll(lambda: get("grpo_run_ended", "finished") == 1, DEADLINE_S, what="finished run ended",
+         diagnose=finished.log_tail)
+    assert finished.proc.wait(DEADLINE_S) == 0
+    # The frozen one has a pace, then stops dead, every "rank" at once: SIGSTOP.
+    poll(lambda: get("grpo_run_log_interval_seconds", "frozen"), DEADLINE_S,
+         what="frozen run has a pace", diagnose=frozen.log_tail)
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+
+    alert = poll(lambda: prom.hung().get("frozen"), DEADLINE_S, what="GRPORunHung for run frozen",
+                 diagnose=lambda: repr(prom.query("grpo_run_last_write_timestamp_seconds")))
+    assert alert["labels"]["severity"] == "critical" and alert["labels"]["card"] == "red"
+    s = _scrape(exporter)
+    step = s[("grpo_step", frozenset({("run", "frozen"), ("rank", "0")}))]
+    assert alert["annotations"]["description"].startswith("Run frozen has written nothing for ")
+    assert alert["annotations"]["description"].endswith(f"its newest step is {step:.0f}.")
+    assert s[("grpo_run_ended", frozenset({("run", "frozen")}))] == 0
+    assert 0 < s[("grpo_run_step_interval_seconds", frozenset({("run", "frozen")}))] < FLOOR_S
+
+    # The finished run has been silent longer than the frozen one, past the floor as well: only
+    # its end keeps it quiet.
+    silent = prom.query('time() - grpo_run_last_write_timestamp_seconds{run="finished"}')
+    assert float(silent[0]["value"][1]) > FLOOR_S
+    assert "finished" not in prom.hung()
+
+    # The scrape, new families included, passes promtool's linter.
+    body = requests.get(f"{exporter}/metrics", timeout=5).content
+    lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
+                          timeout=30)
+    assert (lint.returncode, lint.stdout, lint.stderr) == (0, b"", b"")
+
+    # Red while it stays frozen; writing again ends the card.
+    assert "frozen" in prom.hung()
+    os.kill(frozen.proc.pid, signal.SIGCONT)
+    poll(lambda: "frozen" not in prom.hung(), DEADLINE_S, what="GRPORunHung resolved after SIGCONT")
