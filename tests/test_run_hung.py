@@ -9,11 +9,13 @@ scraped over HTTP, and a real Prometheus evaluating the committed rule files (on
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -136,6 +138,45 @@ def test_a_flat_record_carries_the_end_mark() -> None:
     _apply(store, {"step": 0, "events": [{"type": "run_end"}]}, run="v")
     assert _get(store, "grpo_run_ended", run="v") == 1
     assert _get(store, "grpo_step", run="v", rank="0") == 40
+
+
+def test_a_run_that_waits_on_purpose_is_paused_until_it_goes_on(tmp_path: Path) -> None:
+    from grpo_monitor.control import ControlRecord, write_control
+    from grpo_monitor.sdk.writer import SnapshotWriter
+
+    # The SDK announces the wait of a red card's pause, and its end.
+    writer = SnapshotWriter(tmp_path, "r", rank=0)
+    assert writer.log({"loss": 0.1}, 4)
+    write_control(tmp_path, "r", ControlRecord(state="paused", alertname="GRPONonFiniteValues"))
+    waited = threading.Thread(target=writer.wait_if_paused, kwargs={"poll_interval": 0.01})
+    waited.start()
+    path = tmp_path / "r" / "rank-0.jsonl"
+    poll(lambda: path.read_text().count("\n") == 2, 10, what="paused mark written")
+    write_control(tmp_path, "r", ControlRecord(state="running"))
+    waited.join(10)
+    assert not waited.is_alive()
+    writer.close(end=False)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [([e["type"] for e in r.get("events", [])], r["step"], r["metrics"]) for r in records] == [
+        ([], 4, {"loss": 0.1}), (["paused"], 4, {}), (["resumed"], 4, {})]
+    assert records[1]["events"][0]["alertname"] == "GRPONonFiniteValues"
+
+    # The store: paused from the mark on, until a resumed mark or a step of that rank.
+    store = RunStore()
+    for step in range(1, 5):
+        _apply(store, _rec(step, 100.0 + step))
+        _apply(store, _rec(step, 100.0 + step, rank=1))
+    _apply(store, records[1] | {"run": "r"})
+    assert _get(store, "grpo_run_paused", run="r") == 1
+    assert _get(store, "grpo_step", run="r", rank="0") == 4
+    assert _get(store, "grpo_events_total", run="r", rank="0", type="paused") == 1
+    _apply(store, _rec(5, 106.0, rank=1))  # another rank's step: rank 0 still waits
+    assert _get(store, "grpo_run_paused", run="r") == 1
+    _apply(store, records[2] | {"run": "r"})
+    assert _get(store, "grpo_run_paused", run="r") == 0
+    _apply(store, records[1] | {"run": "r"})
+    _apply(store, _rec(5, 107.0))  # or it simply steps again
+    assert _get(store, "grpo_run_paused", run="r") == 0
 
 
 def test_a_silent_run_outlives_the_run_timeout_until_it_can_be_called_hung() -> None:

@@ -73,6 +73,10 @@ RUN_ENDED = Family(
     "grpo_run_ended", "gauge",
     "1 once the run marked its clean end (a run_end event, e.g. SnapshotWriter.close()); 0 while "
     "it runs, and again after a record that continues it.")
+RUN_PAUSED = Family(
+    "grpo_run_paused", "gauge",
+    "1 while a rank of the run says it waits on purpose (a paused event, from "
+    "SnapshotWriter.wait_if_paused after a red card) and has written no step since; else 0.")
 RUN_LAST_WRITE = Family(
     "grpo_run_last_write_timestamp_seconds", "gauge",
     "When the run last wrote a snapshot, as the exporter sees it: the newest modification time of "
@@ -87,7 +91,7 @@ RUN_LOG_INTERVAL = Family(
     "Typical seconds between a rank's consecutive records of new steps on the trainer's clock "
     "(the median over its last 20, of the slowest rank): how long a silence is ordinary.")
 RUN_FAMILIES: tuple[Family, ...] = (
-    RUN_ENDED, RUN_LAST_WRITE, RUN_STEP_INTERVAL, RUN_LOG_INTERVAL, CARDINALITY_DROPPED)
+    RUN_ENDED, RUN_PAUSED, RUN_LAST_WRITE, RUN_STEP_INTERVAL, RUN_LOG_INTERVAL, CARDINALITY_DROPPED)
 
 # Step-window features (signals.py); `key` is the canonical snapshot key.
 BASELINE_READY = Family(

@@ -30,6 +30,11 @@ from grpo_monitor.snapshot import Snapshot
 # The event that marks a run's clean end (SnapshotWriter.close(), the TRL callback's
 # on_train_end, or a line a launch script appends for verl / flat-dict runs).
 RUN_END = "run_end"
+# Events by which a trainer says it waits on purpose (SnapshotWriter.wait_if_paused, after a red
+# card) and goes on again: a paused run is silent, and no hung run.
+PAUSED, RESUMED = "paused", "resumed"
+# Records of these events and no metrics are marks of the run's state, not steps.
+MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED})
 # A rank's typical interval is the median over its last INTERVAL_STEPS logged steps: long
 # enough that one checkpoint save or eval does not move it, short enough to follow a run
 # whose pace changes (longer responses, a new curriculum stage).
@@ -169,6 +174,8 @@ class RunState:
     ended: bool = False
     end_step: int = 0
     end_ranks: set[int] = field(default_factory=set)
+    # Ranks whose newest record says they wait on purpose (a "paused" mark).
+    paused_ranks: set[int] = field(default_factory=set)
     # The slowest rank's typical (seconds per step, seconds per record), as last rendered.
     pace: tuple[float, float] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
@@ -191,6 +198,7 @@ class RunState:
         self.pace = (max(p[0] for p in paces), max(p[1] for p in paces)) if paces else None
         blocks = {
             ex.RUN_ENDED.name: f"{ex.RUN_ENDED.name}{lbl} {int(self.ended)}\n",
+            ex.RUN_PAUSED.name: f"{ex.RUN_PAUSED.name}{lbl} {int(bool(self.paused_ranks))}\n",
             ex.RUN_LAST_WRITE.name: f"{ex.RUN_LAST_WRITE.name}{lbl} {ex.format_value(self.last_write)}\n",
         }
         if self.pace is not None:
@@ -237,18 +245,26 @@ class RunStore:
             # Capped at our clock: a file server whose clock runs ahead must not make a run
             # look fresh (or its silence short) for as long as it is ahead.
             run.last_write = max(run.last_write, min(wrote_at, time.time()))
-            ending = any(e.type == RUN_END for e in snap.events)
-            run.note_end(snap, ending)
-            if ending and not (snap.metrics or snap.unknown or snap.by_type):
-                # A bare end mark (the SDK's close(), or a line appended by a launch script,
-                # maybe with step 0): it is no step of the rank, and must not move its step,
-                # its pace or its windows, nor create a rank the run does not have.
+            types = {e.type for e in snap.events}
+            ending = RUN_END in types
+            if types & MARK_EVENTS and not (snap.metrics or snap.unknown or snap.by_type):
+                # A bare mark (the SDK's close() or wait_if_paused(), or a line appended by a
+                # launch script, maybe with step 0): it is no step of the rank, and must not
+                # move its step, its pace or its windows, nor create a rank the run lacks.
+                if ending:
+                    run.note_end(snap, True)
+                if PAUSED in types:
+                    run.paused_ranks.add(snap.rank)
+                if RESUMED in types:
+                    run.paused_ranks.discard(snap.rank)
                 rank = run.ranks.get(snap.rank)
-                if rank is not None and run.admit("event_type", run.event_types, RUN_END,
-                                                  lim.max_event_types):
-                    rank.events[RUN_END] += 1
+                for event in snap.events if rank is not None else ():
+                    if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
+                        rank.events[event.type] += 1
                 self._dirty.add((snap.run, snap.rank))
                 return
+            run.note_end(snap, ending)
+            run.paused_ranks.discard(snap.rank)  # it wrote a step: it is not waiting
             rank = run.ranks.get(snap.rank)
             if rank is None:
                 rank = run.ranks[snap.rank] = RankState(

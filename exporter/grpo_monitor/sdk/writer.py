@@ -259,12 +259,18 @@ class SnapshotWriter:
         resume`` returns the control record (honour its ``rollback_to``, a step or None)."""
         if not self.should_pause():
             return None
+        rec = self._control or {}
         if log:
-            rec = self._control or {}
             _log.warning("training paused by red card %s at step %s; run `grpo-monitor resume %s` "
                          "to continue", rec.get("alertname"), rec.get("step"), self.run)
+        # Say so in the snapshots: a run that waits on purpose writes nothing, and must not
+        # look hung (GRPORunHung) while it waits; "resumed" restarts the silence clock.
+        with self._lock:
+            self._mark("paused", alertname=rec.get("alertname"))
         while self.should_pause():
             time.sleep(poll_interval)
+        with self._lock:
+            self._mark("resumed")
         if log:
             _log.warning("training resumed (rollback_to=%s)", (self._control or {}).get("rollback_to"))
         return dict(self._control) if self._control is not None else {"state": "running"}
@@ -306,14 +312,23 @@ class SnapshotWriter:
         with self._lock:
             if self._closed:
                 return
-            last = self._last_step if step is None else int(step)
-            if end and last is not None:
-                now = time.time()
-                event = _encode([{"type": "run_end", "step": last, "time": now}])
-                self._append(b"".join((self._prefix, b"%d" % last, b',"time":%r,"metrics":{}' % now,
-                                       b',"events":', event, b"}\n")))
+            if end:
+                self._mark("run_end", step)
             self._closed = True
             self._close_fd()
+
+    def _mark(self, event_type: str, step: int | None = None, **fields: Any) -> None:
+        """Append a record that is one event and no metrics (called with the lock held): the
+        exporter reads it as a mark of the run's state, not as a step. Nothing before the first
+        step (no run to mark yet) or after close()."""
+        last = self._last_step if step is None else int(step)
+        if last is None or self._closed:
+            return
+        now = time.time()
+        event = _encode([{"type": event_type, "step": last, "time": now,
+                          **{k: v for k, v in fields.items() if v is not None}}])
+        self._append(b"".join((self._prefix, b"%d" % last, b',"time":%r,"metrics":{}' % now,
+                               b',"events":', event, b"}\n")))
 
     def __enter__(self) -> SnapshotWriter:
         return self
