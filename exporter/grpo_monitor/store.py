@@ -77,6 +77,7 @@ class RankState:
     blocks: dict[str, str] = field(default_factory=dict)
     # (step, trainer time) of the newest records with new steps: the rank's pace.
     pace: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=INTERVAL_STEPS + 1))
+    intervals_now: tuple[float, float] | None = None  # intervals() as of the last render
 
     def note_pace(self, step: int, when: float) -> None:
         if self.pace and step < self.pace[-1][0]:
@@ -99,6 +100,7 @@ class RankState:
         return statistics.median(per_step), statistics.median(per_record)
 
     def render(self) -> None:
+        self.intervals_now = self.intervals()  # read by the run's render, once per rank change
         base = f'run="{ex.escape_label(self.run)}",rank="{self.rank}"'
         out: dict[str, list[str]] = defaultdict(list)
         out[ex.STEP.name].append(f"{ex.STEP.name}{{{base}}} {self.step}\n")
@@ -192,7 +194,7 @@ class RunState:
     def render(self) -> None:
         run = ex.escape_label(self.name)
         lbl = f'{{run="{run}"}}'
-        paces = [p for r in self.ranks.values() if (p := r.intervals()) is not None]
+        paces = [p for r in self.ranks.values() if (p := r.intervals_now) is not None]
         # The slowest rank sets the run's pace (the ranks meet in every collective), and the
         # longer interval is the safer one to judge a silence by.
         self.pace = (max(p[0] for p in paces), max(p[1] for p in paces)) if paces else None
@@ -306,12 +308,17 @@ class RunStore:
         """Render the ranks (and their runs) changed since the last flush."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+            runs: dict[str, RunState] = {}
             for run_name, rank_id in dirty:
                 run = self._runs.get(run_name)
                 if run is None:
                     continue  # expired meanwhile
                 if rank_id in run.ranks:
                     run.ranks[rank_id].render()
+                runs[run_name] = run
+            # Once per run, after its ranks: the run's pace reads every rank (1024 ranks
+            # rendering the run each would be a million medians a batch).
+            for run in runs.values():
                 run.render()
 
     def rebaseline(self, run_name: str, at_step: int, steps: int) -> None:
