@@ -134,8 +134,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             if rank == 0:
                 metrics |= stats | {"loss": loss, "grad/norm": grad_norm, "train/lr": args.lr}
             writer.log(metrics, step, events=[{"type": "checkpoint_save"}] if saved else None)
-    finally:
+        # The clean end: a run_end event tells the exporter that the silence from here on is
+        # no hang (the GRPORunHung red card).
         writer.close()
+    finally:
+        # On an exception this closes without the end mark (after the clean close above it
+        # does nothing): a crashed rank must look like one that stopped, not like one that
+        # finished. A bare close() here would mark every crash as a clean end.
+        writer.close(end=False)
         if joined_here and dist.is_initialized():
             dist.destroy_process_group()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_monitor import metrics_doc
-from grpo_monitor.exposition import RANK_FAMILIES
+from grpo_monitor.exposition import RANK_FAMILIES, RUN_FAMILIES
 from grpo_monitor.keys import SIGNALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ def test_metrics_md_is_up_to_date() -> None:
 
 def test_metrics_md_names_every_family_and_design_core_name() -> None:
     text = (ROOT / "docs" / "metrics.md").read_text()
-    for fam in RANK_FAMILIES:
+    for fam in (*RANK_FAMILIES, *RUN_FAMILIES):
         assert f"`{fam.name}`" in text
     # The core names DESIGN.md promises to dashboards, rules and users.
     core = ["grpo_step", "grpo_last_snapshot_timestamp_seconds", "grpo_reward_mean", "grpo_reward_std",

@@ -70,8 +70,12 @@ def test_two_gloo_ranks_feed_the_exporter(exporter: Running, snapshot_dir: Path)
              for rank in (0, 1)]
     _wait_all(procs)
 
-    rank0 = _records(snapshot_dir / run / "rank-0.jsonl")
-    rank1 = _records(snapshot_dir / run / "rank-1.jsonl")
+    # Each rank's last record marks the clean end of the run (no hung-run card).
+    *rank0, end0 = _records(snapshot_dir / run / "rank-0.jsonl")
+    *rank1, end1 = _records(snapshot_dir / run / "rank-1.jsonl")
+    for end in (end0, end1):
+        assert (end["step"], end["metrics"]) == (STEPS, {})
+        assert [e["type"] for e in end["events"]] == ["run_end"]  # type: ignore[union-attr]
     assert [r["step"] for r in rank0] == [r["step"] for r in rank1] == list(range(1, STEPS + 1))
     assert {(r["rank"], r["world_size"], r["run"]) for r in rank0} == {(0, 2, run)}
     assert {(r["rank"], r["world_size"], r["run"]) for r in rank1} == {(1, 2, run)}
@@ -107,6 +111,7 @@ def test_two_gloo_ranks_feed_the_exporter(exporter: Running, snapshot_dir: Path)
         assert value(s, "grpo_communication_duration_seconds", run=run, rank=rank) == \
             m["perf/comm_time_s"]
     assert (value(s, "grpo_snapshot_errors_total", reason="invalid_record") or 0) == 0
+    assert value(s, "grpo_run_ended", run=run) == 1
 
 
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
@@ -124,6 +129,7 @@ def test_documented_command_lines(tmp_path: Path, launcher: str) -> None:
     files = sorted(p.name for p in (tmp_path / "plain-pytorch").iterdir())
     assert files == [f"rank-{r}.jsonl" for r in range(world)]
     for r in range(world):
-        recs = _records(tmp_path / "plain-pytorch" / f"rank-{r}.jsonl")
+        *recs, end = _records(tmp_path / "plain-pytorch" / f"rank-{r}.jsonl")
         assert [(x["step"], x["rank"], x["world_size"]) for x in recs] == \
             [(step, r, world) for step in (1, 2, 3)]
+        assert end["step"] == 3 and [e["type"] for e in end["events"]] == ["run_end"]

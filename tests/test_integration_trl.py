@@ -91,9 +91,11 @@ def test_grpo_trainer_run_is_exported(tmp_path: Path, snapshot_dir: Path, export
         assert "epoch" not in m and "step" not in m
     # Checkpoints at step 2 (save_steps) and at the end of training (step 3).
     events = [e for r in records for e in r.get("events", [])]
+    # ... and the end of the run, marked by on_train_end: the last record.
     assert [(e["type"], e["step"]) for e in events] == [("checkpoint_save", 2),
-                                                        ("checkpoint_save", 3)]
-    assert all(e["duration_s"] >= 0 for e in events)
+                                                        ("checkpoint_save", 3), ("run_end", 3)]
+    assert records[-1]["events"] == [events[-1]] and records[-1]["metrics"] == {}
+    assert all(e["duration_s"] >= 0 for e in events[:2])
     assert monitor.writer is None  # closed at on_train_end
 
     lbl = {"run": RUN, "rank": "0"}
@@ -107,6 +109,7 @@ def test_grpo_trainer_run_is_exported(tmp_path: Path, snapshot_dir: Path, export
         last["response/len_mean"])
     assert value(s, "grpo_step_duration_seconds", **lbl) == pytest.approx(last["perf/step_time_s"])
     assert value(s, "grpo_events_total", type="checkpoint_save", **lbl) == 2
+    assert value(s, "grpo_run_ended", run=RUN) == 1  # the hung-run card stays quiet
     assert value(s, "grpo_metric_value", key="rewards/_count_vowels/mean", **lbl) == pytest.approx(
         last["rewards/_count_vowels/mean"])
     assert exporter.errors("invalid_value") == 0
@@ -176,9 +179,11 @@ def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
     trainer.train()
     # Stopped at the step of the red card (of 6), a checkpoint of it saved ...
     assert trainer.state.global_step == 3
-    saves = [e["step"] for r in _read(snapshot_dir / "trl-red" / "rank-0.jsonl")
-             for e in r.get("events", [])]
-    assert saves == [1, 2, 3]
+    events = [(e["type"], e["step"]) for r in _read(snapshot_dir / "trl-red" / "rank-0.jsonl")
+              for e in r.get("events", [])]
+    # A run the red card stopped ended on purpose: on_train_end marks it (no hung-run card).
+    assert events == [("checkpoint_save", 1), ("checkpoint_save", 2), ("checkpoint_save", 3),
+                      ("run_end", 3)]
     # ... and, with save_total_limit=1, rotation kept the newest checkpoint from before the
     # card's onset (not the suspect checkpoint-3): the rollback target survives.
     rollback = json.loads((snapshot_dir / "trl-red" / ROLLBACK_FILE).read_text())
@@ -242,7 +247,8 @@ def test_callback_writes_main_process_logs_with_nan(tmp_path: Path) -> None:
 
     # run defaults to the name of output_dir
     recs = _read(snap / "my-run" / "rank-0.jsonl")
-    assert [r["step"] for r in recs] == [5, 5, 6]
+    assert [r["step"] for r in recs] == [5, 5, 5, 6]
+    assert [e["type"] for e in recs[2]["events"]] == ["run_end"]  # on_train_end
     m = recs[0]["metrics"]
     assert math.isnan(m["loss"]) and m["grad/norm"] == math.inf
     assert m["reward/mean"] == 1.3 and m["rewards/accuracy_reward/mean"] == 0.4
@@ -285,6 +291,7 @@ def test_per_rank_perf_writes_only_step_time(tmp_path: Path) -> None:
     assert (recs[0]["rank"], recs[0]["world_size"]) == (3, 4)
     assert recs[0]["metrics"] == {"perf/step_time_s": 4.5}
     assert recs[1]["events"][0]["type"] == "checkpoint_save"
+    assert recs[2]["events"][0]["type"] == "run_end" and recs[2]["step"] == 1
 
 
 def test_never_raises_into_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

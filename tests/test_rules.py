@@ -34,6 +34,7 @@ CATALOG = {
     "GRPOEntropyExplosion": "red",
     "GRPORewardCollapse": "red",
     "GRPOCompletionsTruncated": "yellow",
+    "GRPORunHung": "red",
     "GRPOKLGrowthAccelerating": "yellow",
     "GRPOKLTailOutliers": "yellow",
     "GRPORewardHackingSuspected": "yellow",

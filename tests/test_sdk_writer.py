@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -29,10 +30,16 @@ def _clean_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def read_records(path: Path) -> list[dict]:
+def is_run_end(record: dict) -> bool:
+    return record.get("metrics") == {} and [e["type"] for e in record.get("events", [])] == ["run_end"]
+
+
+def read_records(path: Path, *, with_end: bool = False) -> list[dict]:
+    """The records in ``path``; without the run_end record close() appends, unless asked."""
     text = path.read_text()
     assert text.endswith("\n")
-    return [json.loads(line) for line in text.splitlines()]
+    records = [json.loads(line) for line in text.splitlines()]
+    return records if with_end else [r for r in records if not is_run_end(r)]
 
 
 def open_fds_to(path: str | Path) -> int:
@@ -331,7 +338,7 @@ def test_write_cut_short_leaves_one_bad_line_not_two(tmp_path: Path,
         assert not w.log({"x": 1.0}, 1)
     _advance_clock(monkeypatch, 5)
     assert w.log({"x": 2.0}, 2)
-    w.close()
+    w.close(end=False)  # the raw lines only
     lines = (tmp_path / "r" / "rank-0.jsonl").read_text().splitlines()
     assert len(lines) == 3
     assert json.loads(lines[0])["step"] == 0 and json.loads(lines[2])["step"] == 2
@@ -360,7 +367,8 @@ def test_restart_after_crash_mid_line_starts_a_new_line(tmp_path: Path) -> None:
     with SnapshotWriter(tmp_path, "r", rank=0) as w:
         assert w.log({"x": 1.0}, 2)
     lines = (run_dir / "rank-0.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and json.loads(lines[2])["step"] == 2
+    assert len(lines) == 4 and json.loads(lines[2])["step"] == 2
+    assert is_run_end(json.loads(lines[3]))
 
 
 # -- lifecycle -------------------------------------------------------------------------------
@@ -380,6 +388,50 @@ def test_context_manager_and_del_close_the_file(tmp_path: Path) -> None:
     assert open_fds_to(path) == 1
     del w2
     assert open_fds_to(path) == 0
+
+
+def test_close_marks_the_end_of_the_run_once(tmp_path: Path) -> None:
+    w = SnapshotWriter(tmp_path, "r", rank=2, world_size=4)
+    assert w.log({"x": 1.0}, 7) and w.log({"x": 1.0}, 8)
+    w.close()
+    w.close()  # a second close writes no second end
+    *steps, end = read_records(tmp_path / "r" / "rank-2.jsonl", with_end=True)
+    assert [r["step"] for r in steps] == [7, 8]
+    # A record of the contract like any other: the rank's envelope, no metrics, one event.
+    assert is_run_end(end) and end["step"] == 8 and (end["rank"], end["world_size"]) == (2, 4)
+    assert end["events"][0]["step"] == 8 and end["events"][0]["time"] == end["time"] >= steps[-1]["time"]
+
+    # The step can be given (a trainer that logged every 10th step knows its last one).
+    w = SnapshotWriter(tmp_path, "s", rank=0)
+    assert w.log({"x": 1.0}, 90)
+    w.close(step=99)
+    assert read_records(tmp_path / "s" / "rank-0.jsonl", with_end=True)[-1]["step"] == 99
+
+
+def test_no_end_without_a_step_or_on_the_error_path(tmp_path: Path) -> None:
+    SnapshotWriter(tmp_path, "empty", rank=0).close()  # logged nothing: no run to end
+    assert (tmp_path / "empty" / "rank-0.jsonl").read_text() == ""
+
+    w = SnapshotWriter(tmp_path, "failed", rank=0)
+    assert w.log({"x": 1.0}, 3)
+    w.close(end=False)
+    assert not any(map(is_run_end, read_records(tmp_path / "failed" / "rank-0.jsonl", with_end=True)))
+
+
+@pytest.mark.parametrize(("exc", "ended"), [
+    (None, True), (KeyboardInterrupt(), True), (SystemExit(0), True), (SystemExit(None), True),
+    (SystemExit(2), False), (RuntimeError("NCCL error"), False), (ValueError("nan"), False)],
+    ids=["clean", "ctrl-c", "exit-0", "exit-none", "exit-2", "crash", "value-error"])
+def test_context_manager_ends_the_run_only_on_a_clean_exit(
+        tmp_path: Path, exc: BaseException | None, ended: bool) -> None:
+    with contextlib.suppress(BaseException):
+        with SnapshotWriter(tmp_path, "r", rank=0) as w:
+            assert w.log({"x": 1.0}, 5)
+            if exc is not None:
+                raise exc
+    records = read_records(tmp_path / "r" / "rank-0.jsonl", with_end=True)
+    assert [is_run_end(r) for r in records] == ([False, True] if ended else [False])
+    assert not w.log({"x": 1.0}, 6)  # closed either way
 
 
 def test_one_write_call_per_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -431,7 +483,7 @@ def test_concurrent_reader_only_sees_whole_records(tmp_path: Path) -> None:
     samples = [{"prompt": "p" * 3000, "response": "r" * 6000, "reward": 1.0}]
     for step in range(n_records):
         assert writer.log({"reward/mean": step / 11}, step, samples=samples)
-    writer.close()
+    writer.close(end=False)  # the logged records only
     done.set()
     reader.join(timeout=30)
     assert not reader.is_alive()
@@ -448,7 +500,7 @@ def test_records_are_identical_without_orjson(tmp_path: Path) -> None:
         "w = SnapshotWriter(sys.argv[1] + '/' + sys.argv[2], 'r', rank=0, world_size=1)\n"
         "w.log({'a': 0.1234567890123, 'b': float('nan'), 'c': float('-inf'), 'd': 3}, 7,\n"
         "      by_type={'hard': {'a': 1e-300}}, events=[{'type': 'x'}])\n"
-        "w.close()\n")
+        "w.close(end=False)\n")
     for mode in ("orjson", "json"):
         subprocess.run([sys.executable, "-c", code, str(tmp_path), mode], check=True, timeout=60)
     lines = {m: (tmp_path / m / "r" / "rank-0.jsonl").read_text() for m in ("orjson", "json")}

@@ -114,8 +114,10 @@ def test_healthy_run_learns(healthy: tuple[list[StepResult], Played, Path]) -> N
     assert 0.3 * early < late < early  # falls, but nowhere near a collapse
     assert 0.01 < mean(results, "kl/mean", 250, 301) < 5
     # The records hold every canonical key and the checkpoint events.
-    recs = list(records(tmp / "healthy" / "rank-0.jsonl"))
+    *recs, end = records(tmp / "healthy" / "rank-0.jsonl")
     assert len(recs) == 300
+    # ... and the clean end of the run, after its last step.
+    assert (end["step"], end["metrics"], [e["type"] for e in end["events"]]) == (300, {}, ["run_end"])
     for key in ("reward/mean", "kl/mean", "entropy/mean", "group/zero_std_frac", "adv/mean_abs",
                 "response/len_mean", "loss", "grad/norm", "train/lr", "eval/sample_acc",
                 "perf/step_time_s", "perf/samples_per_s"):

@@ -68,6 +68,31 @@ CARDINALITY_DROPPED = Family(
     "grpo_cardinality_dropped_total", "counter",
     "Values not exported because a per-run cardinality cap was reached, by kind.")
 
+# Families with the label run only: the run as a whole (the GRPORunHung card reads them).
+RUN_ENDED = Family(
+    "grpo_run_ended", "gauge",
+    "1 once the run marked its clean end (a run_end event, e.g. SnapshotWriter.close()); 0 while "
+    "it runs, and again after a record that continues it.")
+RUN_PAUSED = Family(
+    "grpo_run_paused", "gauge",
+    "1 while a rank of the run says it waits on purpose (a paused event, from "
+    "SnapshotWriter.wait_if_paused after a red card) and has written no step since; else 0.")
+RUN_LAST_WRITE = Family(
+    "grpo_run_last_write_timestamp_seconds", "gauge",
+    "When the run last wrote a snapshot, as the exporter sees it: the newest modification time of "
+    "the files that fed it (unix seconds, never later than the exporter's clock when read). "
+    "Unlike the trainer-clock grpo_last_snapshot_timestamp_seconds, comparable with time().")
+RUN_STEP_INTERVAL = Family(
+    "grpo_run_step_interval_seconds", "gauge",
+    "Typical seconds per training step on the trainer's clock: the median of time/step "
+    "differences over each rank's last 20 logged steps, of the slowest rank.")
+RUN_LOG_INTERVAL = Family(
+    "grpo_run_log_interval_seconds", "gauge",
+    "Typical seconds between a rank's consecutive records of new steps on the trainer's clock "
+    "(the median over its last 20, of the slowest rank): how long a silence is ordinary.")
+RUN_FAMILIES: tuple[Family, ...] = (
+    RUN_ENDED, RUN_PAUSED, RUN_LAST_WRITE, RUN_STEP_INTERVAL, RUN_LOG_INTERVAL, CARDINALITY_DROPPED)
+
 # Step-window features (signals.py); `key` is the canonical snapshot key.
 BASELINE_READY = Family(
     "grpo_baseline_ready", "gauge",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from grpo_monitor import exposition as ex
 from grpo_monitor import signals as sig
+from grpo_monitor import store
 from grpo_monitor.collectors import gpu
 from grpo_monitor.config import ExporterConfig
 from grpo_monitor.health import ERROR_REASONS
@@ -62,6 +63,22 @@ RUN_FAMILIES = """
 | `{nonfinite}` | counter | run, rank, key | NaN / ±Inf values seen (they are exported as they are, too) |
 | `{events}` | counter | run, rank, type | `events` entries, by `type` (e.g. `checkpoint_save`), capped by `--metrics.max-event-types` |
 | `{dropped}` | counter | run, kind | values a cardinality cap dropped: `unknown_key`, `prompt_type`, `event_type` |
+
+## The run as a whole
+
+What the hung-run card (GRPORunHung) reads: has the run ended (or is it paused on purpose), when
+did it last write, and how long does it usually take between records.
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| `{ended}` | gauge | run | 1 once a record's `events` holds `{{"type": "run_end"}}` (`SnapshotWriter.close()`, the TRL callback's `on_train_end`, or an appended line); back to 0 when a rank that wrote the end writes again, or any rank passes the step the run had reached (a resumed run) |
+| `{paused}` | gauge | run | 1 while a rank waits on purpose: its newest record is a `paused` mark (`SnapshotWriter.wait_if_paused()` after a red card), not yet followed by a `resumed` mark or a step |
+| `{last_write}` | gauge | run | the newest modification time of the files that fed the run, as the exporter read them (unix seconds, capped at the exporter's clock): a silence measured against `time()`, whatever the trainer's clock says |
+| `{step_interval}` | gauge | run | typical seconds per training step on the trainer's clock (records' `time`): per rank the median of Δtime/Δstep over its last {n} logged steps, the slowest rank's; absent before a rank's second step |
+| `{log_interval}` | gauge | run | the same median of Δtime between consecutive records (equal to the step interval when every step is logged; ten times it at `logging_steps=10`) |
+
+A run that has not ended stays in `/metrics` for at least {retain} of its log intervals, even
+past `--snapshot.run-timeout`, so that its silence can raise the hung-run card.
 """
 
 FEATURES = """
@@ -161,7 +178,9 @@ def render() -> str:
     out.append(RUN_FAMILIES.format(
         step=ex.STEP.name, last=ex.LAST_SNAPSHOT.name, world=ex.WORLD_SIZE.name, info=ex.RANK_INFO.name,
         unknown=ex.UNKNOWN_VALUE.name, nonfinite=ex.NONFINITE.name, events=ex.EVENTS.name,
-        dropped=ex.CARDINALITY_DROPPED.name))
+        dropped=ex.CARDINALITY_DROPPED.name, ended=ex.RUN_ENDED.name, paused=ex.RUN_PAUSED.name, last_write=ex.RUN_LAST_WRITE.name,
+        step_interval=ex.RUN_STEP_INTERVAL.name, log_interval=ex.RUN_LOG_INTERVAL.name,
+        n=store.INTERVAL_STEPS, retain=store.HUNG_RETAIN_INTERVALS))
     out.append(FEATURES.format(
         ready=ex.BASELINE_READY.name, bmean=ex.BASELINE_MEAN.name, bstd=ex.BASELINE_STDDEV.name,
         wmean=ex.WINDOW_MEAN.name, growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,

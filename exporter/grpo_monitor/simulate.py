@@ -13,6 +13,7 @@ run in real time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -407,10 +408,13 @@ def write_run(
     ``realtime`` sleeps ``step_seconds`` per step and stamps records with the wall clock (the
     demo); otherwise it writes as fast as the disk allows, on a simulated clock (tests).
     """
-    writers = [SnapshotWriter(snapshot_dir, run, rank=r, world_size=ranks) for r in range(ranks)]
     start = time.time()
     n = 0
-    try:
+    # Each writer as a context manager: the run's end is marked when the scenario is written (or
+    # a person interrupts it), not when it crashes (docs/sdk.md).
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(SnapshotWriter(snapshot_dir, run, rank=r, world_size=ranks))
+                   for r in range(ranks)]
         for n, st in enumerate(generate(scenario, steps=steps, onset=onset, ranks=ranks,
                                         step_seconds=step_seconds, start_time=start, seed=seed), 1):
             for rec in st.records:
@@ -418,7 +422,4 @@ def write_run(
                                       timestamp=None if realtime else rec.timestamp)
             if realtime:
                 time.sleep(step_seconds)
-    finally:
-        for writer in writers:
-            writer.close()
     return n

@@ -118,11 +118,14 @@ class FlatRecord(_Envelope):
     step: NonNegativeInt = Field(validation_alias=AliasChoices("step", "_step", "global_step", "trainer/global_step"))
     time: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
         default=None, validation_alias=AliasChoices("time", "_timestamp", "timestamp"))
+    # Not a metric: the same trainer events as a native record's, so that a flat-dict or verl
+    # run can mark its end with one appended line ({"step": N, "events": [{"type": "run_end"}]}).
+    events: list[Event] = []
 
 
 _FLAT_RESERVED = frozenset(
     {"run", "rank", "world_size", "step", "_step", "global_step", "trainer/global_step", "time",
-     "_timestamp", "timestamp", "_runtime"})
+     "_timestamp", "timestamp", "_runtime", "events"})
 # Fields whose validation errors cost only themselves: the record's metrics survive.
 _DROPPABLE = ("samples", "events", "by_type")
 
@@ -309,5 +312,5 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
     return Snapshot(
         run=flat.run or run, rank=rank if flat.rank is None else flat.rank, step=flat.step,
         time=mtime if flat.time is None else flat.time, shape=shape, world_size=flat.world_size,
-        metrics=metrics, unknown=unknown, problems=problems)
+        metrics=metrics, unknown=unknown, events=flat.events, problems=problems)
 

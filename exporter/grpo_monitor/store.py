@@ -10,8 +10,10 @@ scrape only joins rendered lines.
 from __future__ import annotations
 
 import math
+import statistics
 import threading
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from grpo_monitor import exposition as ex
@@ -26,6 +28,24 @@ from grpo_monitor.signals import (
     RankSignals,
 )
 from grpo_monitor.snapshot import Snapshot
+
+# The event that marks a run's clean end (SnapshotWriter.close(), the TRL callback's
+# on_train_end, or a line a launch script appends for verl / flat-dict runs).
+RUN_END = "run_end"
+# Events by which a trainer says it waits on purpose (SnapshotWriter.wait_if_paused, after a red
+# card) and goes on again: a paused run is silent, and no hung run.
+PAUSED, RESUMED = "paused", "resumed"
+# Records of these events and no metrics are marks of the run's state, not steps.
+MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED})
+# A rank's typical interval is the median over its last INTERVAL_STEPS logged steps: long
+# enough that one checkpoint save or eval does not move it, short enough to follow a run
+# whose pace changes (longer responses, a new curriculum stage).
+INTERVAL_STEPS = 20
+# A run that has not ended stays in /metrics for at least this many of its log intervals,
+# even past --snapshot.run-timeout: a 70B run logging every 10 minutes must be able to raise
+# the hung-run card (at grpo:threshold:run_hung_intervals = 10 intervals) and hold it red for
+# a while, instead of leaving /metrics first. Keep the threshold below this.
+HUNG_RETAIN_INTERVALS = 30
 
 
 @dataclass(frozen=True)
@@ -59,8 +79,32 @@ class RankState:
     # A re-baseline asked for a step this rank has not reached yet: (at_step, steps).
     pending_rebaseline: tuple[int, int] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
+    # (step, trainer time) of the newest records with new steps: the rank's pace.
+    pace: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=INTERVAL_STEPS + 1))
+    intervals_now: tuple[float, float] | None = None  # intervals() as of the last render
+
+    def note_pace(self, step: int, when: float) -> None:
+        if self.pace and step < self.pace[-1][0]:
+            self.pace.clear()  # resumed from an earlier checkpoint: a new pace
+        if not self.pace or step > self.pace[-1][0]:
+            self.pace.append((step, when))
+
+    def intervals(self) -> tuple[float, float] | None:
+        """(seconds per step, seconds per record): medians over the pace window; None before
+        two records. A clock that stepped back yields no sample, rather than a negative one."""
+        per_step: list[float] = []
+        per_record: list[float] = []
+        pace = list(self.pace)
+        for (s0, t0), (s1, t1) in zip(pace, pace[1:]):
+            if t1 >= t0:
+                per_step.append((t1 - t0) / (s1 - s0))
+                per_record.append(t1 - t0)
+        if not per_step:
+            return None
+        return statistics.median(per_step), statistics.median(per_record)
 
     def render(self) -> None:
+        self.intervals_now = self.intervals()  # read by the run's render, once per rank change
         base = f'run="{ex.escape_label(self.run)}",rank="{self.rank}"'
         out: dict[str, list[str]] = defaultdict(list)
         out[ex.STEP.name].append(f"{ex.STEP.name}{{{base}}} {self.step}\n")
@@ -142,7 +186,15 @@ class RunState:
     event_types: set[str] = field(default_factory=set)
     dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     rebaseline: tuple[int, int] | None = None  # (at_step, steps), from the run's control file
-    block: str = ""
+    # The clean end: set by a run_end event, cleared when the run goes on after it (see apply).
+    ended: bool = False
+    end_step: int = 0
+    end_ranks: set[int] = field(default_factory=set)
+    # Ranks whose newest record says they wait on purpose (a "paused" mark).
+    paused_ranks: set[int] = field(default_factory=set)
+    # The slowest rank's typical (seconds per step, seconds per record), as last rendered.
+    pace: tuple[float, float] | None = None
+    blocks: dict[str, str] = field(default_factory=dict)
 
     def admit(self, kind: str, seen: set[str], name: str, cap: int) -> bool:
         if name in seen:
@@ -154,9 +206,38 @@ class RunState:
         return False
 
     def render(self) -> None:
-        name = ex.CARDINALITY_DROPPED.name
         run = ex.escape_label(self.name)
-        self.block = "".join(f'{name}{{run="{run}",kind="{k}"}} {n}\n' for k, n in self.dropped.items())
+        lbl = f'{{run="{run}"}}'
+        paces = [p for r in self.ranks.values() if (p := r.intervals_now) is not None]
+        # The slowest rank sets the run's pace (the ranks meet in every collective), and the
+        # longer interval is the safer one to judge a silence by.
+        self.pace = (max(p[0] for p in paces), max(p[1] for p in paces)) if paces else None
+        blocks = {
+            ex.RUN_ENDED.name: f"{ex.RUN_ENDED.name}{lbl} {int(self.ended)}\n",
+            ex.RUN_PAUSED.name: f"{ex.RUN_PAUSED.name}{lbl} {int(bool(self.paused_ranks))}\n",
+            ex.RUN_LAST_WRITE.name: f"{ex.RUN_LAST_WRITE.name}{lbl} {ex.format_value(self.last_write)}\n",
+        }
+        if self.pace is not None:
+            blocks[ex.RUN_STEP_INTERVAL.name] = (
+                f"{ex.RUN_STEP_INTERVAL.name}{lbl} {ex.format_value(self.pace[0])}\n")
+            blocks[ex.RUN_LOG_INTERVAL.name] = (
+                f"{ex.RUN_LOG_INTERVAL.name}{lbl} {ex.format_value(self.pace[1])}\n")
+        name = ex.CARDINALITY_DROPPED.name
+        blocks[name] = "".join(f'{name}{{run="{run}",kind="{k}"}} {n}\n' for k, n in self.dropped.items())
+        self.blocks = {k: v for k, v in blocks.items() if v}
+
+    def note_end(self, snap: Snapshot, ending: bool) -> None:
+        """Track the run's clean end. The ranks' last records may arrive after another rank's
+        run_end, so an ordinary record continues a run that ended only when it comes from a
+        rank that already wrote its end (a new process: the run was resumed), or is past the
+        newest step the run had reached at its end."""
+        if ending:
+            self.ended = True
+            self.end_ranks.add(snap.rank)
+            self.end_step = max(self.end_step, snap.step, *(r.step for r in self.ranks.values()))
+        elif self.ended and (snap.rank in self.end_ranks or snap.step > self.end_step):
+            self.ended = False
+            self.end_ranks.clear()
 
 
 class RunStore:
@@ -177,13 +258,36 @@ class RunStore:
                 run = self._runs[snap.run] = RunState(snap.run)
                 # Pre-declare the kinds so that rate() sees a 0 before the first drop.
                 run.dropped.update({"unknown_key": 0, "prompt_type": 0, "event_type": 0})
-            run.last_write = max(run.last_write, wrote_at)
+            # Capped at our clock: a file server whose clock runs ahead must not make a run
+            # look fresh (or its silence short) for as long as it is ahead.
+            run.last_write = max(run.last_write, min(wrote_at, time.time()))
+            types = {e.type for e in snap.events}
+            ending = RUN_END in types
+            if types & MARK_EVENTS and not (snap.metrics or snap.unknown or snap.by_type):
+                # A bare mark (the SDK's close() or wait_if_paused(), or a line appended by a
+                # launch script, maybe with step 0): it is no step of the rank, and must not
+                # move its step, its pace or its windows, nor create a rank the run lacks.
+                if ending:
+                    run.note_end(snap, True)
+                if PAUSED in types:
+                    run.paused_ranks.add(snap.rank)
+                if RESUMED in types:
+                    run.paused_ranks.discard(snap.rank)
+                rank = run.ranks.get(snap.rank)
+                for event in snap.events if rank is not None else ():
+                    if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
+                        rank.events[event.type] += 1
+                self._dirty.add((snap.run, snap.rank))
+                return
+            run.note_end(snap, ending)
+            run.paused_ranks.discard(snap.rank)  # it wrote a step: it is not waiting
             rank = run.ranks.get(snap.rank)
             if rank is None:
                 rank = run.ranks[snap.rank] = RankState(
                     snap.run, snap.rank, signals=RankSignals(lim.baseline_steps, lim.initial_steps),
                     pending_rebaseline=run.rebaseline)
             rank.step, rank.time = snap.step, snap.time
+            rank.note_pace(snap.step, snap.time)
             paused = any(e.type in PAUSE_EVENTS for e in snap.events)
             rank.signals.add(snap.step, snap.metrics, paused)
             if rank.pending_rebaseline and snap.step >= rank.pending_rebaseline[0]:
@@ -218,11 +322,17 @@ class RunStore:
         """Render the ranks (and their runs) changed since the last flush."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+            runs: dict[str, RunState] = {}
             for run_name, rank_id in dirty:
                 run = self._runs.get(run_name)
-                if run is None or rank_id not in run.ranks:
+                if run is None:
                     continue  # expired meanwhile
-                run.ranks[rank_id].render()
+                if rank_id in run.ranks:
+                    run.ranks[rank_id].render()
+                runs[run_name] = run
+            # Once per run, after its ranks: the run's pace reads every rank (1024 ranks
+            # rendering the run each would be a million medians a batch).
+            for run in runs.values():
                 run.render()
 
     def rebaseline(self, run_name: str, at_step: int, steps: int) -> None:
@@ -255,9 +365,18 @@ class RunStore:
                     rank.signals.note_nonfinite(key, step)
 
     def expire(self, now: float, timeout: float) -> list[str]:
-        """Drop runs whose files have not been written for ``timeout`` seconds; their names."""
+        """Drop runs whose files have not been written for ``timeout`` seconds; their names.
+
+        A run that has not ended stays for at least HUNG_RETAIN_INTERVALS of its log
+        intervals: its silence is what the hung-run card judges, which it cannot do on a run
+        that left /metrics."""
+        def keep_for(run: RunState) -> float:
+            if run.ended or run.pace is None:
+                return timeout
+            return max(timeout, HUNG_RETAIN_INTERVALS * run.pace[1])
+
         with self._lock:
-            gone = [name for name, run in self._runs.items() if now - run.last_write > timeout]
+            gone = [name for name, run in self._runs.items() if now - run.last_write > keep_for(run)]
             for name in gone:
                 del self._runs[name]
         return gone
@@ -282,8 +401,10 @@ class RunStore:
                 if blocks:
                     chunks.append(fam.header())
                     chunks.extend(blocks)
-            run_blocks = [run.block for run in self._runs.values() if run.block]
-            if run_blocks:
-                chunks.append(ex.CARDINALITY_DROPPED.header())
-                chunks.extend(run_blocks)
+            runs = list(self._runs.values())
+            for fam in ex.RUN_FAMILIES:
+                blocks = [b for run in runs if (b := run.blocks.get(fam.name)) is not None]
+                if blocks:
+                    chunks.append(fam.header())
+                    chunks.extend(blocks)
         return chunks

@@ -167,6 +167,18 @@ TABLE: tuple[Threshold, ...] = (
         slowing down around 87-90 °C; 85 leaves room to act)."""),
     Threshold("gpu_idle_utilization_ratio", 0.1, "cluster", """
         GPU utilization below which a GPU counts as idle while its run advances."""),
+    Threshold("run_hung_intervals", 10, "cluster", """
+        A run that has not marked its end (run_end) and has written nothing for this many of its
+        typical intervals between records (grpo_run_log_interval_seconds, the median of its
+        last 20) is hung. A hung all-reduce stops every rank at once; an ordinary slow step (a
+        checkpoint save, an eval, a long generation) is a few intervals, and the median over 20
+        is not moved by it. Keep it below the exporter's HUNG_RETAIN_INTERVALS (30): a silent
+        run stays in /metrics that long, past --snapshot.run-timeout if need be."""),
+    Threshold("run_hung_min_seconds", 300, "cluster", """
+        ... and for at least this long, in seconds: a toy run logging every 2 s must not turn
+        red over a 20 s pause (an eval, a checkpoint on a slow disk, a scheduler hiccup), and
+        NCCL's own watchdog (10 minutes by default in PyTorch) has had half its time to speak.
+        Keep it below --snapshot.run-timeout (1 hour by default) or the card cannot fire."""),
     # -- the report's own numbers (not written to the rule file) -------------------------------
     Threshold("baseline_steps", 200, "report", """
         The report's window length: the first 200 logged steps are the baseline period

@@ -27,6 +27,7 @@ parser (and say what is missing) without it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import math
 import os
@@ -214,9 +215,12 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
     ref.requires_grad_(False)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     ranks = max(cfg.ranks, 2 if cfg.slow_rank else 1)
-    writers = [SnapshotWriter(cfg.snapshot_dir, cfg.run, rank=r, world_size=ranks) for r in range(ranks)]
     results: list[StepResult] = []
-    try:
+    # Each writer as a context manager: the run's end is marked when the loop finishes (or is
+    # interrupted by a person), not when it crashes (docs/sdk.md).
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(SnapshotWriter(cfg.snapshot_dir, cfg.run, rank=r, world_size=ranks))
+                   for r in range(ranks)]
         for step in range(1, cfg.steps + 1):
             res = _step(cfg, step, policy, ref, opt, gen)
             metrics = res.metrics
@@ -230,9 +234,6 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
             results.append(res)
             if on_step is not None:
                 on_step(res)
-    finally:
-        for w in writers:
-            w.close()
     return results
 
 

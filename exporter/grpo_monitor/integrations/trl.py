@@ -180,15 +180,19 @@ class GRPOMonitorCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
-        self._guard(self.close)
+        # transformers calls this only when train() returns, never when it raises: the
+        # run_end written here is a clean end (a red card's "stop" included: the run stopped
+        # on purpose). A crash leaves the end unmarked, and its silence raises GRPORunHung.
+        self._guard(self.close, True, int(state.global_step))
 
     # -- internals ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Close the snapshot file (``on_train_end`` does); a later training opens it again."""
+    def close(self, end: bool = False, step: int | None = None) -> None:
+        """Close the snapshot file; a later training opens it again. ``end``: mark the run as
+        finished (a ``run_end`` event at ``step``), as ``on_train_end`` does."""
         writer, self.writer = self.writer, None
         if writer is not None:
-            writer.close()
+            writer.close(end=end, step=step)
 
     def _writes(self, state: TrainerState) -> bool:
         return bool(state.is_world_process_zero) or self.per_rank_perf

@@ -11,6 +11,11 @@ Why it is shaped this way:
 * Never raise. A full or broken disk must not kill a week-long run: disk errors and values the
   encoder cannot handle are counted (``write_errors``, ``dropped_records``), warned about once,
   and the file is reopened on a later ``log()`` once the disk is back.
+* An end that says so. ``close()`` appends a ``run_end`` event: the exporter then knows the run
+  finished, and that its silence is no hang (the GRPORunHung red card). A run that dies without
+  it (a crash, a kill, a hung collective) simply stops writing, which is what the card looks
+  for. So ``close()`` is for the clean path only; the context manager and ``close(end=False)``
+  leave the end unmarked when an exception is on its way out.
 * Bounded. Past ``max_bytes`` the file is renamed to a numbered segment that keeps the
   ``rank-<N>`` prefix and ``.jsonl`` suffix, so the exporter still reads it as history, and only
   the newest ``keep_segments`` segments are kept.
@@ -183,6 +188,7 @@ class SnapshotWriter:
         self._torn = False
         self._retry_at = 0.0
         self._seq = 0
+        self._last_step: int | None = None  # the newest step log() wrote: run_end's step
         self._closed = False
         self._warned_disk = False
         self._warned_value = False
@@ -223,6 +229,7 @@ class SnapshotWriter:
                 parts += (b',"events":', _encode(events))
             parts.append(b"}\n")
             data = b"".join(parts)
+            step = int(step)
         # The default hook calls the caller's .item() / float(): anything may come out of it,
         # and a bad value is no reason to stop training.
         except Exception as exc:  # noqa: BLE001
@@ -233,6 +240,10 @@ class SnapshotWriter:
                              "JSON (%r); further ones are dropped silently", self.path, exc)
             return False
         with self._lock:
+            if self._closed:
+                self.dropped_records += 1
+                return False
+            self._last_step = step if self._last_step is None else max(self._last_step, step)
             return self._append(data)
 
     def should_pause(self) -> bool:
@@ -248,12 +259,18 @@ class SnapshotWriter:
         resume`` returns the control record (honour its ``rollback_to``, a step or None)."""
         if not self.should_pause():
             return None
+        rec = self._control or {}
         if log:
-            rec = self._control or {}
             _log.warning("training paused by red card %s at step %s; run `grpo-monitor resume %s` "
                          "to continue", rec.get("alertname"), rec.get("step"), self.run)
+        # Say so in the snapshots: a run that waits on purpose writes nothing, and must not
+        # look hung (GRPORunHung) while it waits; "resumed" restarts the silence clock.
+        with self._lock:
+            self._mark("paused", alertname=rec.get("alertname"))
         while self.should_pause():
             time.sleep(poll_interval)
+        with self._lock:
+            self._mark("resumed")
         if log:
             _log.warning("training resumed (rollback_to=%s)", (self._control or {}).get("rollback_to"))
         return dict(self._control) if self._control is not None else {"state": "running"}
@@ -281,18 +298,49 @@ class SnapshotWriter:
             self._control_sig, self._control = None, None
             return None
 
-    def close(self) -> None:
-        """Close the file; later ``log()`` calls are dropped."""
+    def close(self, *, end: bool = True, step: int | None = None) -> None:
+        """Close the file; later ``log()`` calls are dropped. A second call does nothing.
+
+        ``end=True`` (the default) first appends a record whose ``events`` hold
+        ``{"type": "run_end"}``, at ``step`` (default: the newest step logged): the run
+        finished, and the exporter stops expecting records from it (no GRPORunHung card). Skipped
+        when this writer logged nothing. ``end=False`` closes without it: for the error path,
+        where the run did not finish. Note that a bare ``close()`` in a ``finally`` block marks
+        a crashed run as ended; use ``with SnapshotWriter(...)`` (which passes ``end=False``
+        when an exception leaves the block) or ``close(end=False)`` in an ``except``.
+        """
         with self._lock:
+            if self._closed:
+                return
+            if end:
+                self._mark("run_end", step)
             self._closed = True
             self._close_fd()
+
+    def _mark(self, event_type: str, step: int | None = None, **fields: Any) -> None:
+        """Append a record that is one event and no metrics (called with the lock held): the
+        exporter reads it as a mark of the run's state, not as a step. Nothing before the first
+        step (no run to mark yet) or after close()."""
+        last = self._last_step if step is None else int(step)
+        if last is None or self._closed:
+            return
+        now = time.time()
+        event = _encode([{"type": event_type, "step": last, "time": now,
+                          **{k: v for k, v in fields.items() if v is not None}}])
+        self._append(b"".join((self._prefix, b"%d" % last, b',"time":%r,"metrics":{}' % now,
+                               b',"events":', event, b"}\n")))
 
     def __enter__(self) -> SnapshotWriter:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        # A clean exit ends the run; so do Ctrl-C and sys.exit(0): a person or the program
+        # chose to stop, and a red "hung" card minutes later would page someone for nothing.
+        # Any other exception is a crash: the end stays unmarked, and the silence is a card.
+        clean = (exc_type is None or issubclass(exc_type, KeyboardInterrupt)
+                 or (isinstance(exc, SystemExit) and exc.code in (None, 0)))
+        self.close(end=clean)
 
     def __del__(self) -> None:
         # __init__ may have failed before the descriptor existed.
