@@ -103,17 +103,36 @@ FIRED = 'group by (alertname, severity) (max_over_time(ALERTS{{alertstate="firin
 FIRING_NOW = 'group by (alertname, severity) (ALERTS{{alertstate="firing"{only}}})'
 
 
-def check_cards(played: Played, checks: list[tuple[int, set[str]]], tmp: Path, *,
+@dataclass(frozen=True)
+class Check:
+    """One expectation: exactly ``cards`` at scrape ``at``. ``now``: the cards firing at that
+    scrape, rather than at any scrape up to it; ``only``: extra label matchers for ALERTS
+    (e.g. ``,severity="critical"``)."""
+
+    at: int
+    cards: set[str]
+    now: bool = False
+    only: str = ""
+
+    def test(self) -> dict[str, object]:
+        return {
+            "expr": (FIRING_NOW if self.now else FIRED).format(minutes=self.at + 1, only=self.only),
+            "eval_time": f"{self.at}m",
+            "exp_samples": [{"labels": f'{{alertname="{a}",severity="{SEVERITIES[a]}"}}', "value": 1}
+                            for a in sorted(self.cards)],
+        }
+
+
+def check_cards(played: Played, checks: list[tuple[int, set[str]] | Check], tmp: Path, *,
                 now: bool = False, only: str = "") -> None:
     """Assert with promtool that exactly the given cards had fired by each given scrape.
 
-    ``checks`` holds (scrape index, expected card names); each scrape is one minute of
-    promtool's clock. ``now``: the cards firing at that scrape, rather than at any scrape up to
-    it. ``only``: extra label matchers for ALERTS (e.g. ``,severity="critical"``). Raises
-    AssertionError with promtool's report, which names the cards that did fire, when a set
-    differs.
+    ``checks`` holds (scrape index, expected card names) pairs, which take ``now`` and ``only``
+    (see Check), or Checks of their own; each scrape is one minute of promtool's clock. One
+    promtool run evaluates them all. Raises AssertionError with promtool's report, which names
+    the cards that did fire, when a set differs.
     """
-    severities = SEVERITIES
+    checks = [c if isinstance(c, Check) else Check(c[0], c[1], now, only) for c in checks]
     test = {
         "rule_files": RULE_FILES,
         "evaluation_interval": "1m",
@@ -121,12 +140,7 @@ def check_cards(played: Played, checks: list[tuple[int, set[str]]], tmp: Path, *
             "interval": "1m",
             "input_series": [{"series": name, "values": " ".join(values)}
                              for name, values in played.series.items()],
-            "promql_expr_test": [{
-                "expr": (FIRING_NOW if now else FIRED).format(minutes=at + 1, only=only),
-                "eval_time": f"{at}m",
-                "exp_samples": [{"labels": f'{{alertname="{a}",severity="{severities[a]}"}}', "value": 1}
-                                for a in sorted(expected)],
-            } for at, expected in checks],
+            "promql_expr_test": [c.test() for c in checks],
         }],
     }
     path = tmp / "scenario.test.json"

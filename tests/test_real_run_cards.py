@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from real_runs import play_real
-from scenario_rules import Played, check_cards, scrape_index_at
+from scenario_rules import Check, Played, check_cards, scrape_index_at
 
 HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
            "verl-ppo-qwen25-05b-gsm8k", "verl-grpo-qwen2-7b-gsm8k-megatron-base")
@@ -53,16 +53,14 @@ def test_dead_learning_signal_is_caught_from_the_first_steps(every: int, tmp_pat
 def test_early_collapse_is_caught_and_the_red_card_holds(tmp_path: Path) -> None:
     played = play_real(COLLAPSE)
     onset = played.scrape_steps[0]  # sick from its first logged step
-    # Within 50 steps: the answers shrank from 53 tokens to 2 against the initial length.
-    check_cards(played, [(scrape_index_at(played, onset + CAUGHT_WITHIN), {"GRPOResponseLengthShift"})],
-                tmp_path)
-    # Entropy passes 0.1x its initial value at step 130 (after falling since the start); the
-    # red card follows within the next two logged steps ...
-    check_cards(played, [(scrape_index_at(played, 150), {"GRPOEntropyCollapse"})], tmp_path,
-                only=',alertname="GRPOEntropyCollapse"')
-    # ... and is still red at the run's last step, 340 steps later.
-    check_cards(played, [(last(played), {"GRPOEntropyCollapse"})], tmp_path, now=True,
-                only=',severity="critical"')
-    # By the end: the collapse's cards, and nothing else.
-    check_cards(played, [(last(played), {"GRPOResponseLengthShift", "GRPOEntropyCollapse",
-                                          "GRPOAdvantageVanishing"})], tmp_path)
+    check_cards(played, [
+        # Within 50 steps: the answers shrank from 53 tokens to 2 against the initial length.
+        (scrape_index_at(played, onset + CAUGHT_WITHIN), {"GRPOResponseLengthShift"}),
+        # Entropy passes 0.1x its initial value at step 130 (after falling since the start);
+        # the red card follows within the next two logged steps ...
+        Check(scrape_index_at(played, 150), {"GRPOEntropyCollapse"}, only=',alertname="GRPOEntropyCollapse"'),
+        # ... and is still red at the run's last step, 340 steps later.
+        Check(last(played), {"GRPOEntropyCollapse"}, now=True, only=',severity="critical"'),
+        # By the end: the collapse's cards, and nothing else.
+        (last(played), {"GRPOResponseLengthShift", "GRPOEntropyCollapse", "GRPOAdvantageVanishing"}),
+    ], tmp_path)
