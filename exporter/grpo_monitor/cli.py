@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor import __version__
+from grpo_monitor.extras import MissingExtra, require
 
 ENV_PREFIX = "GRPO_MONITOR_"
 
@@ -338,12 +339,7 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     snapshot_dir = args.__dict__["snapshot.dir"]
     from grpo_monitor import train_demo
 
-    try:
-        import torch  # noqa: F401
-    except ImportError as exc:
-        print(f"grpo-monitor train-demo needs torch ({exc}); install the extra: "
-              "pip install 'grpo-monitor[torch]'", file=sys.stderr)
-        return 2
+    require("train-demo", "torch", "torch")
     try:
         cfg = train_demo.config_from_args(args, snapshot_dir)
     except ValueError as exc:
@@ -367,6 +363,16 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     print(f"trained {cfg.steps} steps in {time.perf_counter() - start:.1f} s; snapshots under "
           f"{Path(snapshot_dir) / cfg.run}")
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Offline post-mortem of one run folder (numpy and matplotlib: the report extra). Exit 0,
+    or 2 when the folder has no records."""
+    # report.py imports numpy at module level; check first so that a plain install gets one line.
+    require("report", "report", "numpy", "matplotlib")
+    from grpo_monitor.report import cmd_report as run_report
+
+    return run_report(args)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -427,9 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Step (default: the newest with samples; else the nearest earlier one).")
     rep.set_defaults(func=cmd_replay)
 
-    from grpo_monitor.report import add_parser as add_report_parser
-
-    add_report_parser(sub)
+    report = sub.add_parser("report", help="Offline post-mortem of one run folder: summary, "
+                            "verdicts, reward-vs-step.csv, curves.png, report.html (the report extra).",
+                            description=cmd_report.__doc__)
+    report.add_argument("run_dir", metavar="RUN_DIR", help="The run's folder (<snapshot_dir>/<run>).")
+    report.add_argument("--out", default=None, metavar="DIR",
+                        help="Output folder (default RUN_DIR/.report, which ingest ignores).")
+    report.add_argument("--format", choices=("text", "json", "html"), default="text",
+                        help="What to print: the text report, JSON, or the report.html path.")
+    report.set_defaults(func=cmd_report)
 
     sim = sub.add_parser("simulate", help="Write a synthetic run (healthy or sick) to a snapshot folder.",
                          description=cmd_simulate.__doc__)
@@ -474,7 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
