@@ -82,6 +82,9 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     _add(p, "--web.webhook-token-file", "File holding the bearer token Alertmanager sends to "
          "POST /-/alertmanager/webhook (a red card pauses its run); without it the webhook is off.",
          type=Path)
+    _add(p, "--notify.url", "Relay every card Alertmanager sends to the webhook to a person: "
+         "space-separated slack+https://..., ntfy+https://..., smtp://HOST?to=ADDR URLs "
+         "(docs/pause.md); needs --web.webhook-token-file.")
     _add(p, "--log.level", "Log level: debug, info, warn, error.", default="info")
 
 
@@ -100,7 +103,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                       max_event_types=v["metrics.max_event_types"],
                       baseline_steps=v["signals.baseline_steps"]),
         gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"],
-        webhook_token_file=v.get("web.webhook_token_file"))
+        webhook_token_file=v.get("web.webhook_token_file"), notify_url=v.get("notify.url") or None)
 
 
 def _setup_logging(level: str) -> None:
@@ -122,7 +125,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _setup_logging(args.__dict__["log.level"])
     config = _config(args)
-    exporter = Exporter(config).start()
+    try:
+        exporter = Exporter(config).start()
+    except ValueError as exc:
+        print(f"grpo-monitor serve: {exc}", file=sys.stderr)
+        return 2
     logging.getLogger("grpo_monitor").info(
         "serving %s/metrics for snapshots under %s", exporter.url, config.snapshot_dir)
     _wait_for_signal()
@@ -323,6 +330,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compose_init(args: argparse.Namespace) -> int:
+    """Create the stack's secrets when missing (webhook token, Grafana admin password) and let the
+    exporter (uid 10001) write pause records into the snapshot folder's run folders."""
+    from grpo_monitor.compose_init import run
+
+    return run(args)
+
+
 def _add_train_demo_flags(p: argparse.ArgumentParser) -> None:
     # train_demo imports torch only when training starts: the parser builds without it.
     from grpo_monitor.train_demo import add_arguments
@@ -474,6 +489,14 @@ def build_parser() -> argparse.ArgumentParser:
     reb.add_argument("--at-step", type=int, default=None,
                      help="Last step of the new baseline (default: the newest step on disk).")
     reb.set_defaults(func=cmd_rebaseline)
+
+    init = sub.add_parser("compose-init", help="docker-compose.yml's init service: secrets and "
+                          "snapshot-folder permissions before the stack starts (as root).",
+                          description=cmd_compose_init.__doc__)
+    from grpo_monitor.compose_init import add_arguments as add_init_arguments
+
+    add_init_arguments(init)
+    init.set_defaults(func=cmd_compose_init)
 
     res = sub.add_parser("resume", help="Resume a run a red card paused.", description=cmd_resume.__doc__)
     _add_snapshot_dir(res, "The exporter's snapshot folder.", required=True)
