@@ -142,3 +142,18 @@ def test_serve_publishes_a_snapshot(plain_venv: Path) -> None:
             assert proc.wait(timeout=10) == 0
     finally:
         shutil.rmtree(snapshots, ignore_errors=True)
+
+
+def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
+    """`make demo` installs the package alone: no torch, trl, transformers or matplotlib (the test
+    extras), and only the two Debian servers the native stack runs."""
+    venv = tmp_path / "venv"  # a venv that does not exist yet: make prints every install step
+    res = subprocess.run(["make", "-n", "demo", f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True)
+    installs = [line for line in res.stdout.splitlines() if "pip install" in line or "apt-get install" in line]
+    assert installs, res.stdout
+    for line in installs:
+        for heavy in ("torch", "trl", "transformers", "matplotlib", "[test]", "[report]", "podman"):
+            assert heavy not in line, f"make demo installs {heavy}: {line}"
+    assert any(line.rstrip().endswith("-e .") for line in installs)
+    assert any("prometheus prometheus-alertmanager" in line for line in res.stdout.splitlines())
