@@ -201,6 +201,10 @@ def test_exporter_image_runs_as_its_non_root_user_and_turns_healthy(stack: Stack
     state = json.loads(stack.podman("inspect", cid).stdout)[0]["State"]
     health = state.get("Health") or state.get("Healthcheck")
     assert health["Status"] == "healthy", health
+    # For the record (shown with -s): the containers and their state.
+    print(stack.compose("ps").stdout, file=sys.stderr)
+    print(stack.podman("ps", "-a", "--format", "{{.Names}}\t{{.Image}}\t{{.Status}}").stdout,
+          file=sys.stderr)
 
 
 def test_init_made_the_secrets_and_exited(stack: Stack) -> None:
