@@ -173,8 +173,8 @@ def stack() -> Iterator[Stack]:
         yield s
     finally:
         podman("rm", "-f", f"{project}-receiver", check=False, timeout=60)
-        if "up+build" in s.timings:
-            s.compose("down", "-v", "--remove-orphans", check=False, timeout=300)
+        # Whatever got created, even by a failed `up`: containers, the network, the volumes.
+        s.compose("down", "-v", "--remove-orphans", check=False, timeout=300)
         # Layers of earlier builds of the exporter image, in the suite's own storage only.
         podman("image", "prune", "-f", check=False, timeout=120)
         podman.stop_service()
