@@ -175,6 +175,12 @@ def stack() -> Iterator[Stack]:
         podman("rm", "-f", f"{project}-receiver", check=False, timeout=60)
         # Whatever got created, even by a failed `up`: containers, the network, the volumes.
         s.compose("down", "-v", "--remove-orphans", check=False, timeout=300)
+        # A container caught in a restart loop (restart: unless-stopped) can slip past `down`.
+        left = podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}",
+                      check=False, timeout=60).stdout.split()
+        if left:
+            podman("rm", "-f", *left, check=False, timeout=120)
+            s.compose("down", "-v", "--remove-orphans", check=False, timeout=300)
         # Layers of earlier builds of the exporter image, in the suite's own storage only.
         podman("image", "prune", "-f", check=False, timeout=120)
         podman.stop_service()
@@ -315,6 +321,17 @@ def test_a_nan_pauses_a_run_of_an_ordinary_user_and_reaches_a_person(stack: Stac
     assert stack.exporter_metric("grpo_notifications_total", outcome="sent") >= 1
     print(f"pause record after {stack.timings['nan->pause']:.1f} s:\n{control.read_text()}",
           file=sys.stderr)
+    # How the card travelled (for the record, with -s): delivery errors show here first.
+    prom = requests.get(stack.url("prometheus") + "/metrics", timeout=5).text
+    print("\n".join(line for line in prom.splitlines()
+                    if line.startswith(("prometheus_notifications_sent_total",
+                                        "prometheus_notifications_errors_total",
+                                        "prometheus_notifications_dropped_total"))), file=sys.stderr)
+    am = requests.get(stack.url("alertmanager") + "/metrics", timeout=5).text
+    print("\n".join(line for line in am.splitlines()
+                    if line.startswith(("alertmanager_notifications_total{integration=\"webhook",
+                                        "alertmanager_notifications_failed_total{integration=\"webhook",
+                                        "alertmanager_alerts_received_total"))), file=sys.stderr)
 
 
 def test_down_and_up_keep_prometheus_data_and_the_pause_state(stack: Stack) -> None:
