@@ -1,21 +1,26 @@
 # grpo-monitor: the two commands of the README, and the helpers they use.
-#   make demo   the exporter on a temporary folder, fed a built-in synthetic run
-#   make test   everything the tests need (virtualenv, Python packages, Debian's prometheus),
-#               then the whole suite
+#   make demo   the native stack on a temporary folder, fed a built-in synthetic run; installs
+#               the package alone (no torch, trl, transformers or matplotlib) and Debian's
+#               prometheus and prometheus-alertmanager
+#   make test   everything the tests need (virtualenv with every extra, Debian's prometheus
+#               tools, docker-compose, and podman, runc, debootstrap for the compose stack in
+#               real containers), then the whole suite
 # Set-up installs only what is missing, so a warm machine starts at once.
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The package alone, as `pip install .` gives it: what `make demo` needs.
+BASE_STAMP := $(VENV)/.installed-base
 # torch is pinned to the CPU wheel this kind of machine keeps on disk; an unpinned torch would
 # pull a multi-GB CUDA build. The exporter itself never needs torch.
 TORCH  ?= torch==2.13.0
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test deps system-deps bench docs check-docs clean
+.PHONY: demo test deps demo-deps system-deps stack-deps bench docs check-docs clean
 
-demo: deps system-deps
+demo: demo-deps stack-deps
 	$(PY) -m grpo_monitor.cli demo $(ARGS)
 
 test: deps system-deps
@@ -23,22 +28,40 @@ test: deps system-deps
 
 deps: $(STAMP)
 
-$(STAMP): pyproject.toml
+demo-deps: $(BASE_STAMP)
+
+$(BASE_STAMP): pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e .
+	touch $@
+
+$(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check '$(TORCH)'
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
-# The tests run the real prometheus, promtool, prometheus-alertmanager and amtool, and check
-# docker-compose.yml with docker-compose (no Docker engine needed); the benchmarks compare with
-# node_exporter's textfile collector.
-system-deps:
-	@command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null && \
-	  command -v amtool >/dev/null && command -v prometheus-node-exporter >/dev/null && \
-	  command -v docker-compose >/dev/null || \
+# The native stack's servers (make demo).
+stack-deps:
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || \
 	  { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	  prometheus prometheus-alertmanager prometheus-node-exporter docker-compose; }
+	  prometheus prometheus-alertmanager; }
+
+# The tests run the real prometheus, promtool, prometheus-alertmanager and amtool; the compose
+# test runs docker-compose.yml in real containers: Debian's docker-compose against podman (with
+# runc; netavark, aardvark-dns and iptables for its networks), on base images that debootstrap
+# builds (tests/containers.py). The benchmarks compare with node_exporter's textfile collector.
+SYSTEM_TOOLS := promtool prometheus-alertmanager amtool prometheus-node-exporter docker-compose \
+                podman runc debootstrap iptables netavark aardvark-dns
+SYSTEM_PKGS  := prometheus prometheus-alertmanager prometheus-node-exporter docker-compose \
+                podman runc debootstrap iptables netavark aardvark-dns ca-certificates
+system-deps:
+	@missing=; for t in $(SYSTEM_TOOLS); do \
+	  command -v $$t >/dev/null || [ -x /usr/lib/podman/$$t ] || missing="$$missing $$t"; done; \
+	  [ -z "$$missing" ] || { echo "installing Debian packages for:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	  $(SYSTEM_PKGS); }
 
 bench: deps system-deps
 	$(PY) bench/bench_writer.py

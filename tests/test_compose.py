@@ -25,7 +25,9 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "exporter" / "Dockerfile"
 FLEET = ROOT / "prometheus" / "prometheus-fleet.yml"
 SCALING = ROOT / "docs" / "scaling.md"
-DEFAULT_SERVICES = {"exporter", "prometheus", "alertmanager", "grafana"}
+GPU_OVERRIDE = ROOT / "docker-compose.gpu.yml"
+LONG_RUNNING = {"exporter", "prometheus", "alertmanager", "grafana"}
+DEFAULT_SERVICES = LONG_RUNNING | {"init"}  # init: one-shot, before the others
 SNAPSHOT_SOURCE = "${GRPO_SNAPSHOT_DIR:-./snapshots}"
 
 
@@ -37,17 +39,19 @@ def _tool(name: str, package: str) -> str:
     return path
 
 
-def _compose(*args: str, env: dict[str, str] | None = None, tmp: Path) -> subprocess.CompletedProcess[str]:
+def _compose(*args: str, env: dict[str, str] | None = None, tmp: Path,
+             files: tuple[Path, ...] = (COMPOSE,)) -> subprocess.CompletedProcess[str]:
     """docker-compose on the project file, isolated from the caller's environment and from a
-    local .env (an empty --env-file), with the Grafana password set unless `env` says otherwise."""
+    local .env (an empty --env-file): nothing set, as for a user who prepared nothing."""
     binary = _tool("docker-compose", "docker-compose")
     empty = tmp / "empty.env"
     empty.write_text("")
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("GRPO_", "GRAFANA_", "COMPOSE_", "DOCKER_"))}
-    full = {**base, "GRAFANA_ADMIN_PASSWORD": "test-only-password", **(env or {})}
+    full = {**base, **(env or {})}
     full = {k: v for k, v in full.items() if v is not None}
-    return subprocess.run([binary, "-f", str(COMPOSE), "--env-file", str(empty), *args],
+    flags = [a for f in files for a in ("-f", str(f))]
+    return subprocess.run([binary, *flags, "--env-file", str(empty), *args],
                           check=False, cwd=ROOT, env=full, capture_output=True, text=True, timeout=60)
 
 
@@ -103,10 +107,26 @@ def test_compose_config_is_valid(config: dict[str, Any]) -> None:
     assert set(config["services"]) >= DEFAULT_SERVICES | {"demo"}
 
 
-def test_compose_requires_grafana_admin_password(tmp_module: Path) -> None:
-    res = _compose("config", env={"GRAFANA_ADMIN_PASSWORD": None}, tmp=tmp_module)  # type: ignore[dict-item]
-    assert res.returncode != 0, "compose must refuse to start Grafana without an admin password"
-    assert "GRAFANA_ADMIN_PASSWORD" in res.stderr
+def test_compose_needs_no_preparation(config: dict[str, Any], raw: dict[str, Any]) -> None:
+    """No variable is required and no repository file must be created first: init makes the
+    secrets in named volumes, and every service that reads one waits for init to finish."""
+    text = COMPOSE.read_text()
+    assert ":?" not in text, "a required variable is a preparation step"
+    services = config["services"]
+    init = services["init"]
+    assert init["command"] == ["compose-init"] and init["image"] == services["exporter"]["image"]
+    assert init["restart"] == "no" and init["user"] == "0:0"
+    for name in ("exporter", "alertmanager", "grafana"):
+        assert services[name]["depends_on"]["init"]["condition"] == "service_completed_successfully", name
+    secrets = {"webhook-secret", "grafana-secret"}
+    assert secrets <= set(raw["volumes"])
+    readers = {name: {src for src, _, _ in _mounts(s) if src in secrets} for name, s in services.items()}
+    assert readers["exporter"] == readers["alertmanager"] == {"webhook-secret"}
+    assert readers["grafana"] == {"grafana-secret"}
+    assert readers["prometheus"] == set(), "Prometheus needs no secret"
+    # Nothing from the repository's prometheus/secrets/ any more: it would have to be created.
+    assert all("secrets" not in src for svc in services.values() for src, _, _ in _mounts(svc)
+               if _is_bind(src))
 
 
 def test_demo_profile_config_is_valid(tmp_module: Path) -> None:
@@ -125,7 +145,7 @@ def test_images_are_pinned(config: dict[str, Any]) -> None:
 def test_config_mounts_are_read_only(config: dict[str, Any]) -> None:
     """Every bind mount is read-only, except the snapshot folder of the services that write it."""
     # The exporter writes control records (the red-card pause) next to the runs' snapshots.
-    writers = {"demo", "cli", "exporter"}
+    writers = {"demo", "cli", "exporter", "init"}
     for name, svc in config["services"].items():
         for src, dst, mode in _mounts(svc):
             if not _is_bind(src):
@@ -146,7 +166,7 @@ def test_mounted_files_exist(config: dict[str, Any]) -> None:
 
 
 def test_snapshot_folder_comes_from_grpo_snapshot_dir(raw: dict[str, Any], tmp_module: Path) -> None:
-    for name in ("exporter", "demo", "cli"):
+    for name in ("exporter", "demo", "cli", "init"):
         sources = [v.rsplit(":/snapshots", 1)[0] for v in raw["services"][name]["volumes"]
                    if ":/snapshots" in v]
         assert sources == [SNAPSHOT_SOURCE], f"{name}: snapshot mount {sources}"
@@ -159,13 +179,32 @@ def test_snapshot_folder_comes_from_grpo_snapshot_dir(raw: dict[str, Any], tmp_m
     assert _mounts(services["exporter"])[0] == ("/data/grpo-snapshots", "/snapshots", "rw")
 
 
-def test_exporter_reserves_the_gpus(config: dict[str, Any]) -> None:
-    devices = config["services"]["exporter"]["deploy"]["resources"]["reservations"]["devices"]
+def test_gpus_are_one_switch_away(config: dict[str, Any], tmp_module: Path) -> None:
+    """Default: no device reservation, so the stack starts without the NVIDIA toolkit. With
+    docker-compose.gpu.yml (COMPOSE_FILE in .env), the exporter reserves every GPU for NVML."""
+    assert "deploy" not in config["services"]["exporter"]
+    res = _compose("config", tmp=tmp_module, files=(COMPOSE, GPU_OVERRIDE))
+    assert res.returncode == 0, res.stderr
+    gpu = yaml.safe_load(res.stdout)["services"]
+    devices = gpu["exporter"]["deploy"]["resources"]["reservations"]["devices"]
     assert len(devices) == 1
     dev = devices[0]
     assert dev["driver"] == "nvidia"
     assert dev["count"] == "all"
     assert set(dev["capabilities"]) == {"gpu", "utility"}
+    # The override changes nothing else.
+    def normal(svc: dict[str, Any]) -> dict[str, Any]:  # merging may reorder the volumes
+        return {**{k: v for k, v in svc.items() if k != "deploy"}, "volumes": sorted(svc["volumes"])}
+
+    assert normal(gpu["exporter"]) == normal(config["services"]["exporter"])
+    # The switch is COMPOSE_FILE, which Compose reads from .env: documented where users look.
+    switch = "COMPOSE_FILE=docker-compose.yml:docker-compose.gpu.yml"
+    for doc in (ROOT / "README.md", COMPOSE, ROOT / ".env.example"):
+        assert switch in doc.read_text(), doc
+    res = _compose("config", tmp=tmp_module, env={"COMPOSE_FILE": f"{COMPOSE}:{GPU_OVERRIDE}"},
+                   files=())
+    assert res.returncode == 0, res.stderr
+    assert "deploy" in yaml.safe_load(res.stdout)["services"]["exporter"]
 
 
 def test_exporter_is_built_from_the_dockerfile(config: dict[str, Any]) -> None:
@@ -196,16 +235,19 @@ def test_grafana_anonymous_viewer_and_secret_password(config: dict[str, Any], ra
     env = config["services"]["grafana"]["environment"]
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
     assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
-    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "test-only-password"  # from the environment
-    assert raw["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"].startswith(
-        "${GRAFANA_ADMIN_PASSWORD:?")
+    # The password comes from the file init writes, never from the compose file or a default.
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env
+    password = PurePosixPath(env["GF_SECURITY_ADMIN_PASSWORD__FILE"])
     mounts = {dst: (src, mode) for src, dst, mode in _mounts(config["services"]["grafana"])}
+    assert mounts[str(password.parent)] == ("grafana-secret", "ro")
+    init = {dst: src for src, dst, _ in _mounts(config["services"]["init"])}
+    assert init[str(password.parent)] == "grafana-secret"
     assert mounts["/etc/grafana/provisioning"] == (str(ROOT / "grafana" / "provisioning"), "ro")
     assert mounts["/var/lib/grafana/dashboards"] == (str(ROOT / "grafana" / "dashboards"), "ro")
 
 
 def test_long_running_services_restart_and_have_healthchecks(config: dict[str, Any]) -> None:
-    for name in DEFAULT_SERVICES:
+    for name in LONG_RUNNING:
         svc = config["services"][name]
         assert svc.get("restart") == "unless-stopped", name
         if name != "exporter":  # the exporter's HEALTHCHECK is in its image (Dockerfile)
@@ -216,7 +258,7 @@ def test_long_running_services_restart_and_have_healthchecks(config: dict[str, A
 
 def test_alertmanager_mounts_its_secrets_read_only(config: dict[str, Any]) -> None:
     am = config["services"]["alertmanager"]
-    assert (str(ROOT / "prometheus" / "secrets"), "/etc/alertmanager/secrets", "ro") in _mounts(am)
+    assert ("webhook-secret", "/etc/alertmanager/secrets", "ro") in _mounts(am)
     creds = [hook["http_config"]["authorization"]["credentials_file"]
              for r in yaml.safe_load((ROOT / "prometheus" / "alertmanager.yml").read_text())["receivers"]
              for hook in r.get("webhook_configs", [])]

@@ -30,8 +30,16 @@ class Exporter:
         if config.webhook_token_file is not None:
             from grpo_monitor.webhook import WebhookHandler
 
+            notifier = None
+            if config.notify_url:
+                from grpo_monitor.notify import Notifier, sinks
+
+                notifier = Notifier(sinks(config.notify_url), self.store.max_step)
             self.webhook = WebhookHandler(config.snapshot_dir.absolute(), config.webhook_token_file,
-                                          self.store, self.health.registry)
+                                          self.store, self.health.registry, notifier=notifier)
+        elif config.notify_url:
+            # The relay rides on Alertmanager's webhook: without it nothing would ever be sent.
+            raise ValueError("--notify.url needs --web.webhook-token-file (the webhook it relays)")
         self.server = ExporterServer(config.listen_address, self.metrics, self.watcher.ready.is_set,
                                      self.webhook, config.snapshot_dir.absolute())
 

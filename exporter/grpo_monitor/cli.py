@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor import __version__
+from grpo_monitor.extras import MissingExtra, require
 from grpo_monitor.signals import INITIAL_STEPS
 
 ENV_PREFIX = "GRPO_MONITOR_"
@@ -85,6 +86,9 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     _add(p, "--web.webhook-token-file", "File holding the bearer token Alertmanager sends to "
          "POST /-/alertmanager/webhook (a red card pauses its run); without it the webhook is off.",
          type=Path)
+    _add(p, "--notify.url", "Relay every card Alertmanager sends to the webhook to a person: "
+         "space-separated slack+https://..., ntfy+https://..., smtp://HOST?to=ADDR URLs "
+         "(docs/pause.md); needs --web.webhook-token-file.")
     _add(p, "--log.level", "Log level: debug, info, warn, error.", default="info")
 
 
@@ -104,7 +108,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                       baseline_steps=v["signals.baseline_steps"],
                       initial_steps=v["signals.initial_steps"]),
         gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"],
-        webhook_token_file=v.get("web.webhook_token_file"))
+        webhook_token_file=v.get("web.webhook_token_file"), notify_url=v.get("notify.url") or None)
 
 
 def _setup_logging(level: str) -> None:
@@ -126,7 +130,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _setup_logging(args.__dict__["log.level"])
     config = _config(args)
-    exporter = Exporter(config).start()
+    try:
+        exporter = Exporter(config).start()
+    except ValueError as exc:
+        print(f"grpo-monitor serve: {exc}", file=sys.stderr)
+        return 2
     logging.getLogger("grpo_monitor").info(
         "serving %s/metrics for snapshots under %s", exporter.url, config.snapshot_dir)
     _wait_for_signal()
@@ -327,6 +335,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compose_init(args: argparse.Namespace) -> int:
+    """Create the stack's secrets when missing (webhook token, Grafana admin password) and let the
+    exporter (uid 10001) write pause records into the snapshot folder's run folders."""
+    from grpo_monitor.compose_init import run
+
+    return run(args)
+
+
 def _add_train_demo_flags(p: argparse.ArgumentParser) -> None:
     # train_demo imports torch only when training starts: the parser builds without it.
     from grpo_monitor.train_demo import add_arguments
@@ -343,12 +359,7 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     snapshot_dir = args.__dict__["snapshot.dir"]
     from grpo_monitor import train_demo
 
-    try:
-        import torch  # noqa: F401
-    except ImportError as exc:
-        print(f"grpo-monitor train-demo needs torch ({exc}); install the extra: "
-              "pip install 'grpo-monitor[torch]'", file=sys.stderr)
-        return 2
+    require("train-demo", "torch", "torch")
     try:
         cfg = train_demo.config_from_args(args, snapshot_dir)
     except ValueError as exc:
@@ -372,6 +383,16 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     print(f"trained {cfg.steps} steps in {time.perf_counter() - start:.1f} s; snapshots under "
           f"{Path(snapshot_dir) / cfg.run}")
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Offline post-mortem of one run folder (numpy and matplotlib: the report extra). Exit 0,
+    or 2 when the folder has no records."""
+    # report.py imports numpy at module level; check first so that a plain install gets one line.
+    require("report", "report", "numpy", "matplotlib")
+    from grpo_monitor.report import cmd_report as run_report
+
+    return run_report(args)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -432,9 +453,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Step (default: the newest with samples; else the nearest earlier one).")
     rep.set_defaults(func=cmd_replay)
 
-    from grpo_monitor.report import add_parser as add_report_parser
-
-    add_report_parser(sub)
+    report = sub.add_parser("report", help="Offline post-mortem of one run folder: summary, "
+                            "verdicts, reward-vs-step.csv, curves.png, report.html (the report extra).",
+                            description=cmd_report.__doc__)
+    report.add_argument("run_dir", metavar="RUN_DIR", help="The run's folder (<snapshot_dir>/<run>).")
+    report.add_argument("--out", default=None, metavar="DIR",
+                        help="Output folder (default RUN_DIR/.report, which ingest ignores).")
+    report.add_argument("--format", choices=("text", "json", "html"), default="text",
+                        help="What to print: the text report, JSON, or the report.html path.")
+    report.set_defaults(func=cmd_report)
 
     sim = sub.add_parser("simulate", help="Write a synthetic run (healthy or sick) to a snapshot folder.",
                          description=cmd_simulate.__doc__)
@@ -468,6 +495,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Last step of the new baseline (default: the newest step on disk).")
     reb.set_defaults(func=cmd_rebaseline)
 
+    init = sub.add_parser("compose-init", help="docker-compose.yml's init service: secrets and "
+                          "snapshot-folder permissions before the stack starts (as root).",
+                          description=cmd_compose_init.__doc__)
+    from grpo_monitor.compose_init import add_arguments as add_init_arguments
+
+    add_init_arguments(init)
+    init.set_defaults(func=cmd_compose_init)
+
     res = sub.add_parser("resume", help="Resume a run a red card paused.", description=cmd_resume.__doc__)
     _add_snapshot_dir(res, "The exporter's snapshot folder.", required=True)
     res.add_argument("run", help="Run name (its folder under the snapshot folder).")
@@ -479,7 +514,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

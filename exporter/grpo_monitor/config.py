@@ -58,3 +58,6 @@ class ExporterConfig:
     gpu_nvml: Any = field(default=None, repr=False, compare=False)
     # Bearer token for POST /-/alertmanager/webhook (red card -> pause); None: no webhook (404).
     webhook_token_file: Path | None = None
+    # Relay every webhook notification to a person: space-separated slack+https://, ntfy+https://,
+    # smtp:// or smtps:// URLs (notify.py); None or "": no relay.
+    notify_url: str | None = None

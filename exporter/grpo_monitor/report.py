@@ -1050,23 +1050,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any) -> None:
-    """The ``report`` subcommand, for cli.py's subparsers."""
-    p = sub.add_parser("report", help="Offline post-mortem of one run folder: summary, "
-                                      "verdicts, reward-vs-step.csv, curves.png, report.html.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="The run's folder (<snapshot_dir>/<run>).")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="Output folder (default RUN_DIR/.report, which ingest ignores).")
-    p.add_argument("--format", choices=("text", "json", "html"), default="text",
-                   help="What to print: the text report, JSON, or the report.html path.")
-    p.set_defaults(func=cmd_report)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="grpo-monitor")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    """``python -m grpo_monitor.report RUN_DIR``: the CLI's ``report`` command."""
+    from grpo_monitor.cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

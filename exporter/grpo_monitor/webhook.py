@@ -8,6 +8,9 @@ SDK sees it at its next step. Everything else (warnings, resolved alerts, alerts
 is acknowledged and ignored: a resolved card does NOT resume a run, a person does
 (``grpo-monitor resume``), because a NaN that stopped recurring has not un-ruined the weights.
 
+With a notifier (``--notify.url``, notify.py), every notification, whatever its severity or
+status, is also relayed to a person; a failed relay answers 502 so that Alertmanager retries.
+
 Idempotent: Alertmanager re-sends a firing group (group_interval, repeat_interval, retries).
 The same alert (fingerprint and startsAt) again changes nothing, neither for a paused run
 (the first onset is kept) nor for a run someone resumed while the card still fires. A new
@@ -19,9 +22,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -34,18 +38,23 @@ from grpo_monitor.control import (
 )
 from grpo_monitor.store import RunStore
 
+if TYPE_CHECKING:
+    from grpo_monitor.notify import Notifier
+
 log = logging.getLogger("grpo_monitor.webhook")
 
 PATH = "/-/alertmanager/webhook"
 MAX_BODY_BYTES = 2**20
 OUTCOMES = ("paused", "ignored", "unauthorized", "bad_request", "too_large", "error")
+NOTIFY_OUTCOMES = ("sent", "failed")
 
 
 class WebhookHandler:
     """Authentication, validation and the control-record writes; http.py does the transport."""
 
     def __init__(self, snapshot_dir: Path, token_file: Path, store: RunStore,
-                 registry: CollectorRegistry, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 registry: CollectorRegistry, max_body_bytes: int = MAX_BODY_BYTES,
+                 notifier: Notifier | None = None) -> None:
         self.snapshot_dir = snapshot_dir
         self.token_file = Path(token_file)
         self.store = store
@@ -57,6 +66,13 @@ class WebhookHandler:
             "one run was paused by this request).", ["outcome"], registry=registry)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)
+        self.notifier = notifier
+        self.notifications = Counter(
+            "grpo_notifications", "Alertmanager notifications relayed to a person (--notify.url), "
+            "by outcome (failed: at least one target did not take it; Alertmanager retries).",
+            ["outcome"], registry=registry)
+        for outcome in NOTIFY_OUTCOMES:
+            self.notifications.labels(outcome)
 
     def _read_token(self) -> bytes:
         token = self.token_file.read_text().strip().encode()
@@ -100,12 +116,28 @@ class WebhookHandler:
                 run = self._apply(alert)
                 if run:
                     paused.append(run)
+        except PermissionError as exc:
+            # The usual cause in a container: the run folder belongs to the trainer's user and
+            # the exporter's uid may not write there (docs/pause.md, "Permissions").
+            log.error("webhook: cannot write the control record: %s; the exporter (uid %d) needs "
+                      "write access to the run folder (docs/pause.md)", exc, os.getuid())
+            self.count("error")
+            return 500, "could not write the control record"
         except Exception:
             log.exception("webhook: writing a control record failed")
             self.count("error")
             return 500, "could not write the control record"
         self.count("paused" if paused else "ignored")
-        return 200, ("paused: " + ", ".join(paused)) if paused else "nothing to pause"
+        answer = ("paused: " + ", ".join(paused)) if paused else "nothing to pause"
+        if self.notifier is not None:
+            try:
+                self.notifier.notify(payload)
+            except RuntimeError as exc:
+                self.notifications.labels("failed").inc()
+                return 502, f"{answer}; {exc}"
+            self.notifications.labels("sent").inc()
+            answer += "; notified"
+        return 200, answer
 
     def _apply(self, alert: dict[str, Any]) -> str | None:
         labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}

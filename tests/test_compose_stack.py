@@ -1,0 +1,364 @@
+"""docker-compose.yml, unchanged, in real containers: build, run, a red card that pauses a run.
+
+Debian's docker-compose 1.29 drives podman (runc) through podman's Docker-compatible API, on
+images built here from Debian's packages (tests/containers.py says why and how). The stack comes
+up the way a new user starts it: no .env, no secret file, no password, nothing created first
+except the snapshot folder, which belongs to an ordinary user (uid 1000, umask 022) as it would
+on a real machine. The only settings are the test's own: free published ports on loopback, the
+snapshot folder, and the documented GRPO_NOTIFY_URL pointing at a stand-in receiver.
+
+Grafana cannot run here: no registry serves its image and no Debian package holds it. The
+compose test starts every other service and checks what Grafana would be given (its password
+file, made by init, readable by Grafana's uid); the dashboards and provisioning are covered by
+tests/test_dashboards.py (typed models, every panel's PromQL against a real Prometheus) and
+tests/test_compose.py (the mounts resolve).
+
+`make test` installs podman, runc, debootstrap, iptables and docker-compose when missing; the
+base images are cached between runs (tests/containers.py), so only a cold run pays debootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+import containers
+from conftest import scrape, value
+from containers import Podman, poll
+from grpo_monitor.compose_init import EXPORTER_UID, user_has_acl
+from grpo_monitor.stack import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+USER_UID = USER_GID = 1000  # the ordinary user who runs the trainer
+# Grafana is the one service left out (module docstring); init starts as their dependency.
+SERVICES = ["exporter", "prometheus", "alertmanager"]
+RECEIVER_ALIAS = "receiver"
+
+
+def _as_user(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run as the ordinary user with the default umask: what a trainer on the host does."""
+    return subprocess.run(argv, user=USER_UID, group=USER_GID, extra_groups=[], umask=0o022,
+                          capture_output=True, text=True, timeout=60, check=True)
+
+
+def _write_snapshots(path: Path, steps: range, loss: float) -> None:
+    """Append one native record per step to ``path``, as the ordinary user."""
+    lines = [json.dumps({"run": path.parent.name, "rank": 0, "world_size": 1, "step": s,
+                         "time": time.time(), "metrics": {"loss": loss, "reward/mean": 0.5,
+                                                          "kl/mean": 0.01}})
+             for s in steps]
+    script = ("import sys; p = sys.argv[1]; import os; os.makedirs(os.path.dirname(p), exist_ok=True); "
+              "open(p, 'a').write(sys.stdin.read())")
+    subprocess.run(["/usr/bin/python3", "-c", script, str(path)], input="\n".join(lines) + "\n",
+                   user=USER_UID, group=USER_GID, extra_groups=[], umask=0o022, text=True,
+                   capture_output=True, timeout=60, check=True)
+
+
+@dataclass
+class Stack:
+    podman: Podman
+    project: str
+    work: Path
+    snapshots: Path
+    inbox: Path
+    ports: dict[str, int]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        # The caller's GRPO_*/COMPOSE_*/DOCKER_* never leak in; only what a user could set.
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("GRPO_", "GRAFANA_", "COMPOSE_", "DOCKER_"))}
+        return {**base,
+                "DOCKER_HOST": self.podman.docker_host,
+                "COMPOSE_DOCKER_CLI_BUILD": "0", "DOCKER_BUILDKIT": "0",
+                "COMPOSE_PROJECT_NAME": self.project,
+                "GRPO_SNAPSHOT_DIR": str(self.snapshots),
+                "GRPO_EXPORTER_ADDRESS": "127.0.0.1",
+                "GRPO_EXPORTER_PORT": str(self.ports["exporter"]),
+                "GRPO_PROMETHEUS_PORT": str(self.ports["prometheus"]),
+                "GRPO_ALERTMANAGER_PORT": str(self.ports["alertmanager"]),
+                "GRPO_NOTIFY_URL": f"slack+http://{RECEIVER_ALIAS}:8080/hooks/grpo",
+                "CONTAINERS_CONF": str(self.podman.conf)}
+
+    def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+        # An empty --env-file: a developer's own .env must not change what the test proves.
+        empty = self.work / "empty.env"
+        empty.touch()
+        return containers.run(["docker-compose", "-f", str(COMPOSE), "--project-directory", str(ROOT),
+                               "--env-file", str(empty), *args],
+                              timeout=timeout, env=self.env, check=check)
+
+    def container(self, service: str) -> str:
+        cid = self.compose("ps", "-q", service).stdout.strip()
+        assert cid, f"no container for {service}"
+        return cid
+
+    def logs(self) -> str:
+        res = self.compose("logs", "--no-color", "--tail", "60", check=False, timeout=60)
+        return res.stdout[-8000:] + res.stderr[-2000:]
+
+    def url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.ports[service]}"
+
+    def prom(self, path: str, **params: Any) -> Any:
+        r = requests.get(self.url("prometheus") + path, params=params, timeout=5)
+        r.raise_for_status()
+        return r.json()["data"]
+
+    def exporter_metric(self, name: str, **labels: str) -> float | None:
+        return value(scrape(self.url("exporter")), name, **labels)
+
+    def up(self, *extra: str) -> None:
+        t0 = time.monotonic()
+        for attempt in range(3):
+            res = self.compose("up", "-d", *extra, *SERVICES, check=False)
+            # podman 4.3's API races with a container that exits at once (init): it may answer
+            # "read /proc/PID/cgroup: no such process" while init has in fact run. `up` is
+            # idempotent, so it is asked again (a bounded number of times); anything else fails.
+            if res.returncode == 0 or "no such process" not in res.stderr or attempt == 2:
+                break
+            self.timings["up retried"] = self.timings.get("up retried", 0) + 1
+        assert res.returncode == 0, f"docker-compose up:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        self.timings["up" + ("+build" if "--build" in extra else "")] = time.monotonic() - t0
+        poll(lambda: requests.get(self.url("exporter") + "/-/ready", timeout=2).status_code == 200,
+             120, "exporter ready", diagnose=self.logs)
+        poll(lambda: requests.get(self.url("prometheus") + "/-/ready", timeout=2).status_code == 200,
+             120, "prometheus ready", diagnose=self.logs)
+        poll(lambda: requests.get(self.url("alertmanager") + "/-/ready", timeout=2).status_code == 200,
+             120, "alertmanager ready", diagnose=self.logs)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    missing = containers.missing_tools()
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not on PATH: `make system-deps` installs them "
+                    "(this test never skips)")
+    assert os.geteuid() == 0, "rootful podman: the suite runs as root (or via make test's sudo)"
+    podman = Podman()
+    # A folder the ordinary user can reach (pytest's tmp folders are root's, mode 0700).
+    work = Path(tempfile.mkdtemp(prefix="grpo-compose-"))
+    work.chmod(0o755)
+    snapshots = work / "snapshots"
+    inbox = work / "inbox"
+    inbox.mkdir(mode=0o777)
+    inbox.chmod(0o777)  # the stand-in receiver runs as uid 10001 in its container
+    os.chown(work, USER_UID, USER_GID)
+    _as_user(["mkdir", str(snapshots)])  # mode 0755, the user's: nothing else may write there
+    project = f"grpotest{os.getpid()}"
+    ports = {name: free_port() for name in ("exporter", "prometheus", "alertmanager")}
+    s = Stack(podman, project, work, snapshots, inbox, ports)
+    t0 = time.monotonic()
+    podman.start_service(work / "podman-service.log")
+    try:
+        s.timings.update(containers.ensure_base_images(podman, log=lambda m: print(m, file=sys.stderr)))
+        # A run folder the user made before the stack existed: init must open it too.
+        _as_user(["mkdir", str(snapshots / "exp-before")])
+        s.up("--build")
+        yield s
+    finally:
+        podman("rm", "-f", f"{project}-receiver", check=False, timeout=60)
+        # Whatever got created, even by a failed `up`: containers, the network, the volumes.
+        s.compose("down", "-v", "--remove-orphans", check=False, timeout=300)
+        # A container caught in a restart loop (restart: unless-stopped) can slip past `down`.
+        left = podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}",
+                      check=False, timeout=60).stdout.split()
+        if left:
+            podman("rm", "-f", *left, check=False, timeout=120)
+            s.compose("down", "-v", "--remove-orphans", check=False, timeout=300)
+        # Layers of earlier builds of the exporter image, in the suite's own storage only.
+        podman("image", "prune", "-f", check=False, timeout=120)
+        podman.stop_service()
+        s.timings["total"] = time.monotonic() - t0
+        print(f"compose stack timings (s): {json.dumps({k: round(v, 1) for k, v in s.timings.items()})}",
+              file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --- the exporter's image ------------------------------------------------------------------------
+
+def test_exporter_image_runs_as_its_non_root_user_and_turns_healthy(stack: Stack) -> None:
+    cid = stack.container("exporter")
+    config = json.loads(stack.podman("inspect", cid).stdout)[0]["Config"]
+    assert config["User"] == "10001:10001"
+    # The process itself, not just the image's metadata.
+    ids = stack.podman("exec", cid, "id", "-u").stdout.strip()
+    assert ids == str(EXPORTER_UID)
+    assert config["Healthcheck"]["Test"][-1].endswith("/-/healthy', timeout=4).status != 200)")
+    # podman schedules healthchecks with systemd timers, which this machine (no systemd) lacks:
+    # run the image's own HEALTHCHECK the way the timer would, until podman records "healthy".
+    poll(lambda: stack.podman("healthcheck", "run", cid, check=False).returncode == 0, 60,
+         "exporter HEALTHCHECK passes", diagnose=stack.logs)
+    state = json.loads(stack.podman("inspect", cid).stdout)[0]["State"]
+    health = state.get("Health") or state.get("Healthcheck")
+    assert health["Status"] == "healthy", health
+    # For the record (shown with -s): the containers and their state.
+    print(stack.compose("ps").stdout, file=sys.stderr)
+    print(stack.podman("ps", "-a", "--format", "{{.Names}}\t{{.Image}}\t{{.Status}}").stdout,
+          file=sys.stderr)
+
+
+def test_init_made_the_secrets_and_exited(stack: Stack) -> None:
+    """No preparation: init created the token and Grafana's password, owned by their readers,
+    and told the user where the password is."""
+    init = stack.compose("ps", "-a", "-q", "init").stdout.strip()
+    state = json.loads(stack.podman("inspect", init).stdout)[0]["State"]
+    assert (state["Status"], state["ExitCode"]) == ("exited", 0)
+    log = stack.compose("logs", "--no-color", "init").stdout
+    assert "webhook token: created" in log and "Grafana admin password: created" in log
+    assert "docker compose exec grafana cat /run/grpo/grafana/admin-password" in log
+    for volume, name, uid in (("webhook-secret", "webhook-token", EXPORTER_UID),
+                              ("grafana-secret", "admin-password", 472)):
+        mount = Path(stack.podman("volume", "inspect", "--format", "{{.Mountpoint}}",
+                                  f"{stack.project}_{volume}").stdout.strip())
+        st = (mount / name).stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (uid, 0o440), (volume, st)
+        assert len((mount / name).read_text().strip()) >= 32
+    # What Grafana (uid 472, which cannot run here) would read through GF_SECURITY_ADMIN_PASSWORD__FILE.
+    grafana = yaml.safe_load(COMPOSE.read_text())["services"]["grafana"]
+    path = grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    res = stack.podman("run", "--rm", "--user", "472:0", "-v",
+                       f"{stack.project}_grafana-secret:{Path(path).parent}:ro",
+                       containers.PYTHON_IMAGE, "cat", path)
+    assert len(res.stdout.strip()) >= 32
+
+
+# --- Prometheus -----------------------------------------------------------------------------------
+
+def test_prometheus_scrapes_the_exporter_by_service_name_and_loads_every_rule_file(stack: Stack) -> None:
+    def exporter_up() -> dict[str, Any] | None:
+        targets = stack.prom("/api/v1/targets")["activeTargets"]
+        return next((t for t in targets if t["labels"].get("job") == "grpo-exporter"
+                     and t["health"] == "up"), None)
+
+    target = poll(exporter_up, 60, "the exporter target is up", diagnose=stack.logs)
+    assert target["scrapeUrl"] == "http://exporter:9400/metrics"
+    prom_yml = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    groups = stack.prom("/api/v1/rules")["groups"]
+    loaded = {g["file"] for g in groups}
+    assert loaded == {f"/etc/prometheus/{f}" for f in prom_yml["rule_files"]}
+    committed = {r["alert"] for f in prom_yml["rule_files"]
+                 for g in yaml.safe_load((ROOT / "prometheus" / f).read_text())["groups"]
+                 for r in g["rules"] if "alert" in r}
+    assert committed <= {r["name"] for g in groups for r in g["rules"] if r["type"] == "alerting"}
+    assert all(r.get("health") != "err" for g in groups for r in g["rules"]), \
+        [r for g in groups for r in g["rules"] if r.get("health") == "err"]
+
+
+# --- the red card -----------------------------------------------------------------------------------
+
+def test_a_nan_pauses_a_run_of_an_ordinary_user_and_reaches_a_person(stack: Stack) -> None:
+    """Host file -> exporter -> Prometheus -> Alertmanager -> exporter webhook (bearer token) ->
+    <run>/.grpo-control.json in a folder that uid 1000 made with umask 022; and the same card,
+    relayed, at the stand-in receiver named by GRPO_NOTIFY_URL."""
+    # The stand-in receiver joins the compose network under the name GRPO_NOTIFY_URL uses.
+    script = ROOT / "tests" / "fixtures" / "standin_receiver.py"
+    stack.podman("run", "-d", "--name", f"{stack.project}-receiver",
+                 "--network", f"{stack.project}_default", "--network-alias", RECEIVER_ALIAS,
+                 "--user", f"{EXPORTER_UID}:{EXPORTER_UID}", "--entrypoint", "python",
+                 "-v", f"{script}:/receiver.py:ro", "-v", f"{stack.inbox}:/out:rw",
+                 "grpo-monitor-exporter:0.1.0", "/receiver.py")
+    run_dir = stack.snapshots / "exp-nan"
+    _as_user(["mkdir", str(run_dir)])
+    # The user's folder. Its mode reads 0775: with an ACL the group bits show the ACL's mask
+    # (which lets uid 10001 in); the owning group itself keeps r-x, as umask 022 gave it.
+    assert (run_dir.stat().st_uid, run_dir.stat().st_mode & 0o777) == (USER_UID, 0o775)
+    # init's default ACL reached the new folder, and the folder made before the stack too.
+    assert user_has_acl(run_dir, EXPORTER_UID) and user_has_acl(stack.snapshots / "exp-before", EXPORTER_UID)
+    t0 = time.monotonic()
+    _write_snapshots(run_dir / "rank-0.jsonl", range(1, 11), loss=0.5)
+    _write_snapshots(run_dir / "rank-0.jsonl", range(11, 13), loss=float("nan"))
+    control = run_dir / ".grpo-control.json"
+    poll(control.exists, 180, "the pause record appears", interval=1, diagnose=stack.logs)
+    stack.timings["nan->pause"] = time.monotonic() - t0
+    record = json.loads(control.read_text())
+    assert record["state"] == "paused" and record["alertname"] == "GRPONonFiniteValues"
+    assert (record["run"], record["step"]) == ("exp-nan", 12)
+    assert control.stat().st_uid == EXPORTER_UID and control.stat().st_mode & 0o777 == 0o644
+    # The trainer's SDK, as the ordinary user (a trainer container with the package), sees it.
+    probe = ("from grpo_monitor.sdk.writer import SnapshotWriter; "
+             "print(SnapshotWriter('/snapshots', run='exp-nan', rank=0, world_size=1).should_pause())")
+    res = stack.podman("run", "--rm", "--user", f"{USER_UID}:{USER_GID}", "--entrypoint", "python",
+                       "-v", f"{stack.snapshots}:/snapshots:ro", "grpo-monitor-exporter:0.1.0",
+                       "-c", probe)
+    assert res.stdout.strip() == "True", res.stderr
+    # The webhook took Alertmanager's bearer token; nobody was refused.
+    assert (stack.exporter_metric("grpo_webhook_requests_total", outcome="paused") or 0) >= 1
+    assert stack.exporter_metric("grpo_webhook_requests_total", outcome="unauthorized") == 0
+    # ...and the person got a red card.
+    def red_card() -> dict[str, Any] | None:
+        for f in sorted(stack.inbox.glob("*.json")):
+            post = json.loads(f.read_text())
+            body = json.loads(post["body"])
+            if "RED card" in body["text"] and "GRPONonFiniteValues" in body["text"]:
+                return {"post": post, "body": body}
+        return None
+
+    got = poll(red_card, 60, "the red card reaches the stand-in receiver", interval=1, diagnose=stack.logs)
+    stack.timings["nan->person"] = time.monotonic() - t0
+    assert got["post"]["path"] == "/hooks/grpo"
+    attachment = got["body"]["attachments"][0]
+    assert attachment["color"] == "#d7191c"  # red
+    assert "run exp-nan" in attachment["title"]
+    assert "A training signal is NaN or infinite." in attachment["text"]
+    assert "run=exp-nan" in attachment["text"] and "step=12" in attachment["text"]
+    assert attachment["title_link"].endswith("docs/runbook.md#grpononfinitevalues")
+    assert stack.exporter_metric("grpo_notifications_total", outcome="sent") >= 1
+    print(f"pause record after {stack.timings['nan->pause']:.1f} s:\n{control.read_text()}",
+          file=sys.stderr)
+    # How the card travelled (for the record, with -s): delivery errors show here first.
+    prom = requests.get(stack.url("prometheus") + "/metrics", timeout=5).text
+    print("\n".join(line for line in prom.splitlines()
+                    if line.startswith(("prometheus_notifications_sent_total",
+                                        "prometheus_notifications_errors_total",
+                                        "prometheus_notifications_dropped_total"))), file=sys.stderr)
+    am = requests.get(stack.url("alertmanager") + "/metrics", timeout=5).text
+    print("\n".join(line for line in am.splitlines()
+                    if line.startswith(("alertmanager_notifications_total{integration=\"webhook",
+                                        "alertmanager_notifications_failed_total{integration=\"webhook",
+                                        "alertmanager_alerts_received_total"))), file=sys.stderr)
+
+
+def test_down_and_up_keep_prometheus_data_and_the_pause_state(stack: Stack) -> None:
+    control = stack.snapshots / "exp-nan" / ".grpo-control.json"
+    before = control.read_text()
+    assert json.loads(before)["state"] == "paused"
+    token_volume = Path(stack.podman("volume", "inspect", "--format", "{{.Mountpoint}}",
+                                     f"{stack.project}_webhook-secret").stdout.strip())
+    token = (token_volume / "webhook-token").read_text()
+    when = time.time()
+    seen = stack.prom("/api/v1/query", query='grpo_step{run="exp-nan"}', time=when)["result"]
+    assert seen and float(seen[0]["value"][1]) == 12
+    old = {svc: stack.container(svc) for svc in SERVICES}
+    # The receiver is not the compose project's: it must leave the network before `down`.
+    stack.podman("rm", "-f", f"{stack.project}-receiver", timeout=60)
+    t0 = time.monotonic()
+    stack.compose("down")
+    stack.up()
+    stack.timings["down+up"] = time.monotonic() - t0
+    new = {svc: stack.container(svc) for svc in SERVICES}
+    assert all(old[s] != new[s] for s in SERVICES), "down and up must recreate the containers"
+    # Prometheus' TSDB (prometheus-data) kept the samples scraped before `down`.
+    kept = stack.prom("/api/v1/query", query='grpo_step{run="exp-nan"}', time=when)["result"]
+    assert kept and float(kept[0]["value"][1]) == 12, kept
+    # The pause state: the record, the token (init keeps what it made), nothing re-paused.
+    assert (token_volume / "webhook-token").read_text() == token
+    assert json.loads(control.read_text())["state"] == "paused"
+    assert control.read_text() == before
+    log = stack.compose("logs", "--no-color", "init").stdout
+    assert "webhook token: kept" in log
