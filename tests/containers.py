@@ -43,6 +43,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import stack
+
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("GRPO_CONTAINER_CACHE")
              or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-monitor" / "containers")
@@ -99,21 +101,9 @@ def run(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = Non
 
 def poll(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5,
          diagnose: Callable[[], str] | None = None) -> Any:
-    """Poll until ``predicate()`` is truthy (exceptions count as not yet), within a deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = predicate()
-        except Exception as exc:  # noqa: BLE001 - anything means "not yet"; reported at the end
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            extra = f"\n{diagnose()}" if diagnose else ""
-            raise AssertionError(f"{what}: not within {timeout:.0f}s (last: {last!r}){extra}")
-        time.sleep(interval)
+    """stack.poll with this module's pace: half-second steps, and any exception (a podman command
+    failing, a container not up yet) counts as "not yet"."""
+    return stack.poll(predicate, timeout, interval, what, diagnose, retry_on=(Exception,))
 
 
 def missing_tools() -> list[str]:

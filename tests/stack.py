@@ -50,14 +50,16 @@ def find_binary(*names: str) -> str:
 
 
 def poll(predicate: Callable[[], Any], timeout: float, interval: float = 0.05,
-         what: str = "condition", diagnose: Callable[[], str] | None = None) -> Any:
-    """Poll until ``predicate()`` is truthy; on timeout raise with ``diagnose()``'s report."""
+         what: str = "condition", diagnose: Callable[[], str] | None = None,
+         retry_on: tuple[type[BaseException], ...] = (requests.RequestException, OSError)) -> Any:
+    """Poll until ``predicate()`` is truthy; on timeout raise with ``diagnose()``'s report.
+    An exception of ``retry_on`` counts as "not yet" (and is shown as the last result)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
         try:
             last = predicate()
-        except (requests.RequestException, OSError) as e:
+        except retry_on as e:
             last = e
         else:
             if last:
