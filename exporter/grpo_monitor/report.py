@@ -320,34 +320,34 @@ def _branches(vid: str, severity: str, **found: dict[str, Any] | None) -> dict[s
     return _verdict(vid, severity, span, **hits)
 
 
-def entropy_collapse(data: RunData) -> dict[str, Any] | None:
-    """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value."""
+def _entropy_beyond_initial(data: RunData, collapse: bool) -> dict[str, Any] | None:
+    """The two entropy cards, one rule mirrored: 90% of the short window below ``ratio`` x the
+    initial value (collapse: the window's p90 under it) or above it (explosion: its p10 over)."""
     tr = _track(data, "entropy/mean")
     if tr is None or not tr.initial() > 0:
         return None
-    limit = th.value("entropy_collapse_ratio") * tr.initial()
-    p90 = tr.rolling(_early(), "p90")
-    hit = _flagged(tr, p90 < limit, entropy_window_p90=p90)
+    vid, stat = ("entropy_collapse", "p90") if collapse else ("entropy_explosion", "p10")
+    limit = th.value(f"{vid}_ratio") * tr.initial()
+    window = tr.rolling(_early(), stat)
+    with np.errstate(invalid="ignore"):
+        beyond = window < limit if collapse else window > limit
+    hit = _flagged(tr, beyond, **{f"entropy_window_{stat}": window})
     if hit is None:
         return None
-    return _verdict("entropy_collapse", "critical", hit.pop("steps"), entropy_initial=tr.initial(),
-                    limit=limit, window_steps=_early(), **hit,
-                    entropy_min=float(tr.values.min()), entropy_last=float(tr.values[-1]))
+    extreme = {"entropy_min": float(tr.values.min())} if collapse else \
+        {"entropy_max": float(tr.values.max())}
+    return _verdict(vid, "critical", hit.pop("steps"), entropy_initial=tr.initial(), limit=limit,
+                    window_steps=_early(), **hit, **extreme, entropy_last=float(tr.values[-1]))
+
+
+def entropy_collapse(data: RunData) -> dict[str, Any] | None:
+    """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value."""
+    return _entropy_beyond_initial(data, collapse=True)
 
 
 def entropy_explosion(data: RunData) -> dict[str, Any] | None:
     """GRPOEntropyExplosion: entropy's p10 over the short window above 5x its initial value."""
-    tr = _track(data, "entropy/mean")
-    if tr is None or not tr.initial() > 0:
-        return None
-    limit = th.value("entropy_explosion_ratio") * tr.initial()
-    p10 = tr.rolling(_early(), "p10")
-    hit = _flagged(tr, p10 > limit, entropy_window_p10=p10)
-    if hit is None:
-        return None
-    return _verdict("entropy_explosion", "critical", hit.pop("steps"),
-                    entropy_initial=tr.initial(), limit=limit, window_steps=_early(), **hit,
-                    entropy_max=float(tr.values.max()), entropy_last=float(tr.values[-1]))
+    return _entropy_beyond_initial(data, collapse=False)
 
 
 def reward_collapse(data: RunData) -> dict[str, Any] | None:
