@@ -68,6 +68,7 @@ bench: deps system-deps
 	$(PY) bench/bench_latency.py
 	$(PY) bench/bench_scrape.py
 	$(PY) bench/bench_alert_latency.py
+	$(PY) bench/bench_pause.py
 
 docs: deps
 	$(PY) -m grpo_monitor.metrics_doc > docs/metrics.md

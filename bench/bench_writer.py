@@ -13,15 +13,13 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from grpo_monitor import SnapshotWriter
-from results_io import machine, write_result
+from results_io import machine, summary_us, time_calls, write_result
 
 WARMUP = 2000
 
@@ -31,28 +29,6 @@ def _metrics() -> dict[str, float]:
     # which is what makes float formatting the dominant cost.
     rng = random.Random(0)
     return {f"signal/{i:02d}": rng.random() * 10**rng.randint(-4, 3) for i in range(30)}
-
-
-def _time_calls(fn: Callable[[int], object], n: int) -> list[int]:
-    for i in range(WARMUP):
-        fn(i)
-    out = [0] * n
-    clock = time.perf_counter_ns
-    for i in range(n):
-        t0 = clock()
-        fn(i)
-        out[i] = clock() - t0
-    return out
-
-
-def _summary(ns: list[int]) -> dict[str, float]:
-    s = sorted(ns)
-
-    def pick(q: float) -> float:
-        return s[min(int(q * len(s)), len(s) - 1)] / 1000
-
-    return {"median_us": statistics.median(s) / 1000, "p90_us": pick(0.90),
-            "p99_us": pick(0.99), "mean_us": statistics.fmean(s) / 1000}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,18 +41,18 @@ def main(argv: list[str] | None = None) -> int:
     metrics = _metrics()
     with tempfile.TemporaryDirectory() as tmp:
         with SnapshotWriter(tmp, "bench", rank=0, world_size=1) as writer:
-            log_ns = _time_calls(lambda step: writer.log(metrics, step), args.n)
+            log_ns = time_calls(lambda step: writer.log(metrics, step), args.n, WARMUP)
             assert writer.dropped_records == 0, "the benchmark must not measure dropped records"
             line_bytes = os.path.getsize(writer.path) // (WARMUP + args.n)
-    dumps_ns = _time_calls(lambda _: json.dumps(metrics), args.n)
+    dumps_ns = time_calls(lambda _: json.dumps(metrics), args.n, WARMUP)
 
     result = {
         "case": "SnapshotWriter.log, 30 float metrics",
         "n": args.n,
         "warmup": WARMUP,
         "line_bytes": line_bytes,
-        "log": _summary(log_ns),
-        "json_dumps": _summary(dumps_ns),
+        "log": summary_us(log_ns),
+        "json_dumps": summary_us(dumps_ns),
         **machine(),
         "time": time.time(),
     }

@@ -9,6 +9,13 @@ Every rank rolls out its shard of the prompts and computes that shard's statisti
   * every rank logs its own performance signals (step time, samples/s, communication time),
 so that a straggling rank shows in ``grpo_step_duration_seconds{rank="N"}``.
 
+Every rank passes the same step boundary through ``PauseGate``: a red card pauses all ranks at
+one step, whichever node's exporter got it, and they wait without a collective outstanding.
+After ``grpo-monitor resume RUN`` they go on together from the last healthy checkpoint (model,
+optimizer, scheduler, RNG streams and step restored in place), unless the person chose
+``--no-rollback`` or ``--rollback-to STEP``. ``--inject-nan-at STEP`` makes rank 0 log a NaN
+loss once at that step, to watch the whole loop (card, pause, resume, rollback).
+
 Rewards, KL, entropy and lengths are synthetic here (no model is needed to run it); the
 comments marked ``REAL:`` say what a trainer puts there.
 """
@@ -18,12 +25,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from grpo_monitor import SnapshotWriter
+from grpo_monitor.sdk.checkpoint import load_training_state, save_rng_state, save_training_state
+from grpo_monitor.sdk.pause import PauseGate
 from grpo_monitor.sdk.torch import grpo_stats
 
 # How shard statistics combine into whole-batch ones (shards are the same size): maxima and
@@ -43,20 +54,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="where checkpoints go (default: checkpoints/<run>); outside the "
+                        "snapshot folder, which the exporter reads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-time-s", type=float, default=0.0,
+                   help="extra seconds of synthetic compute per step (a slower, more real pace)")
+    p.add_argument("--dist-timeout-s", type=float, default=600.0,
+                   help="torch.distributed collective timeout (PyTorch's default: 10 minutes)")
+    p.add_argument("--pause-poll-s", type=float, default=1.0,
+                   help="while paused, how often the ranks agree whether to go on; keep it well "
+                        "under --dist-timeout-s")
+    p.add_argument("--inject-nan-at", type=int, default=None, metavar="STEP",
+                   help="rank 0 logs a NaN loss once at this step (to see the red-card loop)")
     return p.parse_args(argv)
 
 
-def setup_distributed() -> torch.device:
+def setup_distributed(timeout_s: float = 600.0) -> torch.device:
     """Join the process group when launched by torchrun (or any launcher that sets WORLD_SIZE)."""
     if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return torch.device("cpu")
+    timeout = timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl")
+        dist.init_process_group("nccl", timeout=timeout)
         return device
-    dist.init_process_group("gloo")  # reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    # reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    dist.init_process_group("gloo", timeout=timeout)
     return torch.device("cpu")
 
 
@@ -97,34 +122,92 @@ def combine_across_ranks(stats: dict[str, float], device: torch.device) -> dict[
     return out
 
 
+class Policy(torch.nn.Module):
+    """A stand-in for the policy, so that a rollback has real state to restore. REAL: your model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+def train_step(model: Policy, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, device: torch.device) -> tuple[float, float]:
+    """One optimizer step on a toy objective, gradients averaged over the ranks as DDP does.
+    REAL: loss = grpo_loss(logp, old_logp, ref_logp, advantages); loss.backward()."""
+    x = torch.randn(32, 16, device=device)
+    loss = (model(x) - 1.0).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    if dist.is_initialized():
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+    # clip_grad_norm_ returns the norm before clipping: that is the one to log
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))
+    optimizer.step()
+    scheduler.step()
+    return float(loss.detach()), grad_norm
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     joined_here = not dist.is_initialized()
-    device = setup_distributed()
+    device = setup_distributed(args.dist_timeout_s)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    torch.manual_seed(args.seed + rank)
+    model = Policy().to(device)
+    if dist.is_initialized():  # every rank starts from rank 0's weights, as DDP does
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))
+    ckpt_dir = args.checkpoint_dir or os.path.join("checkpoints", args.run)
     # rank and world_size come from torch.distributed (else RANK / WORLD_SIZE, else 0 and 1).
     writer = SnapshotWriter(args.snapshot_dir, args.run)
+    gate = PauseGate(writer, poll_interval=args.pause_poll_s)
     samples_per_rank = args.prompts_per_rank * args.group_size
+    nan_injected = False
     try:
-        for step in range(1, args.steps + 1):
+        step = 1
+        while step <= args.steps:
+            # The step boundary: every rank asks the same question at the same point. Paused,
+            # all ranks wait here together; resumed, they all get the same decision.
+            decision = gate.check(step)
+            if decision is not None and decision.rollback_path is not None:
+                last, _ = load_training_state(decision.rollback_path, model=model,
+                                              optimizer=optimizer, scheduler=scheduler,
+                                              rank=rank, map_location=device)
+                writer.log({}, last, events=[{"type": "rollback", "from_step": step,
+                                              "to_step": last}])
+                step = last + 1
+                continue
             start = time.perf_counter()
             shard = synthetic_rollout(step, args, rank, device)
             stats = grpo_stats(shard["rewards"], kl=shard["kl"], entropy=shard["entropy"],
                                mask=shard["mask"], max_length=args.max_new_tokens)
-            # REAL: loss = grpo_loss(...); loss.backward()
-            #       grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            #       (its return value is the norm *before* clipping: log that one)
-            #       optimizer.step(); scheduler.step()
-            loss = 0.05 * math.cos(step / 3) - 0.01
-            grad_norm = 0.5 + 0.2 * math.sin(step / 5)
+            loss, grad_norm = train_step(model, optimizer, scheduler, device)
+            if args.step_time_s:
+                time.sleep(args.step_time_s)  # synthetic compute
             compute_s = time.perf_counter() - start   # this rank's own work, before it waits
 
             comm_start = time.perf_counter()
             stats = combine_across_ranks(stats, device)
             comm_s = time.perf_counter() - comm_start
 
-            saved = args.save_every > 0 and step % args.save_every == 0
-            # REAL: if saved: save_checkpoint(...)  -- its step time is left out of the cards
+            events = None
+            if args.save_every > 0 and step % args.save_every == 0:
+                # With DDP the ranks hold the same weights: rank 0 saves them, the others learn
+                # the path from it on a rollback. Its step time is left out of the cards.
+                path = os.path.join(ckpt_dir, f"step-{step:07d}.pt")
+                if rank == 0:
+                    save_training_state(path, step=step, model=model, optimizer=optimizer,
+                                        scheduler=scheduler)
+                else:  # each rank draws its own samples: its random streams are its own
+                    save_rng_state(path, rank)
+                events = [{"type": "checkpoint_save", **({"path": path} if rank == 0 else {})}]
 
             metrics = {"perf/step_time_s": compute_s,
                        "perf/samples_per_s": samples_per_rank / compute_s,
@@ -132,8 +215,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             if device.type == "cuda":
                 metrics["perf/memory_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
             if rank == 0:
-                metrics |= stats | {"loss": loss, "grad/norm": grad_norm, "train/lr": args.lr}
-            writer.log(metrics, step, events=[{"type": "checkpoint_save"}] if saved else None)
+                if args.inject_nan_at == step and not nan_injected:
+                    nan_injected, loss = True, math.nan
+                metrics |= stats | {"loss": loss, "grad/norm": grad_norm,
+                                    "train/lr": scheduler.get_last_lr()[0]}
+            writer.log(metrics, step, events=events)
+            step += 1
         # The clean end: a run_end event tells the exporter that the silence from here on is
         # no hang (the GRPORunHung red card).
         writer.close()
@@ -143,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         # finished. A bare close() here would mark every crash as a clean end.
         writer.close(end=False)
         if joined_here and dist.is_initialized():
+            # Leave together: a rank that tears its connections down while a peer still uses
+            # them can abort that peer at exit (gloo).
+            if sys.exc_info()[0] is None:
+                dist.barrier()
             dist.destroy_process_group()
 
 

@@ -13,10 +13,11 @@ absolute), job and labels (only the intervals and targets change).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -151,6 +152,22 @@ def alertmanager_config(webhook_url: str, token_file: Path,
     return native.alertmanager_config(source, webhook_url, token_file)
 
 
+def uncomment_example(text: str, name: str) -> str:
+    """A committed file's text with its `# BEGIN EXAMPLE <name>` ... `# END` block uncommented
+    (the remote_write and target examples of the fleet configs)."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.strip() == f"# BEGIN EXAMPLE {name}":
+            inside = True
+        elif line.strip() == f"# END EXAMPLE {name}":
+            inside = False
+        elif inside:
+            line = re.sub(r"^# ?", "", line)
+        out.append(line)
+    assert not inside, f"unterminated example block {name}"
+    return "\n".join(out) + "\n"
+
+
 def prometheus_config(exporter_target: str, alertmanager_target: str, interval: str = "1s",
                       source: Path = PROMETHEUS_YML) -> dict[str, Any]:
     """The committed config with short intervals, loopback targets and absolute rule files."""
@@ -163,12 +180,14 @@ def prometheus_config(exporter_target: str, alertmanager_target: str, interval: 
 class Process:
     """A subprocess with stdout+stderr in a log file; stop() terminates, then kills."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, cwd: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log: Path, cwd: Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.log = log
         self._log_fh = log.open("wb")
         self.proc = subprocess.Popen(argv, stdout=self._log_fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=cwd)
+                                     stdin=subprocess.DEVNULL, cwd=cwd,
+                                     env=None if env is None else dict(env))
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -192,25 +211,56 @@ class Process:
 
 
 def start_listening(stack: ExitStack, name: str, argv: Callable[[int], list[str]], workdir: Path,
-                    attempts: int = 3) -> tuple[Process, int]:
+                    attempts: int = 3, env: Mapping[str, str] | None = None
+                    ) -> tuple[Process, int]:
     """Start ``argv(port)`` on a free port and wait until /-/ready answers.
 
     A port found free can be taken by someone else before the process binds it: a process
     that exits with "address already in use" is started again on another port."""
     for attempt in range(1, attempts + 1):
         port = free_port()
-        process = Process(name, argv(port), workdir / f"{name}.log", workdir)
+        process = Process(name, argv(port), workdir / f"{name}.log", workdir, env)
         stack.callback(process.stop)
         try:
             wait_ready(process, f"http://127.0.0.1:{port}")
         except AssertionError:
+            # lower(): Go says "bind: address already in use", Python "Address already in use".
             if (attempt < attempts and not process.alive()
-                    and "address already in use" in process.log_tail()):
+                    and "address already in use" in process.log_tail().lower()):
                 process.log.rename(process.log.with_suffix(f".log.{attempt}"))
                 continue
             raise
         return process, port
     raise AssertionError("unreachable")
+
+
+def start_alertmanager(stack: ExitStack, workdir: Path, webhook_url: str, token_file: Path
+                       ) -> tuple[Process, str, dict[str, Any]]:
+    """Alertmanager from the committed config, its grpo-webhook receiver posting to
+    ``webhook_url`` with ``token_file``, on loopback, no cluster; ``stack`` stops it. Returns
+    the process, its URL and the config it runs."""
+    am_config = alertmanager_config(webhook_url, token_file)
+    am_yml = workdir / "alertmanager.yml"
+    am_yml.write_text(yaml.safe_dump(am_config, sort_keys=False))
+    (workdir / "alertmanager-data").mkdir(exist_ok=True)
+    am_bin = find_binary(ALERTMANAGER_BIN, "alertmanager")
+    am, port = start_listening(stack, "alertmanager", lambda port: [
+        am_bin, f"--config.file={am_yml}", f"--storage.path={workdir / 'alertmanager-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="], workdir)
+    return am, f"http://127.0.0.1:{port}", am_config
+
+
+def start_prometheus(stack: ExitStack, workdir: Path, config: dict[str, Any],
+                     name: str = "prometheus", flags: Sequence[str] = ()) -> tuple[Process, str]:
+    """Prometheus running ``config`` (written to ``workdir/<name>.yml``, its data in
+    ``workdir/<name>-data``) on loopback; ``stack`` stops it. Returns the process and its URL."""
+    config_file = workdir / f"{name}.yml"
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    prom_bin = find_binary(PROMETHEUS_BIN)
+    prom, port = start_listening(stack, name, lambda port: [
+        prom_bin, f"--config.file={config_file}", f"--storage.tsdb.path={workdir / f'{name}-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", *flags], workdir)
+    return prom, f"http://127.0.0.1:{port}"
 
 
 def wait_ready(process: Process, url: str, timeout: float = 30.0) -> None:
@@ -263,23 +313,8 @@ class AlertStack:
 
     def diagnose(self, promql: tuple[str, ...] = ()) -> str:
         """Everything that says where an alert got stuck, for a failure message."""
-        parts = []
-        for q in (*promql, "up", "ALERTS"):
-            try:
-                parts.append(f"/api/v1/query {q}: {json.dumps(self.query(q)['data']['result'])}")
-            except Exception as e:  # noqa: BLE001 (a diagnostic must not raise)
-                parts.append(f"/api/v1/query {q}: {e!r}")
-        for what, url in (("prometheus /api/v1/alerts", f"{self.prom_url}/api/v1/alerts"),
-                          ("prometheus /api/v1/alertmanagers",
-                           f"{self.prom_url}/api/v1/alertmanagers"),
-                          ("alertmanager /api/v2/alerts", f"{self.am_url}/api/v2/alerts")):
-            try:
-                parts.append(f"{what}: {requests.get(url, timeout=5).text.strip()}")
-            except requests.RequestException as e:
-                parts.append(f"{what}: {e!r}")
-        parts.append(f"webhook posts: {self.listener.snapshot()!r}")
-        parts.append(self.logs())
-        return "\n".join(parts)
+        return "\n".join([*server_state(self.prom_url, self.am_url, promql),
+                          f"webhook posts: {self.listener.snapshot()!r}", self.logs()])
 
     def wait_scraping(self, timeout: float = 30.0) -> None:
         """Prometheus has scraped the exporter and knows the Alertmanager."""
@@ -288,12 +323,9 @@ class AlertStack:
             active = targets["data"]["activeTargets"]
             return bool(active) and all(t["health"] == "up" for t in active)
 
-        def am_known() -> bool:
-            ams = requests.get(f"{self.prom_url}/api/v1/alertmanagers", timeout=5).json()
-            return bool(ams["data"]["activeAlertmanagers"])
-
         poll(targets_up, timeout, what="exporter target up", diagnose=self.diagnose)
-        poll(am_known, timeout, what="Alertmanager discovered", diagnose=self.diagnose)
+        poll(lambda: alertmanager_known(self.prom_url), timeout, what="Alertmanager discovered",
+             diagnose=self.diagnose)
 
     def wait_post(self, timeout: float, **labels: str) -> tuple[Post, dict[str, Any]]:
         """The first firing notification carrying an alert with ``labels``."""
@@ -307,6 +339,33 @@ class AlertStack:
         return poll(found, timeout, interval=0.01, what=f"firing webhook POST with {labels}",
                     diagnose=lambda: self.diagnose(
                         ("grpo_window_nonfinite", "grpo_nonfinite_values_total")))
+
+
+def server_state(prom_url: str, am_url: str, promql: Sequence[str] = ()) -> list[str]:
+    """What Prometheus and Alertmanager say now (the queries, up, ALERTS, targets, alerts,
+    Alertmanagers), for a failure message; never raises."""
+    parts = []
+    for q in (*promql, "up", "ALERTS"):
+        try:
+            resp = requests.get(f"{prom_url}/api/v1/query", params={"query": q}, timeout=5)
+            parts.append(f"query {q}: {json.dumps(resp.json()['data']['result'])}")
+        except Exception as e:  # noqa: BLE001 (a diagnostic must not raise)
+            parts.append(f"query {q}: {e!r}")
+    for what, url in (("prometheus targets", f"{prom_url}/api/v1/targets"),
+                      ("prometheus alerts", f"{prom_url}/api/v1/alerts"),
+                      ("prometheus alertmanagers", f"{prom_url}/api/v1/alertmanagers"),
+                      ("alertmanager alerts", f"{am_url}/api/v2/alerts")):
+        try:
+            parts.append(f"{what}: {requests.get(url, timeout=5).text.strip()}")
+        except requests.RequestException as e:
+            parts.append(f"{what}: {e!r}")
+    return parts
+
+
+def alertmanager_known(prom_url: str) -> bool:
+    """Prometheus has discovered its Alertmanager (alerts can leave it)."""
+    ams = requests.get(f"{prom_url}/api/v1/alertmanagers", timeout=5).json()
+    return bool(ams["data"]["activeAlertmanagers"])
 
 
 def _group_wait_seconds(am_config: dict[str, Any], severity: str) -> float:
@@ -342,8 +401,6 @@ def alert_stack(workdir: Path, exporter_url: str, interval: str = "1s",
                 token: str = "e2e-token-0123456789abcdef") -> Iterator[AlertStack]:
     """Start the listener, Alertmanager and Prometheus; stop all of them on exit."""
     workdir.mkdir(parents=True, exist_ok=True)
-    prom_bin = find_binary(PROMETHEUS_BIN)
-    am_bin = find_binary(ALERTMANAGER_BIN, "alertmanager")
     exporter_target = exporter_url.split("://", 1)[-1].rstrip("/")
     with ExitStack() as stack:
         listener = WebhookListener().start()
@@ -353,29 +410,14 @@ def alert_stack(workdir: Path, exporter_url: str, interval: str = "1s",
         token_file = workdir / "webhook-token"
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
-        am_config = alertmanager_config(listener.url("/-/alertmanager/webhook"), token_file)
-        am_yml = workdir / "alertmanager.yml"
-        am_yml.write_text(yaml.safe_dump(am_config, sort_keys=False))
-        (workdir / "alertmanager-data").mkdir(exist_ok=True)
         # One process at a time, each ready (its port bound) before the next port is picked,
         # so that two of ours can never be handed the same free port.
-        am, am_port = start_listening(stack, "alertmanager", lambda port: [
-            am_bin, f"--config.file={am_yml}",
-            f"--storage.path={workdir / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ], workdir)
-        am_url = f"http://127.0.0.1:{am_port}"
+        am, am_url, am_config = start_alertmanager(
+            stack, workdir, listener.url("/-/alertmanager/webhook"), token_file)
+        am_port = am_url.rsplit(":", 1)[1]
 
-        prom_config = prometheus_config(exporter_target, f"127.0.0.1:{am_port}", interval)
-        prom_yml = workdir / "prometheus.yml"
-        prom_yml.write_text(yaml.safe_dump(prom_config, sort_keys=False))
-        prom, prom_port = start_listening(stack, "prometheus", lambda port: [
-            prom_bin, f"--config.file={prom_yml}",
-            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ], workdir)
-        prom_url = f"http://127.0.0.1:{prom_port}"
+        prom, prom_url = start_prometheus(
+            stack, workdir, prometheus_config(exporter_target, f"127.0.0.1:{am_port}", interval))
         processes = [am, prom]
         yield AlertStack(workdir, token, listener, am, prom, am_url, prom_url,
                          parse_duration(interval), _group_wait_seconds(am_config, "critical"),

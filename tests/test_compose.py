@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from stack import uncomment_example
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -362,21 +363,6 @@ def test_dockerignore_lets_in_only_what_the_build_copies() -> None:
 
 # --- prometheus-fleet.yml --------------------------------------------------------------------------
 
-def _uncomment_block(text: str, name: str) -> str:
-    """The file with its `# BEGIN EXAMPLE <name>` ... `# END` block uncommented."""
-    out, inside = [], False
-    for line in text.splitlines():
-        if line.strip() == f"# BEGIN EXAMPLE {name}":
-            inside = True
-        elif line.strip() == f"# END EXAMPLE {name}":
-            inside = False
-        elif inside:
-            line = re.sub(r"^# ?", "", line)
-        out.append(line)
-    assert not inside, f"unterminated example block {name}"
-    return "\n".join(out) + "\n"
-
-
 def _promtool_check(config_file: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([_tool("promtool", "prometheus"), "check", "config", str(config_file)],
                           check=False, capture_output=True, text=True, timeout=60)
@@ -393,9 +379,9 @@ def test_fleet_examples_are_valid(tmp_path: Path) -> None:
     prom = tmp_path / "prometheus"
     shutil.copytree(ROOT / "prometheus", prom, ignore=shutil.ignore_patterns("secrets"))
     fleet = prom / FLEET.name
-    fleet.write_text(_uncomment_block(fleet.read_text(), "REMOTE_WRITE"))
+    fleet.write_text(uncomment_example(fleet.read_text(), "REMOTE_WRITE"))
     targets = prom / "file_sd" / "grpo-exporters.yml"
-    targets.write_text(_uncomment_block(targets.read_text(), "TARGETS"))
+    targets.write_text(uncomment_example(targets.read_text(), "TARGETS"))
     res = _promtool_check(fleet)
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(yaml.safe_load(fleet.read_text())["remote_write"]) >= 2

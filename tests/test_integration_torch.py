@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import Running, value
+from gloo import EXAMPLE, ROOT, clean_env, free_port, records, wait_all
 
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "plain_pytorch.py"
 STEPS = 10
 
 # One rank: join the group with an explicit rank (no RANK / WORLD_SIZE in the environment), then
@@ -26,53 +22,24 @@ sys.path.insert(0, sys.argv[1])
 import plain_pytorch
 dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=int(sys.argv[3]))
 plain_pytorch.main(sys.argv[4:])
+dist.barrier()  # leave together (examples/plain_pytorch.py says why)
 dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        "CUDA_VISIBLE_DEVICES"}}
-    # Two ranks share two cores: one thread each keeps them from starving each other.
-    return env | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"} | extra
-
-
-def _wait_all(procs: list[subprocess.Popen[str]], timeout: float = 60) -> None:
-    try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out
-
-
-def _records(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_two_gloo_ranks_feed_the_exporter(exporter: Running, snapshot_dir: Path) -> None:
     run = "torch-gloo"
-    env = _clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     args = ["--snapshot-dir", str(snapshot_dir), "--run", run, "--steps", str(STEPS)]
     procs = [subprocess.Popen([sys.executable, "-c", _RANK_SCRIPT, str(EXAMPLE.parent), str(rank),
                                "2", *args], env=env, cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for rank in (0, 1)]
-    _wait_all(procs)
+    wait_all(procs)
 
     # Each rank's last record marks the clean end of the run (no hung-run card).
-    *rank0, end0 = _records(snapshot_dir / run / "rank-0.jsonl")
-    *rank1, end1 = _records(snapshot_dir / run / "rank-1.jsonl")
+    *rank0, end0 = records(snapshot_dir / run / "rank-0.jsonl")
+    *rank1, end1 = records(snapshot_dir / run / "rank-1.jsonl")
     for end in (end0, end1):
         assert (end["step"], end["metrics"]) == (STEPS, {})
         assert [e["type"] for e in end["events"]] == ["run_end"]  # type: ignore[union-attr]
@@ -120,16 +87,16 @@ def test_documented_command_lines(tmp_path: Path, launcher: str) -> None:
     cmd = [sys.executable, str(EXAMPLE)]
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(EXAMPLE)]
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(EXAMPLE)]
     proc = subprocess.run([*cmd, "--snapshot-dir", str(tmp_path), "--steps", "3"], cwd=ROOT,
-                          env=_clean_env(), text=True, capture_output=True, timeout=60,
+                          env=clean_env(), text=True, capture_output=True, timeout=60,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     world = 2 if launcher == "torchrun" else 1
     files = sorted(p.name for p in (tmp_path / "plain-pytorch").iterdir())
     assert files == [f"rank-{r}.jsonl" for r in range(world)]
     for r in range(world):
-        *recs, end = _records(tmp_path / "plain-pytorch" / f"rank-{r}.jsonl")
+        *recs, end = records(tmp_path / "plain-pytorch" / f"rank-{r}.jsonl")
         assert [(x["step"], x["rank"], x["world_size"]) for x in recs] == \
             [(step, r, world) for step in (1, 2, 3)]
         assert end["step"] == 3 and [e["type"] for e in end["events"]] == ["run_end"]

@@ -18,7 +18,13 @@ import requests
 import trl  # noqa: F401  (the test extra installs it; a missing trl must fail, not skip)
 
 from conftest import Running, value
-from grpo_monitor.integrations.trl import TRL_KEYS, GRPOMonitorCallback, map_trl_logs
+from tiny_model import tiny_model_dir
+from grpo_monitor.integrations.trl import (
+    TRL_KEYS,
+    GRPOMonitorCallback,
+    map_trl_logs,
+    rollback_checkpoint,
+)
 
 RUN = "trl-test"
 MAX_STEPS = 3
@@ -26,31 +32,6 @@ SAVE_STEPS = 2
 
 
 # -- a real GRPOTrainer run --------------------------------------------------------------------
-
-
-def _tiny_model_dir(root: Path) -> tuple[str, Any]:
-    """A one-layer Llama and a character-level tokenizer, built in code and saved locally: the
-    reference model (beta > 0) is loaded from the policy's path, and nothing is downloaded."""
-    import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for ch in "abcdefghijklmnopqrstuvwxyz0123456789 +=?":
-        vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
-                                        eos_token="<eos>", unk_token="<unk>")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         pad_token_id=0, eos_token_id=1, bos_token_id=None)
-    path = root / "tiny-llama"
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path), tokenizer
 
 
 def _count_vowels(completions: list[str], **_: Any) -> list[float]:
@@ -65,7 +46,7 @@ def test_grpo_trainer_run_is_exported(tmp_path: Path, snapshot_dir: Path, export
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    model_path, tokenizer = _tiny_model_dir(tmp_path)
+    model_path, tokenizer = tiny_model_dir(tmp_path)
     dataset = Dataset.from_dict({"prompt": ["1+1=?", "2+3=?", "ab?", "cd?"] * 4})
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
@@ -128,7 +109,7 @@ def test_sick_grpo_trainer_run_raises_the_red_card(tmp_path: Path, snapshot_dir:
 
     from scenario_rules import Recorder, check_cards
 
-    model_path, tokenizer = _tiny_model_dir(tmp_path)
+    model_path, tokenizer = tiny_model_dir(tmp_path)
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
         max_completion_length=8, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
@@ -165,7 +146,7 @@ def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
                 onset=now_rfc3339(), fingerprint="f1", paused_at=now_rfc3339()))
         return [0.5] * len(completions)
 
-    model_path, tokenizer = _tiny_model_dir(tmp_path)
+    model_path, tokenizer = tiny_model_dir(tmp_path)
     out = tmp_path / "out"
     args = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=4, num_generations=4,
@@ -191,6 +172,49 @@ def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
     assert Path(rollback["checkpoint"]).name == "checkpoint-2"
     assert (out / "checkpoint-2").is_dir()
     assert not (out / "checkpoint-1").exists()  # rotation still works for the rest
+
+    # Relaunched before a person looked: refused. After `grpo-monitor resume`, the relaunch goes
+    # on from the last healthy checkpoint without anyone typing a path.
+    with pytest.raises(RuntimeError, match="still paused"):
+        rollback_checkpoint(snapshot_dir, "trl-red")
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "resume", "trl-red",
+                          "--snapshot.dir", str(snapshot_dir)], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    resume_from = rollback_checkpoint(snapshot_dir, "trl-red")
+    assert resume_from == str(out / "checkpoint-2")
+    trainer = GRPOTrainer(model=model_path, reward_funcs=reward_then_red_card, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["1+1=?", "ab?"] * 8}),
+                          processing_class=tokenizer,
+                          callbacks=[GRPOMonitorCallback(snapshot_dir, run="trl-red")])
+    trainer.train(resume_from_checkpoint=resume_from)
+    assert trainer.state.global_step == 6
+    steps = [r["step"] for r in _read(snapshot_dir / "trl-red" / "rank-0.jsonl") if r.get("metrics")]
+    assert steps[-4:] == [3, 4, 5, 6]  # step 3 again, from checkpoint-2's weights
+
+
+def test_two_processes_stop_at_one_step_when_one_folder_holds_the_card(tmp_path: Path) -> None:
+    # torchrun, two processes, accelerate's gloo group; each process writes its own folder (two
+    # "nodes"), and the record lands in process 1's folder only, while step 3 generates.
+    from grpo_monitor.integrations.trl import ROLLBACK_FILE
+
+    from gloo import clean_env, free_port
+
+    tiny_model_dir(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+         str(Path(__file__).with_name("trl_ranks.py")), str(tmp_path)],
+        env=clean_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"result-{rank}.json").read_text())["global_step"] == 3
+        recs = _read(tmp_path / f"node-{rank}" / "trl-ranks" / f"rank-{rank}.jsonl")
+        assert [(e["type"], e["step"]) for r in recs for e in r.get("events", [])][-2:] == [
+            ("checkpoint_save", 3), ("run_end", 3)]
+    # The main process knew the target without holding the record.
+    rollback = json.loads((tmp_path / "node-0" / "trl-ranks" / ROLLBACK_FILE).read_text())
+    assert Path(rollback["checkpoint"]).name == "checkpoint-2"
 
 
 # -- the callback on hand-made trainer state ---------------------------------------------------

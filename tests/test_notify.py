@@ -8,7 +8,6 @@ ordinary user (uid 1000, umask 022) and writes into them as the exporter's uid.
 
 from __future__ import annotations
 
-import json
 import os
 import socketserver
 import subprocess

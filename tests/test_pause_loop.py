@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 from conftest import Running, value, wait_for
 from grpo_monitor.control import (
     CONTROL_FILE,
@@ -171,10 +170,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
-def test_resume_without_control_record_exits_2(snapshot_dir: Path) -> None:
+def test_resume_of_an_unknown_run_exits_2(snapshot_dir: Path) -> None:
     res = _cli("resume", "nope", "--snapshot.dir", str(snapshot_dir))
     assert res.returncode == 2, res
-    assert "no control record" in res.stderr
+    assert "no run 'nope'" in res.stderr
+    assert not (snapshot_dir / "nope").exists()
+
+
+def test_resume_on_a_node_the_card_did_not_reach_writes_a_resume(snapshot_dir: Path) -> None:
+    # Node-local folders: the card's record lies on another node; a resume written here reaches
+    # every rank of the run through the job's process group (sdk PauseGate).
+    (snapshot_dir / "r0").mkdir()
+    res = _cli("resume", "r0", "--snapshot.dir", str(snapshot_dir), "--no-rollback")
+    assert res.returncode == 0, res.stderr
+    rec = read_control(snapshot_dir, "r0")
+    assert rec is not None and rec.state == "running" and rec.resumed_at and rec.rollback == "none"
 
 
 def test_sdk_should_pause_and_wait_if_paused(snapshot_dir: Path,
@@ -226,24 +236,13 @@ def _stack_pointed_at(stack: ExitStack, workdir: Path, exporter_url: str, token_
     import stack as st
 
     workdir.mkdir(parents=True, exist_ok=True)
-    am_bin = st.find_binary(st.ALERTMANAGER_BIN, "alertmanager")
-    prom_bin = st.find_binary(st.PROMETHEUS_BIN)
-    am_yml = workdir / "alertmanager.yml"
-    am_yml.write_text(yaml.safe_dump(st.alertmanager_config(exporter_url + HOOK, token_file),
-                                     sort_keys=False))
-    am, am_port = st.start_listening(stack, "alertmanager", lambda port: [
-        am_bin, f"--config.file={am_yml}", f"--storage.path={workdir / 'am-data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="], workdir)
+    am, am_url, _ = st.start_alertmanager(stack, workdir, exporter_url + HOOK, token_file)
     target = exporter_url.split("://", 1)[-1]
-    prom_yml = workdir / "prometheus.yml"
-    prom_yml.write_text(yaml.safe_dump(st.prometheus_config(target, f"127.0.0.1:{am_port}", "1s"),
-                                       sort_keys=False))
-    prom, prom_port = st.start_listening(stack, "prometheus", lambda port: [
-        prom_bin, f"--config.file={prom_yml}", f"--storage.tsdb.path={workdir / 'prom-data'}",
-        f"--web.listen-address=127.0.0.1:{port}"], workdir)
+    prom, prom_url = st.start_prometheus(
+        stack, workdir, st.prometheus_config(target, am_url.split("://", 1)[1], "1s"))
     stack.callback(lambda: print(f"--- alertmanager ---\n{am.log_tail()}\n--- prometheus ---\n"
                                  f"{prom.log_tail()}"))
-    return f"http://127.0.0.1:{prom_port}"
+    return prom_url
 
 
 class TrainLoop(threading.Thread):

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from conftest import scrape, value, wait_for
 from grpo_monitor.cli import build_parser

@@ -1,9 +1,11 @@
-"""The exporter assembled: store, ingestion, watcher, GPU collector and HTTP server."""
+"""The exporter assembled: store, ingestion, watcher, GPU collector, HTTP server, and the
+red-card inputs (webhook, Alertmanager poll)."""
 
 from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from grpo_monitor.card_pause import CardPauser, ScrapePace
 from grpo_monitor.collectors.gpu import GPUCollector
 from grpo_monitor.config import ExporterConfig
 from grpo_monitor.health import ExporterHealth
@@ -26,6 +28,10 @@ class Exporter:
             rescan_interval=config.rescan_interval, run_timeout=config.run_timeout)
         self.gpu = (GPUCollector(config.gpu_interval, nvml=config.gpu_nvml, registry=self.health.registry)
                     if config.gpu_collector else None)
+        # A red card's pause record, from the webhook or the Alertmanager poll; it knows how
+        # often Prometheus scrapes (metrics()) to date the last healthy checkpoint.
+        self.scrape_pace = ScrapePace()
+        self.pauser = CardPauser(config.snapshot_dir.absolute(), self.store, self.scrape_pace)
         self.webhook = None
         if config.webhook_token_file is not None:
             from grpo_monitor.webhook import WebhookHandler
@@ -36,10 +42,17 @@ class Exporter:
 
                 notifier = Notifier(sinks(config.notify_url), self.store.max_step)
             self.webhook = WebhookHandler(config.snapshot_dir.absolute(), config.webhook_token_file,
-                                          self.store, self.health.registry, notifier=notifier)
+                                          self.store, self.health.registry, notifier=notifier,
+                                          pauser=self.pauser)
         elif config.notify_url:
             # The relay rides on Alertmanager's webhook: without it nothing would ever be sent.
             raise ValueError("--notify.url needs --web.webhook-token-file (the webhook it relays)")
+        self.poller = None
+        if config.alertmanager_url:
+            from grpo_monitor.alertmanager_poll import AlertmanagerPoller
+
+            self.poller = AlertmanagerPoller(config.alertmanager_url, config.alertmanager_poll_interval,
+                                             self.pauser, self.health.registry)
         self.server = ExporterServer(config.listen_address, self.metrics, self.watcher.ready.is_set,
                                      self.webhook, config.snapshot_dir.absolute())
 
@@ -49,6 +62,7 @@ class Exporter:
 
     def metrics(self) -> bytes:
         """One scrape: the run families (pre-rendered) and the exporter's own health."""
+        self.scrape_pace.seen()
         body = "".join(self.store.render()).encode()
         return body + generate_latest(self.health.registry)
 
@@ -57,9 +71,13 @@ class Exporter:
             self.gpu.start()
         self.watcher.start()
         self.server.start()
+        if self.poller is not None:
+            self.poller.start()
         return self
 
     def stop(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
         self.server.stop()
         self.watcher.stop()
         if self.gpu is not None:

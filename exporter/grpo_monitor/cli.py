@@ -89,6 +89,11 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     _add(p, "--notify.url", "Relay every card Alertmanager sends to the webhook to a person: "
          "space-separated slack+https://..., ntfy+https://..., smtp://HOST?to=ADDR URLs "
          "(docs/pause.md); needs --web.webhook-token-file.")
+    _add(p, "--alertmanager.url", "Ask this Alertmanager (http://HOST:9093) for red cards and "
+         "pause the runs that have a folder here: one exporter per node, whichever node the "
+         "webhook reaches (docs/pause.md).")
+    _add(p, "--alertmanager.poll-interval", "How often to ask --alertmanager.url.", default=5.0,
+         type=parse_duration)
     _add(p, "--log.level", "Log level: debug, info, warn, error.", default="info")
 
 
@@ -108,7 +113,9 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                       baseline_steps=v["signals.baseline_steps"],
                       initial_steps=v["signals.initial_steps"]),
         gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"],
-        webhook_token_file=v.get("web.webhook_token_file"), notify_url=v.get("notify.url") or None)
+        webhook_token_file=v.get("web.webhook_token_file"), notify_url=v.get("notify.url") or None,
+        alertmanager_url=v.get("alertmanager.url") or None,
+        alertmanager_poll_interval=v["alertmanager.poll_interval"])
 
 
 def _setup_logging(level: str) -> None:
@@ -312,9 +319,11 @@ def cmd_rebaseline(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    """Lift a red-card pause: set the run's control record to "running" (the trainer SDK's
-    wait_if_paused() returns it, rollback_to included)."""
-    from grpo_monitor.control import now_rfc3339, read_control, write_control
+    """Lift a red-card pause: set the run's control record to "running". Every rank of the run
+    goes on together (sdk PauseGate), by default from the last healthy checkpoint: the newest one
+    saved before the card's onset. On a fleet with node-local snapshot folders, run it on any
+    node that holds ranks of the run."""
+    from grpo_monitor.control import ControlRecord, now_rfc3339, read_control, write_control
 
     snapshot_dir = args.__dict__["snapshot.dir"]
     try:
@@ -323,15 +332,25 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"grpo-monitor resume: run {args.run!r}: bad control record: {exc}", file=sys.stderr)
         return 2
     if record is None:
-        print(f"grpo-monitor resume: run {args.run!r} has no control record under {snapshot_dir} "
-              "(it was never paused)", file=sys.stderr)
-        return 2
-    was = record.state
+        if not (Path(snapshot_dir) / args.run).is_dir():
+            print(f"grpo-monitor resume: no run {args.run!r} under {snapshot_dir}", file=sys.stderr)
+            return 2
+        # The card's record went to another node's folder; a resume written here reaches every
+        # rank of the run all the same (the newest resume wins across the process group).
+        record = ControlRecord(state="running", run=args.run)
+        was = "paused on another node"
+    else:
+        was = record.state
+    if args.no_rollback:
+        rollback, what = "none", "no rollback"
+    elif args.rollback_to is not None:
+        rollback, what = "step", f"rollback to step {args.rollback_to}"
+    else:
+        rollback, what = "last_healthy", "rollback to the last healthy checkpoint"
     record = record.model_copy(update={"state": "running", "resumed_at": now_rfc3339(),
-                                       "rollback_to": args.rollback_to})
+                                       "rollback": rollback, "rollback_to": args.rollback_to})
     path = write_control(snapshot_dir, args.run, record)
-    rb = f", rollback to step {args.rollback_to}" if args.rollback_to is not None else ""
-    print(f"run {args.run!r}: {was} -> running{rb} ({path})")
+    print(f"run {args.run!r}: {was} -> running, {what} ({path})")
     return 0
 
 
@@ -506,8 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     res = sub.add_parser("resume", help="Resume a run a red card paused.", description=cmd_resume.__doc__)
     _add_snapshot_dir(res, "The exporter's snapshot folder.", required=True)
     res.add_argument("run", help="Run name (its folder under the snapshot folder).")
-    res.add_argument("--rollback-to", type=int, default=None, metavar="STEP",
-                     help="Ask the trainer to go back to this step's checkpoint (it reads rollback_to).")
+    choice = res.add_mutually_exclusive_group()
+    choice.add_argument("--rollback-to", type=int, default=None, metavar="STEP",
+                        help="Go on from this step's checkpoint instead of the last healthy one.")
+    choice.add_argument("--no-rollback", action="store_true",
+                        help="Go on from where the run stopped (default: from the last healthy "
+                             "checkpoint, the newest saved before the card's onset).")
     res.set_defaults(func=cmd_resume)
     return parser
 

@@ -61,3 +61,7 @@ class ExporterConfig:
     # Relay every webhook notification to a person: space-separated slack+https://, ntfy+https://,
     # smtp:// or smtps:// URLs (notify.py); None or "": no relay.
     notify_url: str | None = None
+    # Ask this Alertmanager for red cards (alertmanager_poll.py): a fleet's exporters then pause
+    # the runs of their own node, whichever exporter the webhook reaches. None: do not ask.
+    alertmanager_url: str | None = None
+    alertmanager_poll_interval: float = 5.0

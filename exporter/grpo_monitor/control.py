@@ -30,9 +30,16 @@ class ControlRecord(BaseModel):
     run: str | None = None
     step: int | None = None  # the run's newest step the exporter knew when the card arrived
     onset: str | None = None  # the alert's startsAt (RFC 3339)
+    # Checkpoints saved before this moment predate what the card saw (card_pause.healthy_before):
+    # the rollback's "last healthy" is the newest of them.
+    healthy_before: str | None = None
     fingerprint: str | None = None
     paused_at: str | None = None
     resumed_at: str | None = None
+    # What a resume asks the trainer to go on from (sdk/pause.py's PauseGate): the last healthy
+    # checkpoint (the newest saved before the card's onset), the step in rollback_to, or "none":
+    # from where it stopped. Absent in records written before it existed: rollback_to decides.
+    rollback: Literal["last_healthy", "step", "none"] | None = None
     rollback_to: int | None = None
 
 

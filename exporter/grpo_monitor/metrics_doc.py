@@ -118,6 +118,7 @@ EXPORTER = """
 | `grpo_runs_expired_total` | counter | | runs dropped after `--snapshot.run-timeout` |
 | `grpo_webhook_requests_total` | counter | outcome | Alertmanager webhook requests (`--web.webhook-token-file`), by outcome: `paused`, `ignored`, `unauthorized`, `bad_request`, `too_large`, `error` |
 | `grpo_notifications_total` | counter | outcome | Cards relayed to a person (`--notify.url`), by outcome: `sent`, `failed` (a target did not take it; the webhook answers 502 and Alertmanager retries) |
+| `grpo_alertmanager_polls_total` | counter | outcome | Polls of Alertmanager for red cards (`--alertmanager.url`), by outcome: `paused` (a run of this node was paused), `unchanged`, `error` (unreachable or a bad answer; retried at the next poll) |
 | `grpo_exporter_internal_errors_total` | counter | | unexpected errors in the ingest thread, logged with a traceback; the thread goes on (any is a bug) |
 | `grpo_exporter_ready` | gauge | | 1 once the files on disk at start-up are replayed (also `/-/ready`) |
 | `grpo_exporter_build_info` | gauge | version | constant 1 |

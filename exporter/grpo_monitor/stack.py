@@ -34,10 +34,11 @@ def project_config_dir() -> Path | None:
     return candidate if (candidate / "prometheus.yml").is_file() else None
 
 
-def prometheus_config(source: Path, exporter_target: str, alertmanager_target: str,
+def prometheus_config(source: Path, exporter_target: str | None, alertmanager_target: str,
                       interval: str | None = None) -> dict[str, Any]:
     """The committed config with loopback targets, absolute rule files and, if given, one
-    interval for scrape and evaluation."""
+    interval for scrape and evaluation. ``exporter_target`` None keeps the scrape configs' own
+    target discovery (prometheus-fleet.yml's ``file_sd_configs``) for the caller to re-point."""
     config = copy.deepcopy(yaml.safe_load(source.read_text()))
     if interval is not None:
         config["global"]["scrape_interval"] = interval
@@ -48,7 +49,8 @@ def prometheus_config(source: Path, exporter_target: str, alertmanager_target: s
         if interval is not None:
             sc.pop("scrape_interval", None)
             sc.pop("scrape_timeout", None)
-        sc["static_configs"] = [{"targets": [exporter_target]}]
+        if exporter_target is not None:
+            sc["static_configs"] = [{"targets": [exporter_target]}]
     config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager_target]}]}]
     return config
 

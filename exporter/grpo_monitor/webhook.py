@@ -4,17 +4,15 @@ Alertmanager (receiver ``grpo-webhook`` in prometheus/alertmanager.yml) posts it
 payload, version 4, with ``Authorization: Bearer <token>``. For every FIRING alert with
 ``severity="critical"`` and a ``run`` label, the run's control record
 (``<snapshot_dir>/<run>/.grpo-control.json``, see control.py) is set to ``paused``; the trainer
-SDK sees it at its next step. Everything else (warnings, resolved alerts, alerts without a run)
-is acknowledged and ignored: a resolved card does NOT resume a run, a person does
-(``grpo-monitor resume``), because a NaN that stopped recurring has not un-ruined the weights.
+SDK sees it at its next step (card_pause.py holds the rule). Everything else (warnings, resolved
+alerts, alerts without a run) is acknowledged and ignored: a resolved card does NOT resume a
+run, a person does (``grpo-monitor resume``), because a NaN that stopped recurring has not
+un-ruined the weights.
 
 With a notifier (``--notify.url``, notify.py), every notification, whatever its severity or
 status, is also relayed to a person; a failed relay answers 502 so that Alertmanager retries.
 
-Idempotent: Alertmanager re-sends a firing group (group_interval, repeat_interval, retries).
-The same alert (fingerprint and startsAt) again changes nothing, neither for a paused run
-(the first onset is kept) nor for a run someone resumed while the card still fires. A new
-firing (another fingerprint, or the same one with a new startsAt) pauses again.
+Idempotent (card_pause.py): Alertmanager's re-sends of a firing group change nothing.
 """
 
 from __future__ import annotations
@@ -23,19 +21,12 @@ import hmac
 import json
 import logging
 import os
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
-from grpo_monitor.control import (
-    ControlRecord,
-    control_path,
-    now_rfc3339,
-    read_control,
-    write_control,
-)
+from grpo_monitor.card_pause import CardPauser
 from grpo_monitor.store import RunStore
 
 if TYPE_CHECKING:
@@ -54,13 +45,13 @@ class WebhookHandler:
 
     def __init__(self, snapshot_dir: Path, token_file: Path, store: RunStore,
                  registry: CollectorRegistry, max_body_bytes: int = MAX_BODY_BYTES,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, pauser: CardPauser | None = None) -> None:
         self.snapshot_dir = snapshot_dir
         self.token_file = Path(token_file)
         self.store = store
         self.max_body_bytes = max_body_bytes
         self._token = self._read_token()  # fail at start-up, not at the first red card
-        self._lock = threading.Lock()  # one read-modify-write of a control record at a time
+        self.pauser = pauser or CardPauser(snapshot_dir, store)
         self.requests = Counter(
             "grpo_webhook_requests", "Alertmanager webhook requests, by outcome (paused: at least "
             "one run was paused by this request).", ["outcome"], registry=registry)
@@ -113,7 +104,7 @@ class WebhookHandler:
         paused: list[str] = []
         try:
             for alert in alerts:
-                run = self._apply(alert)
+                run = self.pauser.apply(alert)
                 if run:
                     paused.append(run)
         except PermissionError as exc:
@@ -138,36 +129,3 @@ class WebhookHandler:
             self.notifications.labels("sent").inc()
             answer += "; notified"
         return 200, answer
-
-    def _apply(self, alert: dict[str, Any]) -> str | None:
-        labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
-        status = alert.get("status")
-        run = labels.get("run")
-        if status != "firing" or labels.get("severity") != "critical" or not isinstance(run, str):
-            return None
-        try:
-            control_path(self.snapshot_dir, run)
-        except ValueError:
-            log.warning("red card for run %r: not a plain folder name, ignored", run)
-            return None
-        fingerprint = str(alert.get("fingerprint") or "")
-        onset = str(alert.get("startsAt") or "")
-        alertname = str(labels.get("alertname") or "")
-        with self._lock:
-            try:
-                current = read_control(self.snapshot_dir, run)
-            except ValueError:
-                log.warning("run %s: malformed control record, replacing it", run)
-                current = None
-            except OSError:
-                current = None
-            if current is not None and current.state == "paused":
-                return None  # already paused: keep the first card's record
-            if current is not None and current.fingerprint == fingerprint and current.onset == onset:
-                return None  # the same firing again, after someone resumed: their call stands
-            record = ControlRecord(
-                state="paused", alertname=alertname, run=run, step=self.store.max_step(run),
-                onset=onset or None, fingerprint=fingerprint or None, paused_at=now_rfc3339())
-            write_control(self.snapshot_dir, run, record)
-        log.warning("red card %s: run %s paused at step %s", alertname, run, record.step)
-        return run

@@ -21,6 +21,7 @@ import os
 import re
 import time
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,13 @@ from transformers import (
     TrainingArguments,
 )
 
-from grpo_monitor.control import ControlRecord, control_path, read_control
+from grpo_monitor.control import read_control
+from grpo_monitor.sdk.pause import PauseGate, rollback_mode
 from grpo_monitor.sdk.writer import SnapshotWriter
 
 ROLLBACK_FILE = ".grpo-rollback.json"  # the last healthy checkpoint, once a red card fired
 
-__all__ = ["TRL_KEYS", "GRPOMonitorCallback", "map_trl_logs"]
+__all__ = ["TRL_KEYS", "GRPOMonitorCallback", "map_trl_logs", "rollback_checkpoint"]
 
 _log = logging.getLogger("grpo_monitor.integrations.trl")
 
@@ -111,22 +113,40 @@ def _run_name(args: TrainingArguments) -> str:
     return name[:128]
 
 
-def _parse_time(rfc3339: str) -> float | None:
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def write_rollback(snapshot_dir: str, run: str, step: int, path: str, record: ControlRecord) -> None:
+def write_rollback(snapshot_dir: str, run: str, step: int, path: str, alertname: str | None,
+                   healthy_before: float) -> None:
     """``<run>/.grpo-rollback.json``: where to roll back to after this red card (atomic)."""
     target = Path(snapshot_dir) / run / ROLLBACK_FILE
     tmp = target.with_name(ROLLBACK_FILE + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "checkpoint": path, "alertname": record.alertname,
-                               "onset": record.onset, "fingerprint": record.fingerprint}) + "\n")
+    when = datetime.fromtimestamp(healthy_before, timezone.utc).isoformat(timespec="milliseconds")
+    tmp.write_text(json.dumps({"step": step, "checkpoint": path, "alertname": alertname,
+                               "healthy_before": when.replace("+00:00", "Z")}) + "\n")
     os.replace(tmp, target)
+
+
+def rollback_checkpoint(snapshot_dir: str | os.PathLike[str], run: str) -> str | None:
+    """The checkpoint a relaunched run goes on from, after a red card stopped it and a person
+    ran ``grpo-monitor resume``: pass it to ``trainer.train(resume_from_checkpoint=...)``.
+
+    The last healthy checkpoint by default, the one of ``resume --rollback-to STEP``, or None
+    (``--no-rollback``, or no card ever stopped the run: resume as you normally would). A run
+    still paused raises ``RuntimeError``: a person has not looked yet."""
+    record = read_control(snapshot_dir, run)
+    if record is None:
+        return None
+    if record.state == "paused":
+        raise RuntimeError(f"run {run!r} is still paused by red card {record.alertname}; run "
+                           f"`grpo-monitor resume {run}` first")
+    mode = rollback_mode(record.model_dump())
+    try:
+        saved = json.loads((Path(snapshot_dir) / run / ROLLBACK_FILE).read_text())
+    except FileNotFoundError:
+        saved = None
+    if mode < 0:  # "none", or the last healthy checkpoint
+        return saved["checkpoint"] if saved and mode != -2 else None
+    if saved is None:
+        raise RuntimeError(f"run {run!r}: no checkpoint folder known to find step {int(mode)} in")
+    return os.path.join(os.path.dirname(saved["checkpoint"]), f"checkpoint-{int(mode)}")
 
 
 class GRPOMonitorCallback(TrainerCallback):
@@ -139,7 +159,8 @@ class GRPOMonitorCallback(TrainerCallback):
     """
 
     def __init__(self, snapshot_dir: str | os.PathLike[str], run: str | None = None, *,
-                 per_rank_perf: bool = False, on_red_card: str = "stop") -> None:
+                 per_rank_perf: bool = False, on_red_card: str = "stop",
+                 pause_poll_interval: float = 1.0) -> None:
         if on_red_card not in ("stop", "wait", "ignore"):
             raise ValueError(f"on_red_card must be 'stop', 'wait' or 'ignore', not {on_red_card!r}")
         self.snapshot_dir = os.fspath(snapshot_dir)
@@ -147,9 +168,8 @@ class GRPOMonitorCallback(TrainerCallback):
         self.per_rank_perf = per_rank_perf
         self.on_red_card = on_red_card
         self.writer: SnapshotWriter | None = None
-        self.saves: list[tuple[int, str, float]] = []  # (step, checkpoint path, unix time)
-        self._control_sig: tuple[int, int, int] | None = None
-        self._control: ControlRecord | None = None
+        self.pause_poll_interval = pause_poll_interval
+        self.gate: PauseGate | None = None  # made at the first step: the run's name is known then
         self._mark = time.time()  # end of the last step / log: a save's duration starts there
         self._warned = False
 
@@ -217,6 +237,11 @@ class GRPOMonitorCallback(TrainerCallback):
             writer.log(metrics, int(state.global_step))
 
     def _on_save(self, args: TrainingArguments, state: TrainerState) -> None:
+        # Every process notes the save: any of them may have to name the rollback target.
+        ckpt = getattr(args, "output_dir", None)
+        self._gate(args).checkpoint_saved(
+            int(state.global_step),
+            os.path.join(str(ckpt), f"checkpoint-{state.global_step}") if ckpt else None)
         writer = self._open(args, state)
         if writer is None:
             return
@@ -227,56 +252,57 @@ class GRPOMonitorCallback(TrainerCallback):
         ckpt = getattr(args, "output_dir", None)
         if ckpt:
             event["path"] = os.path.join(str(ckpt), f"checkpoint-{step}")
-            self.saves.append((step, event["path"], now))
         writer.log({}, step, events=[event], timestamp=now)
 
-    def _paused(self, args: TrainingArguments) -> ControlRecord | None:
-        # Every process looks (one stat a step): all must stop at the same step, or the others
-        # hang in the next collective.
-        path = control_path(self.snapshot_dir, self.run or _run_name(args))
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            self._control_sig = self._control = None
-            return None
-        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if sig != self._control_sig:
-            self._control_sig = sig
-            self._control = read_control(self.snapshot_dir, self.run or _run_name(args))
-        return self._control if self._control is not None and self._control.state == "paused" else None
+    def _gate(self, args: TrainingArguments) -> PauseGate:
+        if self.gate is None:
+            self.gate = PauseGate(run_dir=os.path.join(self.snapshot_dir, self.run or _run_name(args)),
+                                  poll_interval=self.pause_poll_interval)
+        return self.gate
 
-    def last_healthy_checkpoint(self, onset: str | None) -> tuple[int, str] | None:
-        """The newest checkpoint saved before the red card's onset: the rollback target."""
-        cutoff = _parse_time(onset) if onset else None
-        healthy = [(step, path) for step, path, t in self.saves if cutoff is None or t < cutoff]
-        return healthy[-1] if healthy else None
+    def last_healthy_checkpoint(self, before: float) -> tuple[int, str] | None:
+        """The newest checkpoint saved before ``before`` (unix seconds; the control record's
+        ``healthy_before``, else the card's onset)."""
+        found = self.gate.last_healthy(before) if self.gate is not None else None
+        return (found.step, found.path) if found is not None and found.path else None
 
     def _check_red_card(self, args: TrainingArguments, state: TrainerState,
                         control: TrainerControl) -> None:
-        record = self._paused(args)
-        if record is None:
+        # Every process asks at the same step, and the answer is the same on all of them (one
+        # tiny all-reduce through accelerate's process group): all stop at this step, or none.
+        gate = self._gate(args)
+        run = self.run or _run_name(args)
+        group = gate.agree()
+        if not group.paused:
             return
-        target = self.last_healthy_checkpoint(record.onset)
+        # A process whose folder lacks the record learnt of the card from another one.
+        alertname = (gate.watcher.record or {}).get("alertname") or "(seen on another process)"
+        target = self.last_healthy_checkpoint(group.healthy_before)
         if target is not None:
             # transformers never rotates away state.best_model_checkpoint (save_total_limit):
             # pointing it at the rollback target keeps the last healthy checkpoint on disk.
             state.best_model_checkpoint = target[1]
             if state.is_world_process_zero:
-                write_rollback(self.snapshot_dir, self.run or _run_name(args), target[0], target[1],
-                               record)
-        _log.warning("grpo_monitor: red card %s for run %s at step %s; last healthy checkpoint: %s; %s",
-                     record.alertname, self.run or _run_name(args), state.global_step,
-                     target[1] if target else "none", "saving and stopping"
-                     if self.on_red_card == "stop" else "waiting for `grpo-monitor resume`")
+                write_rollback(self.snapshot_dir, run, target[0], target[1], alertname, group.healthy_before)
+        if self.on_red_card == "stop" or state.is_world_process_zero:
+            _log.warning("grpo_monitor: red card %s for run %s at step %s; last healthy checkpoint: "
+                         "%s; %s", alertname, run, state.global_step,
+                         target[1] if target else "none", "saving and stopping"
+                         if self.on_red_card == "stop" else "waiting for `grpo-monitor resume`")
         if self.on_red_card == "stop":
             control.should_save = True
             control.should_training_stop = True
             return
         if self.writer is not None:
-            self.writer.wait_if_paused()
-        else:
-            while self._paused(args) is not None:
-                time.sleep(1.0)
+            self.writer.mark("paused", alertname=alertname)
+        decision = gate.check(int(state.global_step))  # waits, every process together
+        if self.writer is not None:
+            self.writer.mark("resumed")
+        if decision is not None and decision.rollback_step is not None:
+            # transformers cannot rewind its loop (data order, epoch, step) in place: stop here
+            # without saving the sick weights; the relaunch goes on from the chosen checkpoint,
+            # rollback_checkpoint(snapshot_dir, run) tells it which.
+            control.should_training_stop = True
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         try:

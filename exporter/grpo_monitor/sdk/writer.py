@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from grpo_monitor.sdk.pause import Checkpoint, ControlWatcher
+
 __all__ = ["SnapshotWriter"]
 
 _log = logging.getLogger("grpo_monitor.sdk")
@@ -193,10 +195,10 @@ class SnapshotWriter:
         self._warned_disk = False
         self._warned_value = False
         # The run's control record (red-card pause, exporter's webhook): see should_pause().
-        self.control_path: str = os.path.join(self.dir, ".grpo-control.json")
-        self._control_sig: tuple[int, int, int] | None = None
-        self._control: dict[str, Any] | None = None
-        self._warned_control = False
+        self._control = ControlWatcher(self.dir)
+        self.control_path: str = self._control.path
+        # The checkpoint_save events logged: a red card's rollback candidates (PauseGate).
+        self.checkpoints: list[Checkpoint] = []
         with self._lock:
             self._open()
 
@@ -230,6 +232,8 @@ class SnapshotWriter:
             parts.append(b"}\n")
             data = b"".join(parts)
             step = int(step)
+            if events is not None:
+                self._note_checkpoints(events, step, now)
         # The default hook calls the caller's .item() / float(): anything may come out of it,
         # and a bad value is no reason to stop training.
         except Exception as exc:  # noqa: BLE001
@@ -248,55 +252,47 @@ class SnapshotWriter:
 
     def should_pause(self) -> bool:
         """True while a red card holds this run paused (``<dir>/.grpo-control.json`` says
-        ``"state": "paused"``). Cheap enough for every step: one ``os.stat``; the file is read
-        again only when its (mtime_ns, size, inode) changed. Never raises: an unreadable or
-        malformed record counts as not paused (warned once)."""
-        record = self._read_control()
+        ``"state": "paused"``), as this process sees it. Cheap enough for every step: one
+        ``os.stat``; the file is read again only when its (mtime_ns, size, inode) changed. Never
+        raises: an unreadable or malformed record counts as not paused (warned once). A job of
+        several processes uses ``PauseGate`` instead: every rank then stops at the same step."""
+        record = self._control.read()
         return record is not None and record.get("state") == "paused"
 
     def wait_if_paused(self, poll_interval: float = 1.0, log: bool = True) -> dict[str, Any] | None:
         """Block while the run is paused; None at once when it is not. After ``grpo-monitor
-        resume`` returns the control record (honour its ``rollback_to``, a step or None)."""
+        resume`` returns the control record (its ``rollback_to``: a step, or None). For one
+        process; a job of several uses ``PauseGate``, which also finds the last healthy
+        checkpoint."""
         if not self.should_pause():
             return None
-        rec = self._control or {}
+        rec = self._control.record or {}
         if log:
             _log.warning("training paused by red card %s at step %s; run `grpo-monitor resume %s` "
                          "to continue", rec.get("alertname"), rec.get("step"), self.run)
-        # Say so in the snapshots: a run that waits on purpose writes nothing, and must not
-        # look hung (GRPORunHung) while it waits; "resumed" restarts the silence clock.
-        with self._lock:
-            self._mark("paused", alertname=rec.get("alertname"))
+        self.mark("paused", alertname=rec.get("alertname"))
         while self.should_pause():
             time.sleep(poll_interval)
-        with self._lock:
-            self._mark("resumed")
+        self.mark("resumed")
         if log:
-            _log.warning("training resumed (rollback_to=%s)", (self._control or {}).get("rollback_to"))
-        return dict(self._control) if self._control is not None else {"state": "running"}
+            _log.warning("training resumed (rollback_to=%s)", (self._control.record or {}).get("rollback_to"))
+        record = self._control.record
+        return dict(record) if record is not None else {"state": "running"}
 
-    def _read_control(self) -> dict[str, Any] | None:
-        try:
-            try:
-                st = os.stat(self.control_path)
-            except FileNotFoundError:
-                self._control_sig, self._control = None, None
-                return None
-            sig = (st.st_mtime_ns, st.st_size, st.st_ino)
-            if sig != self._control_sig:
-                with open(self.control_path, "rb") as fh:
-                    record = json.loads(fh.read())
-                if not isinstance(record, dict):
-                    raise ValueError("control record is not a JSON object")
-                self._control_sig, self._control = sig, record
-            return self._control
-        except Exception as exc:  # noqa: BLE001 (the training loop must never see it)
-            if not self._warned_control:
-                _log.warning("cannot read the control record %s (%s); treating the run as not "
-                             "paused", self.control_path, exc)
-                self._warned_control = True
-            self._control_sig, self._control = None, None
-            return None
+    def mark(self, event_type: str, **fields: Any) -> None:
+        """Append a record that is one event and no metrics, at the newest step logged: the
+        exporter reads it as a mark of the run's state (``paused`` / ``resumed``: a run that
+        waits on purpose writes nothing, and must not look hung). Never raises."""
+        with self._lock:
+            self._mark(event_type, **fields)
+
+    def _note_checkpoints(self, events: Sequence[Mapping[str, Any]], step: int, now: float) -> None:
+        for event in events:
+            if isinstance(event, Mapping) and event.get("type") == "checkpoint_save":
+                path = event.get("path")
+                at = event.get("step", step)
+                self.checkpoints.append(Checkpoint(int(at) if isinstance(at, int) else step,
+                                                   path if isinstance(path, str) else None, now))
 
     def close(self, *, end: bool = True, step: int | None = None) -> None:
         """Close the file; later ``log()`` calls are dropped. A second call does nothing.
