@@ -141,6 +141,7 @@ def test_a_failed_relay_answers_502_and_the_retry_pauses_once(
 
     dead = f"ntfy+http://127.0.0.1:{free_port()}/topic"  # nothing listens there
     ex = start_exporter(webhook_token_file=token, gpu_collector=False, notify_url=dead)
+    (snapshot_dir / "exp-7").mkdir()  # a run of this exporter: only such a run is paused
     headers = {"Authorization": f"Bearer {TOKEN}"}
     first = requests.post(ex.url + HOOK, json=_payload(), headers=headers, timeout=30)
     assert first.status_code == 502 and first.text.startswith("paused: exp-7")

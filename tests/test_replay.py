@@ -256,7 +256,8 @@ def test_print_replay_neutralises_terminal_escapes(tmp_path: Path, capsys: pytes
 
 
 def test_replay_is_served_by_the_exporter_and_the_cli(tmp_path: Path) -> None:
-    """The exporter's /replay route and `grpo-monitor replay` call the same replay module."""
+    """The exporter's /replay route (with --web.enable-replay; off by default, since samples can
+    be proprietary training data) and `grpo-monitor replay` call the same replay module."""
     import subprocess
     import sys
 
@@ -273,6 +274,15 @@ def test_replay_is_served_by_the_exporter_and_the_cli(tmp_path: Path) -> None:
     exporter = Exporter(ExporterConfig(snapshot_dir=tmp_path, listen_address="127.0.0.1:0",
                                        gpu_collector=False)).start()
     try:
+        off = requests.get(f"{exporter.url}/replay?run=r1&step=500", timeout=5)
+        assert off.status_code == 404 and "--web.enable-replay" in off.text
+        assert "2+2" not in off.text
+        assert "--web.enable-replay" in requests.get(f"{exporter.url}/", timeout=5).text
+    finally:
+        exporter.stop()
+    exporter = Exporter(ExporterConfig(snapshot_dir=tmp_path, listen_address="127.0.0.1:0",
+                                       gpu_collector=False, enable_replay=True)).start()
+    try:
         page = requests.get(f"{exporter.url}/replay?run=r1&step=500", timeout=5,
                             headers={"Accept": "text/html"})
         assert page.status_code == 200 and "<script>alert" not in page.text
@@ -287,3 +297,15 @@ def test_replay_is_served_by_the_exporter_and_the_cli(tmp_path: Path) -> None:
                           str(tmp_path), "r1", "--step", "500"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "2+2" in out.stdout
+
+
+@pytest.mark.parametrize("fmt", ["html", "json"])
+def test_a_lone_surrogate_in_a_sample_is_answered(tmp_path: Path, fmt: str) -> None:
+    # A trainer's decoded text may hold a lone surrogate; json.dumps writes it as "\ud800",
+    # valid JSON, which UTF-8 cannot carry back out.
+    record = {"run": "odd", "rank": 0, "step": 1, "metrics": {"reward/mean": 1.0},
+              "samples": replay_samples(["p\ud800"], [["r\udfff"]], [[1.0]], [[1]])}
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "rank-0.jsonl").write_text(json.dumps(record) + "\n")
+    status, _, body = replay_http(tmp_path, parse_qs(f"run=odd&step=1&format={fmt}"), "")
+    assert status == 200 and "p?" in body.decode("utf-8") and "r?" in body.decode("utf-8")

@@ -333,8 +333,12 @@ def test_write_cut_short_leaves_one_bad_line_not_two(tmp_path: Path,
             return real_write(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def broken_truncate(fd: int, length: int) -> None:  # the fragment cannot be taken back
+        raise OSError(errno.EIO, "Input/output error")
+
     with monkeypatch.context() as m:
         m.setattr(os, "write", half_then_full_disk)
+        m.setattr(os, "ftruncate", broken_truncate)
         assert not w.log({"x": 1.0}, 1)
     _advance_clock(monkeypatch, 5)
     assert w.log({"x": 2.0}, 2)

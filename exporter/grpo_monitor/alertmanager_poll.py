@@ -66,7 +66,7 @@ class AlertmanagerPoller:
             if not isinstance(alerts, list):
                 raise ValueError("the answer is not a list of alerts")
             paused = [run for alert in alerts if isinstance(alert, dict)
-                      if (run := self.pauser.apply(_as_webhook_alert(alert), local_runs_only=True))]
+                      if (run := self.pauser.apply(_as_webhook_alert(alert)))]
         except Exception as exc:  # noqa: BLE001 -- a poll that fails is retried at the next tick
             self.polls.labels("error").inc()
             if not self._failing:

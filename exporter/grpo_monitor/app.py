@@ -13,11 +13,15 @@ from grpo_monitor.http import ExporterServer
 from grpo_monitor.ingest import Ingestor
 from grpo_monitor.store import RunStore
 from grpo_monitor.watch import SnapshotWatcher
+from grpo_monitor.web_config import load_web_config
 
 
 class Exporter:
     def __init__(self, config: ExporterConfig) -> None:
         self.config = config
+        # First: a web configuration that cannot be used stops the start-up before anything
+        # runs (WebConfigError is a ValueError: `serve` prints its one line and exits 2).
+        web = load_web_config(config.web_config_file) if config.web_config_file is not None else None
         self.store = RunStore(config.limits)
         self.health = ExporterHealth()
         self.ingestor = Ingestor(
@@ -53,8 +57,11 @@ class Exporter:
 
             self.poller = AlertmanagerPoller(config.alertmanager_url, config.alertmanager_poll_interval,
                                              self.pauser, self.health.registry)
-        self.server = ExporterServer(config.listen_address, self.metrics, self.watcher.ready.is_set,
-                                     self.webhook, config.snapshot_dir.absolute())
+        self.server = ExporterServer(
+            config.listen_address, self.metrics, self.watcher.ready.is_set, self.webhook,
+            replay_dir=config.snapshot_dir.absolute() if config.enable_replay else None,
+            web=web, read_timeout=config.read_timeout, max_connections=config.max_connections,
+            registry=self.health.registry)
 
     @property
     def url(self) -> str:

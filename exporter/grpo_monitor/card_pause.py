@@ -1,8 +1,9 @@
 """A red card becomes its run's pause record: the one rule both ways of hearing about a card
 share (Alertmanager's webhook, webhook.py, and asking Alertmanager, alertmanager_poll.py).
 
-For every FIRING alert with ``severity="critical"`` and a ``run`` label, the run's control
-record (``<snapshot_dir>/<run>/.grpo-control.json``, control.py) is set to ``paused``.
+For every FIRING alert with ``severity="critical"`` and a ``run`` label naming a run this
+exporter reads (a folder of the snapshot folder: ``run_folder``), the run's control record
+(``<snapshot_dir>/<run>/.grpo-control.json``, control.py) is set to ``paused``.
 Idempotent: Alertmanager re-sends a firing group (group_interval, repeat_interval, retries) and
 a poll sees the same card again and again. The same alert (fingerprint and startsAt) again
 changes nothing, neither for a paused run (the first onset is kept) nor for a run someone
@@ -13,6 +14,8 @@ new startsAt) pauses again. A resolved card never resumes a run: a person does.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 import time
 from collections import deque
@@ -53,11 +56,30 @@ def healthy_before(onset: str, scrape_interval: float | None) -> str | None:
     what the card saw; one saved between it and the onset may hold the sick step."""
     try:
         t = datetime.fromisoformat(onset.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        t -= 2 * (scrape_interval or 0.0) + DETECTION_SLACK_S
+        stamp = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError, OSError):  # not a date; a date at the calendar's ends
         return None
-    t -= 2 * (scrape_interval or 0.0) + DETECTION_SLACK_S
-    stamp = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
     return stamp.replace("+00:00", "Z")
+
+
+def run_folder(snapshot_dir: Path, run: str) -> Path | None:
+    """The run's folder when this exporter reads one: a folder (not a link: the ingest does not
+    follow links) directly in the snapshot folder, not a dot-folder (the ingest skips those).
+
+    Only such a run gets a pause record. Not "a run /metrics exports now" (RunStore): the store
+    knows no run while it replays the folder after a restart, forgets one after
+    --snapshot.run-timeout, and knows runs by the name in their records, while the trainer reads
+    its pause record from the folder of its run name. A card for a run without a folder here
+    is another node's (a fleet), stale, or forged: its record would create a folder no trainer
+    reads, or write through a link to anywhere."""
+    try:
+        folder = control_path(snapshot_dir, run).parent
+        if run.startswith(".") or not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return None
+    except (ValueError, OSError):  # not a plain folder name (or not encodable); no such folder
+        return None
+    return folder
 
 
 class CardPauser:
@@ -68,21 +90,18 @@ class CardPauser:
         self.scrape_pace = scrape_pace or ScrapePace()
         self._lock = threading.Lock()  # one read-modify-write of a control record at a time
 
-    def apply(self, alert: dict[str, Any], *, local_runs_only: bool = False) -> str | None:
+    def apply(self, alert: dict[str, Any]) -> str | None:
         """Pause the alert's run if it is a red card that has not paused it yet; the run's name
-        when it did. ``local_runs_only``: only runs that have a folder here (a fleet's
-        exporter hears of every card, and pauses the runs whose ranks it serves)."""
+        when it did. Only a run with a folder here (``run_folder``): a fleet's exporter hears
+        of every card, and pauses the runs whose ranks it serves."""
         labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
         run = labels.get("run")
         if (alert.get("status") != "firing" or labels.get("severity") != "critical"
                 or not isinstance(run, str)):
             return None
-        try:
-            folder = control_path(self.snapshot_dir, run).parent
-        except ValueError:
-            log.warning("red card for run %r: not a plain folder name, ignored", run)
-            return None
-        if local_runs_only and not folder.is_dir():
+        if run_folder(self.snapshot_dir, run) is None:
+            # Debug only: every exporter of a fleet hears every other node's cards, each poll.
+            log.debug("red card for run %r: no run folder here, ignored", run)
             return None
         fingerprint = str(alert.get("fingerprint") or "")
         onset = str(alert.get("startsAt") or "")
@@ -90,10 +109,8 @@ class CardPauser:
         with self._lock:
             try:
                 current = read_control(self.snapshot_dir, run)
-            except ValueError:
-                log.warning("run %s: malformed control record, replacing it", run)
-                current = None
-            except OSError:
+            except ValueError as exc:
+                log.warning("run %s: unusable control record (%s), replacing it", run, exc)
                 current = None
             if current is not None and current.state == "paused":
                 return None  # already paused: keep the first card's record

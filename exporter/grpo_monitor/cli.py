@@ -52,6 +52,7 @@ def _add_snapshot_dir(p: argparse.ArgumentParser, help: str, *, required: bool) 
 
 def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     from grpo_monitor.config import parse_bytes, parse_duration
+    from grpo_monitor.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT
 
     _add_snapshot_dir(p, "Folder the trainers write snapshots to; read recursively.",
                       required=dir_required)
@@ -86,6 +87,19 @@ def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
     _add(p, "--web.webhook-token-file", "File holding the bearer token Alertmanager sends to "
          "POST /-/alertmanager/webhook (a red card pauses its run); without it the webhook is off.",
          type=Path)
+    _add(p, "--web.config.file", "Web configuration in the Prometheus exporter-toolkit format: TLS "
+         "(tls_server_config), basic auth (basic_auth_users, bcrypt) on every path but the "
+         "webhook's, response headers (docs/security.md). Without it: plain HTTP, no auth.",
+         type=Path)
+    _add(p, "--web.enable-replay", "Serve /replay: the prompts and responses trainers logged, "
+         "which can be proprietary training data (behind basic auth when configured).",
+         default=False, action=argparse.BooleanOptionalAction)
+    _add(p, "--web.read-timeout", "A whole request (TLS handshake and keep-alive wait included) "
+         "must arrive within this, or the connection is dropped: slow clients cannot hold "
+         "the exporter.", default=DEFAULT_READ_TIMEOUT, type=parse_duration)
+    _add(p, "--web.max-connections", "Open connections at most; a new one that finds them all "
+         "taken drops the one that has waited longest for its request.",
+         default=DEFAULT_MAX_CONNECTIONS, type=int)
     _add(p, "--notify.url", "Relay every card Alertmanager sends to the webhook to a person: "
          "space-separated slack+https://..., ntfy+https://..., smtp://HOST?to=ADDR URLs "
          "(docs/pause.md); needs --web.webhook-token-file.")
@@ -115,7 +129,9 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"],
         webhook_token_file=v.get("web.webhook_token_file"), notify_url=v.get("notify.url") or None,
         alertmanager_url=v.get("alertmanager.url") or None,
-        alertmanager_poll_interval=v["alertmanager.poll_interval"])
+        alertmanager_poll_interval=v["alertmanager.poll_interval"],
+        web_config_file=v.get("web.config.file"), enable_replay=v["web.enable_replay"],
+        read_timeout=v["web.read_timeout"], max_connections=v["web.max_connections"])
 
 
 def _setup_logging(level: str) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT
 from grpo_monitor.store import Limits
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
@@ -65,3 +66,13 @@ class ExporterConfig:
     # the runs of their own node, whichever exporter the webhook reaches. None: do not ask.
     alertmanager_url: str | None = None
     alertmanager_poll_interval: float = 5.0
+    # exporter-toolkit web configuration (web_config.py): TLS, basic auth, response headers.
+    # None: plain HTTP, no authentication.
+    web_config_file: Path | None = None
+    # /replay serves the prompts and responses trainers logged, which can be proprietary
+    # training data: off unless asked for.
+    enable_replay: bool = False
+    # A whole request (TLS handshake and keep-alive wait included) must arrive within this; and
+    # at most this many connections are open (http.py).
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS

@@ -19,6 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 CONTROL_FILE = ".grpo-control.json"
+# A record is a few hundred bytes; a bigger file is no record, and is not read whole.
+MAX_CONTROL_BYTES = 1 << 16
 
 
 class ControlRecord(BaseModel):
@@ -54,12 +56,20 @@ def control_path(snapshot_dir: str | os.PathLike[str], run: str) -> Path:
 
 
 def read_control(snapshot_dir: str | os.PathLike[str], run: str) -> ControlRecord | None:
-    """The run's control record, or None when it has none. A malformed one raises ValueError."""
+    """The run's control record, or None when it has none (no file, no run folder). One that
+    cannot be used raises ValueError, and only that: malformed (not JSON, not UTF-8, not a
+    record, over MAX_CONTROL_BYTES), or unreadable (a folder in its place, a permission)."""
+    path = control_path(snapshot_dir, run)
     try:
-        text = control_path(snapshot_dir, run).read_text()
-    except FileNotFoundError:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONTROL_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError):  # no record, or the "run folder" is a file
         return None
-    return ControlRecord.model_validate_json(text)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONTROL_BYTES:
+        raise ValueError(f"{path}: over {MAX_CONTROL_BYTES} bytes, not a control record")
+    return ControlRecord.model_validate_json(data)
 
 
 def write_control(snapshot_dir: str | os.PathLike[str], run: str, record: ControlRecord) -> Path:

@@ -22,13 +22,15 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
                    "nothing; read again when the file changes"),
     "oversized": ("a `*.json` file over `--snapshot.max-file-bytes`, or a `*.jsonl` line over "
                   "`--snapshot.max-line-bytes`", "the other lines"),
-    "invalid_json": ("not JSON, or not UTF-8", "the other lines"),
+    "invalid_json": ("not JSON (nested deeper than the parser's recursion limit included), or not "
+                     "UTF-8", "the other lines"),
     "incomplete": ("a `*.json` file that ends mid-document (most likely still being written)",
                    "nothing yet; read again on its next change"),
-    "invalid_record": ("JSON, but not a usable record: not an object, no integer `step` >= 0, a "
-                       "wrong type in the envelope", "the other lines"),
+    "invalid_record": ("JSON, but not a usable record: not an object, no integer `step` from 0 to "
+                       "2^53, a wrong type in the envelope", "the other lines"),
     "invalid_value": ("one metric value that is not a number (a list, a word)", "the rest of the record"),
-    "invalid_key": ("an empty or over-long (> 200 characters) metric key", "the rest of the record"),
+    "invalid_key": ("an empty or over-long (> 200 characters) metric key, or one that is no Unicode "
+                    "text (a lone surrogate escape, `\\ud800`)", "the rest of the record"),
     "invalid_samples": ("a malformed `samples` list", "the record's metrics"),
     "invalid_events": ("a malformed `events` list", "the record's metrics"),
     "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),

@@ -119,6 +119,8 @@ EXPORTER = """
 | `grpo_webhook_requests_total` | counter | outcome | Alertmanager webhook requests (`--web.webhook-token-file`), by outcome: `paused`, `ignored`, `unauthorized`, `bad_request`, `too_large`, `error` |
 | `grpo_notifications_total` | counter | outcome | Cards relayed to a person (`--notify.url`), by outcome: `sent`, `failed` (a target did not take it; the webhook answers 502 and Alertmanager retries) |
 | `grpo_alertmanager_polls_total` | counter | outcome | Polls of Alertmanager for red cards (`--alertmanager.url`), by outcome: `paused` (a run of this node was paused), `unchanged`, `error` (unreachable or a bad answer; retried at the next poll) |
+| `grpo_http_rejects_total` | counter | reason | HTTP requests and connections turned away, by reason: `unauthorized` (basic auth, `--web.config.file`), `request_line_too_long`, `header_too_large`, `too_many_headers`, `read_timeout` (a request not read within `--web.read-timeout`), `write_timeout`, `evicted` (all `--web.max-connections` taken: the one waiting longest for its request), `connection_limit` (all taken by requests being answered), `tls_handshake`, `tls_client_san` ([security.md](security.md)) |
+| `grpo_http_connections` | gauge | | open HTTP connections (at most `--web.max-connections`) |
 | `grpo_exporter_internal_errors_total` | counter | | unexpected errors in the ingest thread, logged with a traceback; the thread goes on (any is a bug) |
 | `grpo_exporter_ready` | gauge | | 1 once the files on disk at start-up are replayed (also `/-/ready`) |
 | `grpo_exporter_build_info` | gauge | version | constant 1 |

@@ -8,18 +8,19 @@ reaches step S — the baseline survives the restart.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, PositiveInt
+
+from grpo_monitor.snapshot import MAX_INT, Count, decode_record
 
 CONTROL_NAME = ".grpo-baseline.json"
 _TAIL_BYTES = 1 << 16
 
 
 class RebaselineRequest(BaseModel):
-    at_step: NonNegativeInt
+    at_step: Count
     steps: PositiveInt
 
 
@@ -35,11 +36,11 @@ def newest_step(run_dir: Path) -> int | None:
             continue
         for line in reversed(lines):
             try:
-                record = json.loads(line)
+                record = decode_record(line)
                 step = record.get("step", record.get("_step"))
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError):  # not JSON (a RecordError), not an object
                 continue
-            if isinstance(step, int):
+            if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_INT:
                 best = step if best is None else max(best, step)
                 break
     return best

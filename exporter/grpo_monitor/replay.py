@@ -199,8 +199,9 @@ def _payload(run: str, step: int, samples: list[Sample], requested: int | None) 
 
 def render_json(run: str, step: int, samples: list[Sample], *, requested: int | None = None) -> bytes:
     """The samples as strict JSON (a non-finite reward becomes null), responses best first."""
+    # surrogatepass would emit invalid UTF-8; a lone surrogate a trainer logged becomes "?".
     return json.dumps(_payload(run, step, samples, requested), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+                      allow_nan=False).encode("utf-8", errors="replace")
 
 
 def _fmt_reward(x: float | None) -> str:
@@ -243,7 +244,7 @@ def render_html(run: str, step: int, samples: list[Sample], *, requested: int | 
                        f"<td class=\"num\">{length}</td><td><pre>{e(r.text)}</pre></td></tr>")
         out.append("</table></div>")
     out.append("</body></html>\n")
-    return "".join(out).encode("utf-8")
+    return "".join(out).encode("utf-8", errors="replace")  # a lone surrogate: "?", see above
 
 
 # -- HTTP -----------------------------------------------------------------------------------

@@ -31,7 +31,13 @@ import numpy as np
 
 from grpo_monitor import thresholds as th
 from grpo_monitor.signals import GROWTH_OFFSETS, GROWTH_WINDOW, INITIAL_STEPS
-from grpo_monitor.snapshot import RecordError, identity_from_path, parse_record
+from grpo_monitor.snapshot import (
+    RecordError,
+    as_text,
+    decode_record,
+    identity_from_path,
+    parse_record,
+)
 
 # Every number a verdict compares with is read from grpo_monitor.thresholds at each use: the
 # card thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
@@ -109,7 +115,8 @@ def _segment_order(path: Path) -> tuple[str, int]:
 def load_run(run_dir: Path | str) -> RunData:
     """Every record of the run folder (all ranks, rotated segments, *.json), bad lines skipped."""
     run_dir = Path(run_dir)
-    data = RunData(run=run_dir.name, path=run_dir)
+    # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
+    data = RunData(run=as_text(run_dir.name), path=run_dir)
     latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
     order = 0
     for path in sorted(_run_files(run_dir), key=_segment_order):
@@ -125,10 +132,10 @@ def load_run(run_dir: Path | str) -> RunData:
             raws = [text]
         for raw in raws:
             try:
-                obj = json.loads(raw)
+                obj = decode_record(raw)
                 objs = obj if isinstance(obj, list) and path.suffix == ".json" else [obj]
                 snaps = [parse_record(o, run=run, rank=rank, mtime=mtime) for o in objs]
-            except (ValueError, RecordError):
+            except RecordError:
                 data.bad_lines += 1
                 continue
             for snap in snaps:
@@ -220,6 +227,13 @@ def summarize(data: RunData) -> dict[str, Any]:
 def _med(x: np.ndarray) -> float:
     x = x[np.isfinite(x)]
     return float(np.median(x)) if x.size else math.nan
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b as IEEE 754 (and PromQL) has it, where Python's float division raises: +-inf for
+    x / 0, NaN for 0 / 0. A KL whose p95 is 0 (no KL term logs zeros) has a tail ratio."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.float64(a) / b)
 
 
 def _r(x: float) -> float | None:
@@ -591,8 +605,9 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
         return out
     n = len(steps)
     w = window_size(n)
-    base = slice(0, w)  # baseline window
-    ref = slice(w, 2 * w) if n >= 3 * w else slice(0, w)  # reference: the window after it
+    # A run shorter than one window (w is at least min_window_steps) has one short window.
+    base = slice(0, min(w, n))  # baseline window
+    ref = slice(w, 2 * w) if n >= 3 * w else base  # reference: the window after it
     last = slice(max(0, n - w), n)
     s = {k: data.series(k) for k in CORE_SIGNALS}
     have = {k: bool(np.isfinite(v).any()) for k, v in s.items()}
@@ -797,8 +812,8 @@ def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool
     def med(key: str, part: slice) -> float:
         return _med(s[key][part]) if have.get(key) else math.nan
 
-    tail_last = med("kl/max", last) / med("kl/p95", last)
-    tail_base = med("kl/max", base) / med("kl/p95", base)
+    tail_last = _ratio(med("kl/max", last), med("kl/p95", last))
+    tail_base = _ratio(med("kl/max", base), med("kl/p95", base))
     if (tail_last > th.value("kl_tail_ratio")
             and tail_last > th.value("kl_tail_baseline_ratio") * tail_base):
         out.append(_verdict("kl_tail_outliers", "warning", last_steps, tail_ratio_last=tail_last,
@@ -1034,7 +1049,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not run_dir.is_dir():
         print(f"grpo-monitor report: {run_dir} is not a folder", file=sys.stderr)
         return 2
-    res = build_report(run_dir, args.out, plots=True)
+    try:
+        res = build_report(run_dir, args.out, plots=True)
+    except OSError as exc:  # the output folder: not writable, a file in its way, a full disk
+        print(f"grpo-monitor report: cannot write the report: {exc}", file=sys.stderr)
+        return 2
     if not res["data"].records:
         print(f"grpo-monitor report: no records in {run_dir}", file=sys.stderr)
         return 2

@@ -64,7 +64,9 @@ class Welford:
         self.n += 1
         d = x - self.mean
         self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
+        # d * (x - mean) is d**2 (n-1)/n, never negative; only values near float's limits make
+        # it -inf (-inf * inf, an overflow), and sqrt() of a negative m2 would raise.
+        self.m2 += abs(d * (x - self.mean))
 
     @property
     def stddev(self) -> float:

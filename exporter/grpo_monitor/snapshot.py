@@ -8,6 +8,7 @@ values are converted one by one, so one bad value costs that value and not the r
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -18,8 +19,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeInt,
-    PositiveInt,
     ValidationError,
     WithJsonSchema,
 )
@@ -33,6 +32,11 @@ MAX_KEY_LENGTH = 200
 # Nested metric dicts are flattened with "/" (reward_quantiles: {"25": ..} -> reward_quantiles/25);
 # a bound keeps a hostile record from recursing without end.
 MAX_NESTING = 4
+# The largest step, rank or size a record may carry: a Prometheus sample is a float64, which
+# holds every integer up to 2**53 exactly (and a number of 400 digits not at all: Prometheus
+# would refuse the whole scrape).
+MAX_INT = 2**53
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 
 _METRIC_VALUE_SCHEMA = {
     "anyOf": [
@@ -56,7 +60,7 @@ class SampleResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
     text: str
     reward: float | None = None
-    length: NonNegativeInt | None = None
+    length: Count | None = None
 
 
 class Sample(BaseModel):
@@ -73,7 +77,7 @@ class Event(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     type: Annotated[str, Field(min_length=1, max_length=64)]
-    step: NonNegativeInt | None = None
+    step: Count | None = None
     time: float | None = None
     duration_s: float | None = None
 
@@ -83,9 +87,9 @@ class _Envelope(BaseModel):
     # only grows).
     model_config = ConfigDict(extra="allow")
     run: NameStr | None = None
-    rank: NonNegativeInt | None = None
-    world_size: PositiveInt | None = None
-    step: NonNegativeInt
+    rank: Count | None = None
+    world_size: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
+    step: Count
     time: Annotated[float, Field(allow_inf_nan=False)] | None = None
 
 
@@ -93,7 +97,7 @@ class NativeRecord(_Envelope):
     """Shape 1, what ``SnapshotWriter`` writes."""
 
     host: Annotated[str, Field(max_length=253)] | None = None
-    local_rank: NonNegativeInt | None = None
+    local_rank: Count | None = None
     gpu: Annotated[str, Field(max_length=64)] | None = Field(
         default=None, description="physical GPU index as NVML numbers it")
     gpu_uuid: Annotated[str, Field(max_length=96)] | None = None
@@ -107,7 +111,7 @@ class VerlRecord(BaseModel):
     """Shape 2, a line of verl's file logger (``trainer.logger=['file']``)."""
 
     model_config = ConfigDict(extra="allow")
-    step: NonNegativeInt
+    step: Count
     data: MetricsMap
 
 
@@ -115,7 +119,7 @@ class FlatRecord(_Envelope):
     """Shape 3, the dict people pass to ``wandb.log``: every other key is a metric."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": _METRIC_VALUE_SCHEMA})
-    step: NonNegativeInt = Field(validation_alias=AliasChoices("step", "_step", "global_step", "trainer/global_step"))
+    step: Count = Field(validation_alias=AliasChoices("step", "_step", "global_step", "trainer/global_step"))
     time: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
         default=None, validation_alias=AliasChoices("time", "_timestamp", "timestamp"))
     # Not a metric: the same trainer events as a native record's, so that a flat-dict or verl
@@ -176,15 +180,52 @@ _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)", re.IGNORECASE)
 DEFAULT_RUN = "default"
 
 
+def is_text(s: str) -> bool:
+    """Whether ``s`` can be written as UTF-8. A lone surrogate cannot: JSON's ``"\\ud800"``
+    escape decodes to one, and so does a file name that is not UTF-8 (os.fsdecode). The
+    exposition, and every file the exporter writes, is UTF-8."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_text(s: str) -> str:
+    """``s`` with what UTF-8 cannot hold written as a backslash escape (``\\udcff``): two names
+    that differ stay apart."""
+    return s if is_text(s) else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def identity_from_path(path: PurePath, snapshot_dir: PurePath) -> tuple[str, int]:
     """Run and rank implied by where a file lies: ``<dir>/<run>/.../rank-<N>.jsonl``."""
     try:
         parts = path.relative_to(snapshot_dir).parts
     except ValueError:
         parts = (path.name,)
-    run = parts[0] if len(parts) > 1 else DEFAULT_RUN
+    run = as_text(parts[0]) if len(parts) > 1 else DEFAULT_RUN
     m = _RANK_IN_NAME.search(path.name)
     return run, int(m.group(1)) if m else 0
+
+
+def decode_record(raw: bytes | str, *, whole_file: bool = False) -> Any:
+    """One record's JSON text, decoded; RecordError when it is none.
+
+    ``invalid_json``: not JSON, not UTF-8, nested deeper than Python's recursion limit, or an
+    integer of more than 4300 digits (Python's limit on converting one). ``incomplete``: a
+    ``whole_file`` that stops mid-document, most likely still being written (a line of a
+    ``*.jsonl`` file is complete once its newline is there, so a line never is).
+    """
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        at_end = whole_file and exc.pos >= len(exc.doc.rstrip())
+        raise RecordError("incomplete" if at_end else "invalid_json",
+                          f"{exc.msg} at byte {exc.pos}") from None
+    except RecursionError:
+        raise RecordError("invalid_json", "nested deeper than the parser's limit") from None
+    except ValueError as exc:  # not UTF-8; an integer over the digit limit
+        raise RecordError("invalid_json", str(exc)[:80]) from None
 
 
 def parse_number(raw: Any) -> float | None:
@@ -192,7 +233,10 @@ def parse_number(raw: Any) -> float | None:
     if raw is None:
         return None
     if isinstance(raw, (int, float)):  # bool is an int: True -> 1.0
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:  # an integer beyond float's range (JSON allows any number of digits)
+            raise ValueError("an integer too large for a float") from None
     if isinstance(raw, str):
         # float() already accepts 'nan', 'inf', '-Infinity', '1e-3' in any case.
         return float(raw.strip())
@@ -224,8 +268,8 @@ def normalize_metrics(
     best: dict[str, tuple[int, float]] = {}  # canonical key -> (rank of the name used, value)
     unknown: dict[str, float] = {}
     for name, value in flat.items():
-        if not name or len(name) > MAX_KEY_LENGTH:
-            problems.append(("invalid_key", name[:40]))
+        if not name or len(name) > MAX_KEY_LENGTH or not is_text(name):
+            problems.append(("invalid_key", as_text(name[:40])))
             continue
         try:
             number = parse_number(value)
@@ -260,15 +304,22 @@ def _validate(model: type[BaseModel], obj: dict[str, Any], problems: list[tuple[
     try:
         return model.model_validate(obj)
     except ValidationError as exc:
-        locs = {e["loc"][0] for e in exc.errors() if e["loc"]}
-        droppable = locs & set(_DROPPABLE)
-        if not droppable or locs - droppable:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "record"
-            raise RecordError("invalid_record", f"{where}: {first['msg']}") from None
-        for name in sorted(droppable):
-            problems.append((f"invalid_{name}", name))
-        return model.model_validate({k: v for k, v in obj.items() if k not in droppable})
+        errors = exc.errors()
+    # An error of the record as a whole has no location: nothing to drop, the record goes.
+    locs = {e["loc"][0] if e["loc"] else None for e in errors}
+    droppable = {str(loc) for loc in locs if loc in _DROPPABLE}
+    if droppable and not locs - droppable:
+        try:
+            rec = model.model_validate({k: v for k, v in obj.items() if k not in droppable})
+        except ValidationError as exc:
+            errors = exc.errors()
+        else:
+            for name in sorted(droppable):
+                problems.append((f"invalid_{name}", name))
+            return rec
+    first = errors[0]
+    where = as_text(".".join(str(p) for p in first["loc"])) or "record"
+    raise RecordError("invalid_record", f"{where}: {first['msg']}")
 
 
 def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
@@ -279,6 +330,12 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
     """
     shape = detect_shape(obj)
     problems: list[tuple[str, str]] = []
+    bad_names = [k for k in obj if not (isinstance(k, str) and is_text(k))]
+    if bad_names:
+        # A top-level name that is no text (a lone surrogate) costs itself: in a flat record it
+        # is a metric's key, elsewhere an unknown field.
+        problems.extend(("invalid_key", as_text(str(k))[:40]) for k in bad_names)
+        obj = {k: v for k, v in obj.items() if isinstance(k, str) and is_text(k)}
     if shape == "native":
         rec = _validate(NativeRecord, obj, problems)
         assert isinstance(rec, NativeRecord)

@@ -171,9 +171,10 @@ class RankState:
         for key, n in f.rising.items():
             out[ex.RISING.name].append(
                 f'{ex.RISING.name}{{{base},key="{key}",window_steps="{RISING_WINDOW}"}} {n}\n')
-        for key, n in f.nonfinite.items():
+        for key, n in f.nonfinite.items():  # an unknown key's NaN too: its name is the trainer's
             out[ex.WINDOW_NONFINITE.name].append(
-                f'{ex.WINDOW_NONFINITE.name}{{{base},key="{key}",window_steps="{NONFINITE_WINDOW}"}} {n}\n')
+                f'{ex.WINDOW_NONFINITE.name}{{{base},key="{ex.escape_label(key)}",'
+                f'window_steps="{NONFINITE_WINDOW}"}} {n}\n')
 
 
 @dataclass

@@ -18,6 +18,7 @@ from watchdog.events import (
     DirCreatedEvent,
     DirDeletedEvent,
     DirMovedEvent,
+    FileAttribEvent,
     FileClosedEvent,
     FileCreatedEvent,
     FileDeletedEvent,
@@ -37,8 +38,10 @@ log = logging.getLogger("grpo_monitor.watch")
 _RESCAN = ("rescan",)
 # Without a filter watchdog also reports every open and close-without-write, including the
 # exporter's own reads: twice the events, for nothing.
+# FileAttribEvent: a chmod may make a file that could not be read readable (its content is
+# unchanged, so no other event comes).
 _EVENTS = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileDeletedEvent, FileClosedEvent,
-           DirCreatedEvent, DirMovedEvent, DirDeletedEvent]
+           FileAttribEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent]
 
 
 class _Enqueue(FileSystemEventHandler):
@@ -57,7 +60,7 @@ class _Enqueue(FileSystemEventHandler):
             self.q.put(("moved", src, Path(str(event.dest_path))))
         elif kind == "deleted":
             self.q.put(("deleted", src))
-        elif kind in ("created", "modified", "closed"):
+        elif kind in ("created", "modified", "closed", "attrib"):
             self.q.put(("changed", src))
 
 
@@ -106,8 +109,10 @@ class SnapshotWatcher:
         next_rescan = time.monotonic() + self.rescan_interval
         next_tick = time.monotonic() + self.tick
         while not self._stop.is_set():
+            # Reset each turn: a tick with no event must not handle the previous batch again.
+            batch: list[tuple] = []
             try:
-                batch = [self._q.get(timeout=self.tick)]
+                batch.append(self._q.get(timeout=self.tick))
                 while True:  # drain: a burst of events for one file costs one read
                     batch.append(self._q.get_nowait())
             except queue.Empty:
@@ -135,7 +140,7 @@ class SnapshotWatcher:
                 self._safe(self.ingestor.moved, item[1], item[2])
             elif kind == "deleted":
                 self._read_changed(changed)
-                self._safe(self.ingestor.forget, item[1])
+                self._safe(self.ingestor.deleted, item[1])
             elif kind == "rescan":
                 self._read_changed(changed)
                 self._safe(self.ingestor.rescan)

@@ -2,12 +2,14 @@
 
 Alertmanager (receiver ``grpo-webhook`` in prometheus/alertmanager.yml) posts its webhook
 payload, version 4, with ``Authorization: Bearer <token>``. For every FIRING alert with
-``severity="critical"`` and a ``run`` label, the run's control record
-(``<snapshot_dir>/<run>/.grpo-control.json``, see control.py) is set to ``paused``; the trainer
-SDK sees it at its next step (card_pause.py holds the rule). Everything else (warnings, resolved
-alerts, alerts without a run) is acknowledged and ignored: a resolved card does NOT resume a
-run, a person does (``grpo-monitor resume``), because a NaN that stopped recurring has not
-un-ruined the weights.
+``severity="critical"`` and a ``run`` label naming a run folder of this exporter, the run's
+control record (``<snapshot_dir>/<run>/.grpo-control.json``, see control.py) is set to
+``paused``; the trainer SDK sees it at its next step (card_pause.py holds the rule). Everything
+else (warnings, resolved alerts, alerts without a run, runs without a folder here) is
+acknowledged and ignored: a resolved card does NOT resume a run, a person does
+(``grpo-monitor resume``), because a NaN that stopped recurring has not un-ruined the weights.
+A body that is not Alertmanager's payload (not JSON, not version "4", labels that are not a map
+of strings, ...) is refused with 400.
 
 With a notifier (``--notify.url``, notify.py), every notification, whatever its severity or
 status, is also relayed to a person; a failed relay answers 502 so that Alertmanager retries.
@@ -22,11 +24,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 
 from grpo_monitor.card_pause import CardPauser
+from grpo_monitor.snapshot import is_text
 from grpo_monitor.store import RunStore
 
 if TYPE_CHECKING:
@@ -38,6 +41,34 @@ PATH = "/-/alertmanager/webhook"
 MAX_BODY_BYTES = 2**20
 OUTCOMES = ("paused", "ignored", "unauthorized", "bad_request", "too_large", "error")
 NOTIFY_OUTCOMES = ("sent", "failed")
+# What Alertmanager's webhook payload (version 4) holds as string maps, and as strings; anything
+# else there is no Alertmanager payload, and would reach the control record and the relay as is.
+_STRING_MAPS = ("labels", "annotations", "groupLabels", "commonLabels", "commonAnnotations")
+_STRINGS = ("status", "startsAt", "endsAt", "fingerprint", "generatorURL", "receiver",
+            "groupKey", "externalURL")
+
+
+def _is_string(value: Any) -> bool:
+    # A lone surrogate escape ("\ud800") is no text Alertmanager (Go) ever writes.
+    return isinstance(value, str) and is_text(value)
+
+
+def _payload_problem(payload: Any) -> str | None:
+    """Why ``payload`` is not an Alertmanager webhook payload of version 4; None when it is."""
+    if not isinstance(payload, dict) or payload.get("version") != "4":
+        return 'not an Alertmanager webhook payload of version "4"'
+    alerts = payload.get("alerts")
+    if not isinstance(alerts, list) or not all(isinstance(a, dict) for a in alerts):
+        return "payload has no alerts list"
+    for where, obj in [("payload", payload), *((f"alert {i}", a) for i, a in enumerate(alerts))]:
+        for key in _STRING_MAPS:
+            if key in obj and not (isinstance(obj[key], dict) and all(
+                    _is_string(k) and _is_string(v) for k, v in obj[key].items())):
+                return f"{where}: {key} is not a map of strings"
+        for key in _STRINGS:
+            if key in obj and not _is_string(obj[key]):
+                return f"{where}: {key} is not a string"
+    return None
 
 
 class WebhookHandler:
@@ -91,19 +122,16 @@ class WebhookHandler:
         """An authorized request's body -> (HTTP status, message)."""
         try:
             payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not UTF-8 is a ValueError too; nested too deep
             self.count("bad_request")
             return 400, "body is not JSON"
-        if not isinstance(payload, dict) or payload.get("version") != "4":
+        problem = _payload_problem(payload)
+        if problem is not None:
             self.count("bad_request")
-            return 400, 'not an Alertmanager webhook payload of version "4"'
-        alerts = payload.get("alerts")
-        if not isinstance(alerts, list) or not all(isinstance(a, dict) for a in alerts):
-            self.count("bad_request")
-            return 400, "payload has no alerts list"
+            return 400, problem
         paused: list[str] = []
         try:
-            for alert in alerts:
+            for alert in payload["alerts"]:
                 run = self.pauser.apply(alert)
                 if run:
                     paused.append(run)
@@ -123,7 +151,9 @@ class WebhookHandler:
         if self.notifier is not None:
             try:
                 self.notifier.notify(payload)
-            except RuntimeError as exc:
+            except Exception as exc:  # noqa: BLE001 -- the pause is written; the relay may fail
+                if not isinstance(exc, RuntimeError):  # RuntimeError: a target did not take it
+                    log.exception("webhook: relaying the notification failed")
                 self.notifications.labels("failed").inc()
                 return 502, f"{answer}; {exc}"
             self.notifications.labels("sent").inc()

@@ -53,6 +53,7 @@ __all__ = ["Checkpoint", "ControlWatcher", "GroupState", "PauseGate", "ResumeDec
 _log = logging.getLogger("grpo_monitor.sdk")
 
 CONTROL_FILE = ".grpo-control.json"  # grpo_monitor.control.CONTROL_FILE; the SDK imports no pydantic
+MAX_CONTROL_BYTES = 1 << 16  # grpo_monitor.control.MAX_CONTROL_BYTES: a bigger file is no record
 
 # The resume record's rollback choice, as one number so that it can ride the all-reduce.
 _ROLLBACK_NONE = -2.0
@@ -83,7 +84,7 @@ def _unix(rfc3339: Any) -> float | None:
         return None
     try:
         return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # not a date; a date at the calendar's ends
         return None
 
 
@@ -93,8 +94,13 @@ def rollback_mode(record: dict[str, Any]) -> float:
     (they asked for no rollback)."""
     mode = record.get("rollback")
     step = record.get("rollback_to")
-    if mode == "step" or (mode is None and isinstance(step, int)):
-        return float(step) if isinstance(step, int) and step >= 0 else _ROLLBACK_NONE
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        step = None  # no step a checkpoint was saved at
+    if mode == "step" or (mode is None and step is not None):
+        try:
+            return _ROLLBACK_NONE if step is None else float(step)
+        except OverflowError:  # 10**400 steps: none was saved there either
+            return _ROLLBACK_NONE
     if mode == "none" or mode is None:
         return _ROLLBACK_NONE
     return _ROLLBACK_LAST_HEALTHY
@@ -122,7 +128,10 @@ class ControlWatcher:
             sig = (st.st_mtime_ns, st.st_size, st.st_ino)
             if sig != self._sig:
                 with open(self.path, "rb") as fh:
-                    record = json.loads(fh.read())
+                    data = fh.read(MAX_CONTROL_BYTES + 1)
+                if len(data) > MAX_CONTROL_BYTES:
+                    raise ValueError(f"over {MAX_CONTROL_BYTES} bytes")
+                record = json.loads(data)
                 if not isinstance(record, dict):
                     raise ValueError("control record is not a JSON object")
                 self._sig, self.record, self.mtime = sig, record, st.st_mtime
@@ -143,7 +152,15 @@ class ControlWatcher:
         if record is None:
             return 0.0, 0.0, 0.0, _ROLLBACK_NONE
         if self._times is None or self._times[0] != self._sig:  # parse once per change
-            self._times = (self._sig, self._parse_times(record))
+            try:
+                times = self._parse_times(record)
+            except Exception as exc:  # noqa: BLE001 (the training loop must never see it)
+                if not self._warned:
+                    _log.warning("cannot read the control record %s (%s); treating the run as "
+                                 "not paused", self.path, exc)
+                    self._warned = True
+                times = (0.0, 0.0, 0.0, _ROLLBACK_NONE)
+            self._times = (self._sig, times)
         return self._times[1]
 
     def _parse_times(self, record: dict[str, Any]) -> tuple[float, float, float, float]:
@@ -155,7 +172,9 @@ class ControlWatcher:
             # a record that says paused is newer than any resume it still carries
             resumed = min(resumed or 0.0, paused - 1e-3)
         elif state == "running":
-            resumed = resumed or self.mtime
+            # and one that says running is newer than the pause it still carries (a paused_at
+            # ahead of the clock that wrote the resume must not keep the run paused)
+            resumed = max(resumed or self.mtime, (paused or 0.0) + 1e-3)
         else:
             return 0.0, 0.0, 0.0, _ROLLBACK_NONE
         # The last healthy checkpoint is the newest saved before the card's data existed: the

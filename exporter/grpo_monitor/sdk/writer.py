@@ -10,7 +10,8 @@ Why it is shaped this way:
   line (run, rank, host) is encoded once and only the step's values go through ``json``.
 * Never raise. A full or broken disk must not kill a week-long run: disk errors and values the
   encoder cannot handle are counted (``write_errors``, ``dropped_records``), warned about once,
-  and the file is reopened on a later ``log()`` once the disk is back.
+  and the file is reopened on a later ``log()`` once the disk is back. The part of a record a
+  full disk had room for is truncated away: no torn line is left for the exporter.
 * An end that says so. ``close()`` appends a ``run_end`` event: the exporter then knows the run
   finished, and that its silence is no hang (the GRPORunHung red card). A run that dies without
   it (a crash, a kill, a hung collective) simply stops writing, which is what the card looks
@@ -284,7 +285,19 @@ class SnapshotWriter:
         exporter reads it as a mark of the run's state (``paused`` / ``resumed``: a run that
         waits on purpose writes nothing, and must not look hung). Never raises."""
         with self._lock:
-            self._mark(event_type, **fields)
+            try:
+                self._mark(event_type, **fields)
+            except Exception as exc:  # noqa: BLE001 -- fields from a control record may be anything
+                # A field the encoder refuses (10**400, a lone surrogate) costs the field, not
+                # the mark: without the mark the waiting run would look hung.
+                if not self._warned_value:
+                    self._warned_value = True
+                    _log.warning("grpo_monitor: a %s mark of %s is written without its fields, "
+                                 "which cannot be encoded as JSON (%r)", event_type, self.path, exc)
+                try:
+                    self._mark(event_type)
+                except Exception:  # noqa: BLE001 -- a step beyond 64 bits: no mark at all
+                    self.dropped_records += 1
 
     def _note_checkpoints(self, events: Sequence[Mapping[str, Any]], step: int, now: float) -> None:
         for event in events:
@@ -363,13 +376,26 @@ class SnapshotWriter:
             while written < len(data):
                 written += os.write(fd, data[written:])
         except OSError as exc:
-            self._size += written
-            self._torn = self._torn or written > 0
+            # A full disk takes the bytes that fit in the file's last block and refuses the
+            # rest: take them back, so that a reader only ever sees whole records. Should that
+            # fail too, the next record starts on a new line and only the fragment is lost.
+            if written and not self._take_back(fd, written):
+                self._size += written
+                self._torn = True
             self._fail(exc)
             self.dropped_records += 1
             return False
         self._size += written
         self._torn = False
+        return True
+
+    @staticmethod
+    def _take_back(fd: int, written: int) -> bool:
+        """Truncate the last ``written`` bytes (ours: one writer per file, O_APPEND)."""
+        try:
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+        except OSError:
+            return False
         return True
 
     def _reopen(self) -> bool:

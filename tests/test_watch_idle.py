@@ -1,0 +1,56 @@
+"""The ingest thread at rest: a tick with no file event handles nothing again. (It once kept
+re-handling its last batch every tick: a full rescan of the folder twice a second after
+start-up, and the last files read again until the next event.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conftest import wait_for
+from grpo_monitor.health import ExporterHealth
+from grpo_monitor.ingest import Ingestor
+from grpo_monitor.sdk.writer import SnapshotWriter
+from grpo_monitor.store import RunStore
+from grpo_monitor.watch import SnapshotWatcher
+
+
+class CountingIngestor(Ingestor):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rescans = 0
+        self.reads: list[Path] = []
+
+    def rescan(self) -> None:
+        self.rescans += 1
+        super().rescan()
+
+    def process(self, path: Path) -> None:  # type: ignore[override]
+        self.reads.append(Path(path))
+        super().process(path)
+
+
+class TickCounter(SnapshotWatcher):
+    ticks = 0
+
+    def _maintain(self) -> None:
+        self.ticks += 1
+        super()._maintain()
+
+
+def test_idle_ticks_handle_nothing_again(snapshot_dir: Path) -> None:
+    ingestor = CountingIngestor(snapshot_dir, RunStore(), ExporterHealth())
+    watcher = TickCounter(ingestor, tick=0.05, rescan_interval=3600)
+    watcher.start()
+    try:
+        wait_for(watcher.ready.is_set)
+        with SnapshotWriter(snapshot_dir, "idle", rank=0, world_size=1) as w:
+            w.log({"loss": 1.0}, 1)
+        wait_for(lambda: ingestor.store.max_step("idle") == 1)
+        wait_for(lambda: watcher._q.empty())  # every event of the write handled
+        rescans, reads = ingestor.rescans, len(ingestor.reads)
+        start = watcher.ticks
+        wait_for(lambda: watcher.ticks >= start + 10)  # ten idle ticks
+        assert (ingestor.rescans, len(ingestor.reads)) == (rescans, reads)
+    finally:
+        watcher.stop()
