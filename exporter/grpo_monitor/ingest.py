@@ -415,7 +415,10 @@ class Ingestor:
             unfinished = data[end:]
             if end:
                 self._consume(state, data[:end])
-                self._lines(path, state, data[: end - 1], st.st_mtime)
+                # A record without a time of its own takes the file's mtime once its bytes are
+                # read: a write can land between the look at the file and the read.
+                mtime = os.fstat(fh.fileno()).st_mtime
+                self._lines(path, state, data[: end - 1], mtime)
             if len(unfinished) > self.max_line_bytes:
                 if not state.skipping:
                     self.error(path, "oversized", f"line over {self.max_line_bytes} bytes")
