@@ -41,7 +41,10 @@ from grpo_monitor.sdk.writer import SnapshotWriter
 
 SERVE = [sys.executable, "-m", "grpo_monitor.cli", "serve"]
 INGESTED = "grpo_snapshots_ingested_total"
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+# Root reads any folder whatever its mode: without these two capabilities it cannot, as a
+# normal user cannot. (Not another uid: it could not enter the clone's own folder, which may be
+# private to root, to run the virtualenv's python.)
+WITHOUT_DAC_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 class ExporterProcess(Running):
@@ -564,7 +567,7 @@ def shared_dir() -> Iterator[Path]:
 
 def test_symlink_loop_and_unreadable_folder_are_counted_once_and_the_rest_served(
         tmp_path: Path, shared_dir: Path) -> None:
-    assert shutil.which("setpriv"), "setpriv (util-linux) is needed to run the exporter as nobody"
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's read override"
     snap = shared_dir / "snapshots"
     outside = shared_dir / "outside"
     for d in (snap / "healthy", snap / "loops", snap / "denied", outside):
@@ -591,7 +594,7 @@ def test_symlink_loop_and_unreadable_folder_are_counted_once_and_the_rest_served
     with ExitStack() as stack:
         stack.callback((snap / "denied").chmod, 0o755)
         exporter = ExporterProcess(stack, tmp_path, snap, "--snapshot.rescan-interval", "200ms",
-                                   user=NOBODY).start()
+                                   user=WITHOUT_DAC_OVERRIDE).start()
         probes = 0
 
         def rescanned() -> None:
