@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -101,3 +103,13 @@ def start_exporter(snapshot_dir: Path) -> Iterator[Callable[..., Running]]:
 @pytest.fixture
 def exporter(start_exporter: Callable[..., Running]) -> Running:
     return start_exporter()
+
+
+@pytest.fixture
+def world_readable_dir() -> Iterator[Path]:
+    """A folder outside pytest's tmp_path (which lies under a 0700 folder), for an exporter that
+    runs without root's permission override and must still reach what it is meant to read."""
+    d = Path(tempfile.mkdtemp(prefix="grpo-"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,18 +59,6 @@ def test_schema_is_json_schema_for_all_three_shapes() -> None:
     native = schema["$defs"]["NativeRecord"]
     assert {"step", "metrics"} <= set(native["required"])
     assert "by_type" in native["properties"] and "samples" in native["properties"]
-
-
-@pytest.fixture
-def world_readable_dir() -> Iterator[Path]:
-    # The served process may run without root's permission override: give it a folder it can
-    # read (pytest's tmp_path lies under a 0700 folder).
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="grpo-cli-"))
-    d.chmod(0o777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Served:

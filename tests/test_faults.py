@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -556,20 +555,11 @@ def test_red_card_pauses_the_run_after_alertmanager_or_prometheus_comes_back(
 # -- 6. a symlink loop and a folder the exporter may not read --------------------------------
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder outside pytest's (root-only) tmp_path that another user can enter."""
-    d = Path(tempfile.mkdtemp(prefix="grpo-faults-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def test_symlink_loop_and_unreadable_folder_are_counted_once_and_the_rest_served(
-        tmp_path: Path, shared_dir: Path) -> None:
+        tmp_path: Path, world_readable_dir: Path) -> None:
     assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's read override"
-    snap = shared_dir / "snapshots"
-    outside = shared_dir / "outside"
+    snap = world_readable_dir / "snapshots"
+    outside = world_readable_dir / "outside"
     for d in (snap / "healthy", snap / "loops", snap / "denied", outside):
         d.mkdir(parents=True)
     with SnapshotWriter(snap, "healthy", rank=0, world_size=1) as w:
@@ -588,7 +578,7 @@ def test_symlink_loop_and_unreadable_folder_are_counted_once_and_the_rest_served
     probe.write_text("")
     (snap / "probe").mkdir()
     os.link(probe, snap / "probe" / "rank-0.jsonl")
-    for p in (shared_dir, snap, outside):
+    for p in (world_readable_dir, snap, outside):
         p.chmod(0o755)
 
     with ExitStack() as stack:
