@@ -27,7 +27,7 @@ RULE_FILES = [str(ROOT / "prometheus" / "rules" / f) for f in
               ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml", "grpo-cluster.yml")]
 # The series the rules read; the rest of a scrape only slows promtool down.
 RULE_INPUTS = ("grpo_step{", "grpo_kl_mean{", "grpo_baseline_", "grpo_initial_", "grpo_window_",
-               "grpo_run_window_", "grpo_rising_windows{")
+               "grpo_run_window_", "grpo_rising_windows{", "grpo_forecast_", "grpo_prompt_type_")
 
 
 @dataclass

@@ -108,3 +108,103 @@ def test_ranks_are_the_listed_order() -> None:
         "kl/mean", "kl", "actor/reward_kl_penalty", "critic/kl", "actor/kl_loss", "train/kl")}
     assert sorted(ranks, key=ranks.__getitem__) == [
         "kl/mean", "kl", "actor/reward_kl_penalty", "critic/kl", "actor/kl_loss", "train/kl"]
+
+
+# -- rollout vs trainer, staleness, dead groups: the names the newest stacks log ---------------
+# Each name below is the one the framework's source writes (file and line in
+# docs/snapshot-format.md#rollout-vs-trainer-staleness-and-dead-groups), as a record carries it.
+
+
+def test_verl_rollout_correction_and_debug_metrics_map_onto_mismatch_keys() -> None:
+    # verl/trainer/ppo/rollout_corr_helper.py prefixes every metric with rollout_corr/;
+    # verl/utils/debug/metrics.py logs the training/rollout_* ones (calculate_log_probs=True).
+    logged = {
+        "rollout_corr/kl": 0.004, "rollout_corr/k3_kl": 0.003, "rollout_corr/chi2_token": 0.02,
+        "rollout_corr/chi2_seq": 0.6, "rollout_corr/ppl_ratio": 1.01,
+        "rollout_corr/rollout_is_mean": 0.99, "rollout_corr/rollout_is_min": 0.2,
+        "rollout_corr/rollout_is_max": 1.9, "rollout_corr/rollout_is_eff_sample_size": 0.97,
+        "training/rollout_probs_diff_mean": 0.01, "training/rollout_probs_diff_max": 0.8,
+        "training/rollout_probs_diff_std": 0.03, "training/rollout_actor_probs_pearson_corr": 0.998,
+    }
+    rec = parse_record({"step": 7, "data": logged}, run="r", rank=0, mtime=0.0)
+    assert rec.metrics == {
+        "mismatch/kl": 0.004, "mismatch/k3_kl": 0.003, "mismatch/chi2_token": 0.02,
+        "mismatch/chi2_seq": 0.6, "mismatch/ppl_ratio": 1.01, "mismatch/is_weight_mean": 0.99,
+        "mismatch/is_weight_min": 0.2, "mismatch/is_weight_max": 1.9,
+        "mismatch/is_ess_ratio": 0.97, "mismatch/prob_diff_mean": 0.01,
+        "mismatch/prob_diff_max": 0.8, "mismatch/prob_diff_std": 0.03,
+        "mismatch/prob_corr": 0.998,
+    }
+    assert rec.unknown == {}
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    # verl's v1 trainer (verl/trainer/ppo/v1/trainer_base.py): how many policy versions behind the
+    # current one a trajectory's newest weights are.
+    ("training/off_policy/trajectory_staleness/mean", "staleness/mean"),
+    ("training/off_policy/trajectory_staleness/max", "staleness/max"),
+    # verl's fully_async trainer and rollouter: running totals, "last" under aggregation.
+    ("fully_async/count/stale_trajectory_processed", "staleness/stale_trajectories"),
+    ("fully_async/count/dropped_stale_samples", "staleness/dropped_samples"),
+])
+def test_verl_staleness_names_map_onto_staleness_keys(name: str, key: str) -> None:
+    assert canonical_key(name) == key
+    assert parse_record({"step": 3, "data": {name: 2.0}}, run="r", rank=0, mtime=0.0).metrics == {
+        key: 2.0}
+
+
+@pytest.mark.parametrize("prefix", ["", "train/"])
+def test_trl_sampling_metrics_map_onto_mismatch_keys(prefix: str) -> None:
+    # GRPOTrainer with use_vllm and vllm_importance_sampling_correction (the default) logs these;
+    # Hugging Face's wandb integration adds train/.
+    logged = {"sampling/sampling_logp_difference/mean": 0.012,
+              "sampling/sampling_logp_difference/max": 3.1,
+              "sampling/importance_sampling_ratio/min": 0.05,
+              "sampling/importance_sampling_ratio/mean": 0.98,
+              "sampling/importance_sampling_ratio/max": 2.9}
+    assert metrics(**{prefix + k: v for k, v in logged.items()}) == {
+        "mismatch/logprob_diff_mean": 0.012, "mismatch/logprob_diff_max": 3.1,
+        "mismatch/is_weight_min": 0.05, "mismatch/is_weight_mean": 0.98,
+        "mismatch/is_weight_max": 2.9}
+
+
+def test_nemo_rl_train_prefixed_names_map_onto_their_keys() -> None:
+    # NeMo-RL logs the loss function's metrics and the async buffer's age with prefix="train".
+    rec = parse_record({"step": 12, "train/token_mult_prob_error": 1.004,
+                        "train/gen_kl_error": 0.0007, "train/avg_trajectory_age": 1.5,
+                        "train/policy_kl_error": 0.0008, "train/js_divergence_error": 0.0002},
+                       run="r", rank=0, mtime=0.0)
+    assert rec.metrics == {"mismatch/token_prob_error": 1.004, "mismatch/kl": 0.0007,
+                           "staleness/mean": 1.5}
+    # KL(trainer || rollout) and the Jensen-Shannon divergence: no canonical key of theirs.
+    assert rec.unknown == {"train/policy_kl_error": 0.0008, "train/js_divergence_error": 0.0002}
+
+
+def test_slime_logprob_difference_maps_with_its_train_prefix() -> None:
+    # slime (and its fork MILES) report the loss's metrics as train/<name>.
+    assert metrics(**{"train/train_rollout_logprob_abs_diff": 0.02}) == {
+        "mismatch/logprob_diff_mean": 0.02}
+    # Counts of zero-std groups per reward value, not fractions: no group/* key can take them.
+    assert unknown(**{"rollout/zero_std/count_0.0": 12.0}) == {"rollout/zero_std/count_0.0": 12.0}
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    # MILES logs the share of groups whose rewards are all 0 resp. all 1 under the rollout/
+    # prefix; named "percentage", the values are fractions (0-1) since its merge.
+    ("rollout/zero_std/all_zero_percentage", "group/all_wrong_frac"),
+    ("rollout/zero_std/all_one_percentage", "group/all_right_frac"),
+])
+def test_dead_group_fractions_by_cause_map_onto_group_keys(name: str, key: str) -> None:
+    assert canonical_key(name) == key
+    assert metrics(**{name: 0.25}) == {key: 0.25}
+
+
+@pytest.mark.parametrize("name", [
+    "training/rollout_probs_diff_valid",  # a 0/1 flag: the diff metrics were computed
+    "rollout_corr/rollout_is_std", "rollout_corr/log_ppl_abs_diff",  # no canonical key of theirs
+    "rollout_corr/training_ppl", "rollout_corr/rollout_ppl",
+    "fully_async/count/current_param_version",  # the policy version, not an age
+])
+def test_neighbouring_rollout_names_stay_unmapped(name: str) -> None:
+    assert canonical_key(name) is None
+    assert unknown(**{name: 0.5}) == {name: 0.5}

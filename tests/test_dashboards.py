@@ -19,8 +19,10 @@ two ways that matter without one:
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -35,7 +37,8 @@ from conftest import wait_for
 from fake_pynvml import FakeDevice, FakeNVML
 from grpo_monitor.app import Exporter
 from grpo_monitor.config import ExporterConfig
-from grpo_monitor.simulate import write_run
+from grpo_monitor.sdk.writer import SnapshotWriter
+from grpo_monitor.simulate import generate, write_run
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from stack import alert_stack, poll
 
@@ -67,6 +70,7 @@ RUN_FOR = {"grpo-training": TRAINING_RUN, "grpo-cluster": CLUSTER_RUN, "grpo-ale
 # steps before: 100 steps into the jump it fires (a later step compares with a sick window).
 TRAINING_STEPS = 900
 CLUSTER_STEPS = 1200
+COMPOSE_YML = ROOT / "docker-compose.yml"
 
 
 # --- the typed models ---------------------------------------------------------------------
@@ -120,7 +124,8 @@ class FieldConfig(Strict):
     overrides: list[dict[str, Any]] = []
 
 
-PanelType = Literal["row", "timeseries", "stat", "table", "alertlist", "gauge", "bargauge"]
+PanelType = Literal["row", "timeseries", "stat", "table", "alertlist", "gauge", "bargauge",
+                    "xychart"]
 
 
 class Panel(Strict):
@@ -348,7 +353,7 @@ def test_training_dashboard_layout() -> None:
     assert {"Step", "Red cards firing", "Yellow cards firing"} <= titles
     rows = [p.title.split(" (")[0] for p in d.panels if p.type == "row"]
     assert rows == ["Policy behaviour", "Reward feedback", "Distribution stability",
-                    "Training mechanics"]
+                    "Training mechanics", "Rollout vs trainer", "Forecast"]
     red = next(p for p in top if p.title == "Red cards firing")
     assert red.targets[0].expr == ('count(ALERTS{alertstate="firing",severity="critical",'
                                    'run=~"$run"}) or vector(0)')
@@ -361,6 +366,151 @@ def test_training_dashboard_layout() -> None:
     assert run is not None and run.model_extra["definition"] == "label_values(grpo_step, run)"
     assert rank is not None and rank.model_extra["definition"] == \
         'label_values(grpo_step{run=~"$run"}, rank)'
+
+
+def row_sections(d: Dashboard) -> dict[str, list[Panel]]:
+    """Each row's panels by the row's short title (before " ("): an open row's are the panels
+    after it up to the next row, a collapsed row's are its own."""
+    sections: dict[str, list[Panel]] = {}
+    current: list[Panel] = []
+    for p in d.panels:
+        if p.type == "row":
+            current = sections.setdefault(p.title.split(" (")[0], [])
+            current.extend(p.panels)
+        else:
+            current.append(p)
+    return sections
+
+
+def names_in(panels: list[Panel]) -> set[str]:
+    """The metric, recording-rule and threshold names the panels' queries read."""
+    return {n for p in panels for t in p.targets
+            for n in re.findall(r"[a-z_]+:[a-z_]+:[a-z_0-9]+|grpo_[a-z0-9_]+", t.expr)}
+
+
+def test_threshold_lines_are_dashed() -> None:
+    """A threshold line is a query of a grpo:threshold:* record, drawn dashed in a fixed colour
+    (docs/dashboards.md), so that it never reads as a signal."""
+    for path in dashboard_files():
+        for p in load(path).all_panels():
+            if p.type != "timeseries":
+                continue
+            styled = {o["matcher"]["options"]: {x["id"]: x["value"] for x in o["properties"]}
+                      for o in p.fieldConfig.overrides if o["matcher"]["id"] == "byFrameRefID"}
+            for t in p.targets:
+                if "grpo:threshold:" in t.expr:
+                    props = styled.get(t.refId, {})
+                    assert props.get("custom.lineStyle", {}).get("fill") == "dash", \
+                        f"{path.name}: {p.title} [{t.refId}] is no dashed line"
+                    assert props.get("color", {}).get("mode") == "fixed", f"{p.title} [{t.refId}]"
+
+
+def test_rollout_row_shows_mismatch_staleness_and_dead_groups() -> None:
+    """Rollout vs trainer: the training-inference mismatch, the rollouts' staleness and dead
+    groups by cause, each with the lines of the cards that read it."""
+    row = row_sections(load(DASHBOARDS / "grpo-training.json"))["Rollout vs trainer"]
+    assert row and all(p.type == "timeseries" for p in row)
+    names = names_in(row)
+    assert {
+        "grpo_mismatch_kl", "grpo_mismatch_k3_kl", "grpo_mismatch_logprob_abs_diff_mean",
+        "grpo_mismatch_logprob_abs_diff_max", "grpo_mismatch_prob_abs_diff_mean",
+        "grpo_mismatch_is_weight_mean", "grpo_mismatch_is_weight_min",
+        "grpo_mismatch_is_weight_max", "grpo_mismatch_is_effective_sample_ratio",
+        "grpo_mismatch_chi2_token", "grpo_staleness_mean_steps", "grpo_staleness_max_steps",
+        "grpo_group_all_wrong_ratio", "grpo_group_all_right_ratio", "grpo_group_zero_std_ratio",
+    } <= names
+    assert {f"grpo:threshold:{t}" for t in (
+        "mismatch_kl", "mismatch_rise_ratio", "mismatch_chi2_token", "mismatch_is_weight_low",
+        "mismatch_is_weight_high", "mismatch_ess_ratio", "staleness_steps",
+        "dead_group_cause_ratio")} <= names
+    # The rise line is the card's own: the initial value times the ratio.
+    kl = next(p for p in row if "grpo_mismatch_kl" in names_in([p]))
+    assert ('grpo_initial_mean{key="mismatch/kl",run=~"$run",rank=~"$rank"} * on() '
+            "group_left() grpo:threshold:mismatch_rise_ratio") in [t.expr for t in kl.targets]
+
+
+def forecast_chart(d: Dashboard) -> Panel:
+    [xy] = [p for p in d.all_panels() if p.type == "xychart"]
+    return xy
+
+
+def test_forecast_row_plots_the_law_and_its_numbers() -> None:
+    """The XY chart joins its queries into one frame and picks X by a field name that one of its
+    queries gives; the stats beside it show the ceiling, the fit's R², the headroom and the
+    steps to the entropy floor, each beside the rule's number where a card reads one."""
+    d = load(DASHBOARDS / "grpo-training.json")
+    row = row_sections(d)["Forecast"]
+    xy = forecast_chart(d)
+    assert xy in row
+    # Fixed, distinct field names (legends): X and the series styles select fields by name.
+    legends = [t.legendFormat for t in xy.targets]
+    assert len(set(legends)) == len(legends) and not any("{{" in n for n in legends), legends
+    exprs = {t.legendFormat: t.expr for t in xy.targets}
+    # One frame: an outer join on the time, which is the same step grid for every query of a
+    # panel, so entropy, reward, law and ceiling of one moment land in one row. Range queries
+    # only: an instant query would give the join one row.
+    assert xy.transformations == [
+        {"id": "joinByField", "options": {"byField": "Time", "mode": "outer"}}]
+    assert all(t.range and not t.instant for t in xy.targets)
+    # The options of the XY chart before Grafana 11's rewrite (series mapping "auto", dims);
+    # Grafana 11 and 12 migrate them when the panel has no pluginVersion (the Panel model
+    # refuses one), and that migration reads custom.pointSize.
+    assert xy.options["seriesMapping"] == "auto"
+    assert xy.options["dims"] == {"frame": 0, "x": "entropy"}
+    assert 'key="entropy/mean"' in exprs["entropy"] and 'key="reward/mean"' in exprs["reward"]
+    assert "fixed" in xy.fieldConfig.defaults.model_extra["custom"]["pointSize"]
+    for o in xy.fieldConfig.overrides:
+        if o["matcher"]["id"] == "byName":
+            assert o["matcher"]["options"] in legends, o
+    # law = b - a exp(H) at the plotted entropy H (b: law_offset, a: law_scale); ceiling = b - a.
+    law = exprs["law"]
+    assert "grpo_forecast_law_offset" in law and "grpo_forecast_law_scale" in law
+    assert f"exp({exprs['entropy']})" in law
+    assert "grpo_forecast_reward_ceiling" in exprs["ceiling"]
+    stats = {p.title: names_in([p]) for p in row if p.type == "stat"}
+    assert stats == {
+        "Reward ceiling": {"grpo_forecast_reward_ceiling", "grpo_window_mean"},
+        "Law fit R²": {"grpo_forecast_fit_r_squared", "grpo:threshold:forecast_min_r2"},
+        "Headroom left": {"run_rank:grpo_forecast_reward_headroom:ratio",
+                          "grpo:threshold:ceiling_headroom_ratio"},
+        "Steps to the entropy floor": {"run_rank:grpo_forecast_entropy_floor:steps"},
+    }
+    assert "grpo_window_slope" in names_in(row)
+
+
+def test_compose_pins_a_grafana_that_reads_the_xy_chart() -> None:
+    """The XY chart's JSON is written for Grafana 10-12 (see the forecast test); a Grafana of
+    another major version needs the panel checked again."""
+    compose = yaml.safe_load(COMPOSE_YML.read_text())
+    image = compose["services"]["grafana"]["image"]
+    m = re.fullmatch(r"grafana/grafana(?:-oss)?:(\d+)\.\d+\.\d+", image)
+    assert m and 10 <= int(m.group(1)) <= 12, image
+
+
+def test_leading_indicators_sit_beside_what_they_lead() -> None:
+    """The log-prob/advantage covariance and the correct/incorrect lengths beside entropy (they
+    move before it), the per-type reward change beside the per-type reward."""
+    d = load(DASHBOARDS / "grpo-training.json")
+    sections = row_sections(d)
+    by_title = {p.title: p for p in d.all_panels()}
+
+    def beside(a: str, b: str, row: str) -> None:
+        pa, pb = by_title[a], by_title[b]
+        assert pa in sections[row] and pb in sections[row]
+        assert pa.gridPos.y == pb.gridPos.y, (a, b)
+
+    beside("Entropy against its baseline", "Log-prob/advantage covariance", "Policy behaviour")
+    beside("Entropy against its baseline", "Response length: correct vs incorrect",
+           "Policy behaviour")
+    beside("Reward by prompt type", "Reward change by prompt type", "Reward feedback")
+    assert "grpo_entropy_logprob_advantage_covariance" in names_in(
+        [by_title["Log-prob/advantage covariance"]])
+    assert {"grpo_response_length_correct_mean_tokens",
+            "grpo_response_length_incorrect_mean_tokens"} <= names_in(
+        [by_title["Response length: correct vs incorrect"]])
+    assert {"grpo_prompt_type_window_mean", "grpo_prompt_type_initial_mean",
+            "grpo:threshold:shortcut_delta"} <= names_in(
+        [by_title["Reward change by prompt type"]])
 
 
 def test_rate_panels_use_rate_interval() -> None:
@@ -382,20 +532,23 @@ def rule_records() -> set[str]:
 def test_every_name_is_exported_or_recorded() -> None:
     """Static twin of the live test: every metric name is in docs/metrics.md (generated from
     the code) or is a recording rule; every threshold line reads a grpo:threshold:* record."""
-    documented = set(re.findall(r"`(grpo_[a-z_]+)`", METRICS_MD.read_text()))
+    documented = set(re.findall(r"`(grpo_[a-z0-9_]+)`", METRICS_MD.read_text()))
     records = rule_records()
     known = documented | records | {"ALERTS", "ALERTS_FOR_STATE", "up"}
     funcs = {"count", "max", "min", "sum", "quantile", "rate", "vector", "on", "by", "without",
-             "group_left", "group_right", "or", "and", "unless", "ignoring", "abs", "increase"}
+             "group_left", "group_right", "or", "and", "unless", "ignoring", "abs", "increase",
+             "exp"}
     for q in queries():
         stripped = re.sub(r'"[^"]*"', '""', q.expr)  # no label values
         stripped = re.sub(r"\{[^}]*\}", "{}", stripped)  # no label names
-        stripped = re.sub(r"\((?:[a-z_]+,\s*)*[a-z_]+\)\s*(?=\(|group_|$)", "()", stripped)
+        # no label lists of on(...), ignoring(...), by (...), group_left(...) and the like
+        stripped = re.sub(r"\b(on|ignoring|by|without|group_left|group_right)\s*\([^()]*\)",
+                          r"\1()", stripped)
         for name in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", stripped):
             if name in funcs or name.startswith("__"):
                 continue
             assert name in known, f"unknown name {name!r} in {q}"
-        for thr in re.findall(r"grpo:threshold:[a-z_]+", q.expr):
+        for thr in re.findall(r"grpo:threshold:[a-z0-9_]+", q.expr):
             assert thr in records, f"{thr} is no record of prometheus/rules: {q}"
 
 
@@ -445,6 +598,36 @@ U0 = "GPU-5f2a9c3e-1b7d-4e80-a6f1-3c9d2b8e7a10"
 U1 = "GPU-c81e4d07-92ab-4f3c-b5d6-0e7f18a29c44"
 
 
+def unsimulated_signals(rng: random.Random) -> dict[str, float]:
+    """Rollout-vs-trainer signals grpo_monitor.simulate does not log, at healthy levels, so that
+    their panels have data too: the largest |log-prob| gap, the probability gaps and the
+    smallest and largest importance weight."""
+    return {
+        "mismatch/logprob_diff_max": 1.5 + abs(rng.gauss(0, 0.3)),
+        "mismatch/prob_diff_mean": 0.004 * (1 + rng.gauss(0, 0.05)),
+        "mismatch/prob_diff_max": 0.4 + abs(rng.gauss(0, 0.05)),
+        "mismatch/is_weight_min": 0.3 + rng.gauss(0, 0.02),
+        "mismatch/is_weight_max": 3 + abs(rng.gauss(0, 0.3)),
+    }
+
+
+def write_training_run(snapshots: Path) -> None:
+    """The simulator's kl_explosion run, written as write_run writes it (on a simulated clock),
+    whose rank 0 also logs unsimulated_signals(); the simulator's values win where it has its
+    own."""
+    rng = random.Random(14)
+    with ExitStack() as stack:
+        writers = [stack.enter_context(SnapshotWriter(snapshots, TRAINING_RUN, rank=r,
+                                                      world_size=4)) for r in range(4)]
+        for st in generate("kl_explosion", steps=TRAINING_STEPS, ranks=4,
+                           start_time=time.time()):
+            for rec in st.records:
+                metrics = {**unsimulated_signals(rng), **rec.metrics} if rec.rank == 0 \
+                    else rec.metrics
+                writers[rec.rank].log(metrics, st.step, by_type=rec.by_type, events=rec.events,
+                                      timestamp=rec.timestamp)
+
+
 class MovingCounters:
     """Makes the fake GPUs' error counters tick, so the rate() panels have something to show:
     NVLink replays and CRC errors, PCIe replays, and an XID 79 now and then."""
@@ -479,6 +662,14 @@ class Live:
         assert body.get("status") == "success", f"{promql}: {body}"
         return body["data"]["result"]
 
+    def range_result(self, promql: str, start: int, end: int) -> list[dict[str, Any]]:
+        """A range query, one point a second, as a panel asks for its time range."""
+        resp = requests.get(f"{self.prom_url}/api/v1/query_range", timeout=10, params={
+            "query": promql, "start": start, "end": end, "step": 1})
+        body = resp.json()
+        assert body.get("status") == "success", f"{promql}: {body}"
+        return body["data"]["result"]
+
     def label_values(self, label: str, match: str) -> list[str]:
         resp = requests.get(f"{self.prom_url}/api/v1/label/{label}/values",
                             params={"match[]": match}, timeout=10)
@@ -491,7 +682,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     work = tmp_path_factory.mktemp("dashboards")
     snapshots = work / "snapshots"
     snapshots.mkdir()
-    write_run(snapshots, TRAINING_RUN, "kl_explosion", ranks=4, steps=TRAINING_STEPS)
+    write_training_run(snapshots)
     write_run(snapshots, CLUSTER_RUN, "straggler", ranks=4, steps=CLUSTER_STEPS)
     fake = FakeNVML([
         FakeDevice(U0, nvlink_links=2, nvlink={0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}),
@@ -520,6 +711,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 f'ALERTS{{alertstate="firing",alertname="GRPORankStraggler",run="{CLUSTER_RUN}"}}',
                 'run_rank_key:grpo_window_mean:ratio_baseline{key="kl/mean"}',
                 "run_rank:grpo_step:lag",
+                "run_rank:grpo_forecast_reward_headroom:ratio",
+                "run_rank:grpo_forecast_entropy_floor:steps",
                 "rate(grpo_gpu_nvlink_errors_total[1m]) > 0",
                 "rate(grpo_gpu_pcie_replay_errors_total[1m]) > 0",
                 "rate(grpo_gpu_xid_errors_total[1m]) > 0",
@@ -583,3 +776,44 @@ def test_panels_show_the_sickness(live: Live) -> None:
              for r in live.result(substitute(straggler[0].expr, CLUSTER_RUN))}
     limit = float(live.result(substitute(straggler[1].expr, CLUSTER_RUN))[0]["value"][1])
     assert ranks["3"] > limit and all(v < limit for r, v in ranks.items() if r != "3"), ranks
+
+
+def test_rollout_and_forecast_panels_show_the_run(live: Live) -> None:
+    """The right data on the new rows: the run's healthy rollout engine sits on the healthy side
+    of the mismatch lines, and its dead groups split into the two causes; the law, evaluated at
+    the run's entropy, sits under its ceiling and near the reward it fits; the fit is trusted,
+    some headroom is left and entropy is falling towards its floor."""
+    d = load(DASHBOARDS / "grpo-training.json")
+    by_title = {p.title: p for p in d.all_panels()}
+
+    def value(expr: str) -> float:
+        [series] = live.result(substitute(expr, TRAINING_RUN))
+        return float(series["value"][1])
+
+    end = int(time.time())
+
+    def timestamps(expr: str) -> set[float]:
+        [series] = live.range_result(substitute(expr, TRAINING_RUN), end - 10, end)
+        return {t for t, _ in series["values"]}
+
+    kl = {t.refId: t.expr for t in by_title["Rollout–trainer KL"].targets}
+    assert value(kl["A"]) < value(kl["C"])  # under the level mismatch_kl
+    assert value(kl["A"]) < value(kl["D"])  # and under initial x mismatch_rise_ratio
+    ess = [value(t.expr) for t in by_title["Importance-weight ESS"].targets]
+    assert ess[0] > ess[1], ess  # over mismatch_ess_ratio
+    wrong, right, dead, _ = [value(t.expr) for t in by_title["Dead groups by cause"].targets]
+    assert wrong + right == pytest.approx(dead) and wrong > 0 and right > 0
+
+    xy = {t.legendFormat: t.expr for t in forecast_chart(d).targets}
+    # The chart's join on the time gives rows that hold all four fields: Grafana runs a panel's
+    # queries over one time range and step, so their points share timestamps.
+    times = [timestamps(e) for e in xy.values()]
+    assert set.intersection(*times), times
+    law, ceiling, reward = value(xy["law"]), value(xy["ceiling"]), value(xy["reward"])
+    assert law < ceiling
+    assert abs(law - reward) < 0.05, (law, reward)
+    r2 = [value(t.expr) for t in by_title["Law fit R²"].targets]
+    assert r2[0] >= r2[1], r2  # R² of the fit, least R² the ceiling card trusts
+    headroom = value(by_title["Headroom left"].targets[0].expr)
+    assert 0 < headroom < 1
+    assert value(by_title["Steps to the entropy floor"].targets[0].expr) > 0

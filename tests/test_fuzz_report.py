@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 from grpo_monitor import report
 
-KEYS = (*report.CORE_SIGNALS, "kl/max", "reward/p95", "group/reward_gap")
+KEYS = (*report.CORE_SIGNALS, "kl/max", "reward/p95", "group/reward_gap", "mismatch/kl",
+        "mismatch/is_weight_mean", "staleness/mean", "group/all_wrong_frac", "entropy/logp_adv_cov",
+        "response/len_correct_mean", "response/len_incorrect_mean")
 PERF_KEYS = ("perf/step_time_s", "perf/samples_per_s")
 EDGES = (math.nan, math.inf, -math.inf, 0.0, -0.0, 1e308, -1e308, 5e-324, 1.0, -1.0)
 

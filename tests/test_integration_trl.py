@@ -343,3 +343,58 @@ def test_importing_grpo_monitor_does_not_import_transformers() -> None:
     code = ("import grpo_monitor, grpo_monitor.integrations, sys; "
             "assert 'transformers' not in sys.modules and 'trl' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+# -- rollout vs trainer: TRL's sampling/* metrics reach the exporter as they are logged -------
+
+# What GRPOTrainer logs with use_vllm=True and vllm_importance_sampling_correction (the default),
+# trl/trainer/grpo_trainer.py: the mean / max |log p_trainer - log p_vLLM| of the sampled tokens
+# and the importance weights' min / mean / max. TRL logs no trajectory age: its GRPOTrainer is
+# synchronous.
+TRL_MISMATCH = {
+    "sampling/sampling_logp_difference/mean": "grpo_mismatch_logprob_abs_diff_mean",
+    "sampling/sampling_logp_difference/max": "grpo_mismatch_logprob_abs_diff_max",
+    "sampling/importance_sampling_ratio/min": "grpo_mismatch_is_weight_min",
+    "sampling/importance_sampling_ratio/mean": "grpo_mismatch_is_weight_mean",
+    "sampling/importance_sampling_ratio/max": "grpo_mismatch_is_weight_max",
+}
+
+
+STEPS = 25  # past the 20-step window of the level card
+
+
+def _vllm_logs(step: int) -> dict[str, float]:
+    # The mismatch grows slowly over the run, as a drifting rollout engine's does.
+    return {**TRL_LOGS, "sampling/sampling_logp_difference/mean": 0.01 + 0.001 * step,
+            "sampling/sampling_logp_difference/max": 2.0 + 0.1 * step,
+            "sampling/importance_sampling_ratio/min": 0.1, "sampling/importance_sampling_ratio/mean":
+            1.0 - 0.01 * step, "sampling/importance_sampling_ratio/max": 2.5}
+
+
+def test_vllm_mismatch_metrics_are_exported_without_a_mapping(snapshot_dir: Path,
+                                                             exporter: Running) -> None:
+    cb = GRPOMonitorCallback(snapshot_dir, run="trl-vllm")
+    args = _args(snapshot_dir.parent)
+    cb.on_train_begin(args, _state(0), None)
+    for step in range(1, STEPS + 1):
+        cb.on_log(args, _state(step), None, logs=_vllm_logs(step))
+    cb.on_train_end(args, _state(STEPS), None)
+
+    # The callback writes TRL's names as they are: the snapshot file describes TRL's run.
+    last = _read(snapshot_dir / "trl-vllm" / "rank-0.jsonl")[-2]["metrics"]
+    assert {k: last[k] for k in TRL_MISMATCH} == {k: _vllm_logs(STEPS)[k] for k in TRL_MISMATCH}
+
+    lbl = {"run": "trl-vllm", "rank": "0"}
+    exporter.wait_value("grpo_step", STEPS, **lbl)
+    s = exporter.scrape()
+    logged = _vllm_logs(STEPS)
+    assert {series: value(s, series, **lbl) for series in TRL_MISMATCH.values()} == {
+        series: pytest.approx(logged[name]) for name, series in TRL_MISMATCH.items()}
+    for name in TRL_MISMATCH:  # mapped, so not exported a second time under TRL's name
+        assert value(s, "grpo_metric_value", key=name, **lbl) is None, name
+    # The canonical key gets the step-window features the mismatch cards read: over the last
+    # 20 steps (6..25) the mean |log-prob difference| ran from 0.016 to 0.035.
+    window = {**lbl, "key": "mismatch/logprob_diff_mean", "window_steps": "20"}
+    p10, p90 = value(s, "grpo_window_p10", **window), value(s, "grpo_window_p90", **window)
+    assert p10 is not None and p90 is not None
+    assert 0.016 <= p10 < p90 <= 0.035

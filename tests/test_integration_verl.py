@@ -174,3 +174,114 @@ def test_verl_nan_is_written_as_null_and_a_resume_truncates(exporter: Running,
     logger.log(verl_metrics(3), 3)
     exporter.wait_value("grpo_step", 3, **lbl)
     logger.finish()
+
+
+# -- rollout vs trainer and staleness: verl's own names, read without a mapping by hand --------
+
+STEPS = 25  # past the 20-step window of the mismatch and staleness cards
+
+# verl/trainer/ppo/rollout_corr_helper.py (algorithm.rollout_correction.*; every name prefixed
+# rollout_corr/) and verl/utils/debug/metrics.py (rollout.calculate_log_probs=True).
+VERL_MISMATCH = {
+    "rollout_corr/kl": "grpo_mismatch_kl", "rollout_corr/k3_kl": "grpo_mismatch_k3_kl",
+    "rollout_corr/chi2_token": "grpo_mismatch_chi2_token",
+    "rollout_corr/chi2_seq": "grpo_mismatch_chi2_sequence",
+    "rollout_corr/ppl_ratio": "grpo_mismatch_perplexity_ratio",
+    "rollout_corr/rollout_is_mean": "grpo_mismatch_is_weight_mean",
+    "rollout_corr/rollout_is_min": "grpo_mismatch_is_weight_min",
+    "rollout_corr/rollout_is_max": "grpo_mismatch_is_weight_max",
+    "rollout_corr/rollout_is_eff_sample_size": "grpo_mismatch_is_effective_sample_ratio",
+    "training/rollout_probs_diff_mean": "grpo_mismatch_prob_abs_diff_mean",
+    "training/rollout_probs_diff_max": "grpo_mismatch_prob_abs_diff_max",
+    "training/rollout_probs_diff_std": "grpo_mismatch_prob_abs_diff_stddev",
+    "training/rollout_actor_probs_pearson_corr": "grpo_mismatch_prob_correlation",
+}
+# verl/trainer/ppo/v1/trainer_base.py (the trajectories' lag in policy versions) and the
+# fully_async trainer / rollouter (running totals).
+VERL_STALENESS = {
+    "training/off_policy/trajectory_staleness/mean": "grpo_staleness_mean_steps",
+    "training/off_policy/trajectory_staleness/max": "grpo_staleness_max_steps",
+    "fully_async/count/stale_trajectory_processed": "grpo_staleness_stale_trajectories",
+    "fully_async/count/dropped_stale_samples": "grpo_staleness_dropped_samples",
+}
+
+
+def verl_mismatch_metrics(step: int) -> dict[str, Any]:
+    """One step with rollout correction on: a vLLM rollout drifting slowly from the trainer."""
+    f = np.float64
+    kl = 0.002 + 0.0004 * step
+    return verl_metrics(step) | {
+        "rollout_corr/kl": f(kl), "rollout_corr/k3_kl": f(0.9 * kl),
+        "rollout_corr/chi2_token": f(4 * kl), "rollout_corr/chi2_seq": f(0.3 + 0.02 * step),
+        "rollout_corr/ppl_ratio": f(1.0 + kl), "rollout_corr/rollout_is_mean": f(1.0 - kl),
+        "rollout_corr/rollout_is_min": f(0.01), "rollout_corr/rollout_is_max": f(2.0),
+        "rollout_corr/rollout_is_eff_sample_size": f(0.99 - kl),
+        "rollout_corr/rollout_is_std": f(0.05), "rollout_corr/training_ppl": f(1.8),
+        "training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_mean": f(0.004),
+        "training/rollout_probs_diff_max": f(0.9), "training/rollout_probs_diff_std": f(0.02),
+        "training/rollout_actor_probs_pearson_corr": f(0.999 - kl),
+    }
+
+
+def verl_async_metrics(step: int) -> dict[str, Any]:
+    """One step of an off-policy run: trajectories a version or two old, counters that grow."""
+    lag = np.array([1, 1, 2, 1] if step % 2 else [1, 2, 2, 1])
+    return verl_metrics(step) | {
+        "training/off_policy/trajectory_staleness/mean": lag.mean(),
+        "training/off_policy/trajectory_staleness/max": lag.max(),
+        "training/off_policy/trajectory_staleness_worst/mean": lag.mean() + 0.5,
+        "fully_async/count/stale_trajectory_processed": 40 * step,
+        "fully_async/count/dropped_stale_samples": 3 * step,
+        "fully_async/count/current_param_version": step,
+    }
+
+
+def _log_run(snapshot_dir: Path, run: str, metrics: Any) -> Path:
+    (snapshot_dir / run).mkdir()
+    path = snapshot_dir / run / "verl.jsonl"
+    logger = FileLogger(path)
+    for step in range(1, STEPS + 1):
+        logger.log(metrics(step), step)
+    logger.finish()
+    return path
+
+
+def test_verl_rollout_correction_metrics_become_mismatch_series(exporter: Running,
+                                                                snapshot_dir: Path) -> None:
+    _log_run(snapshot_dir, "verl-mismatch", verl_mismatch_metrics)
+    lbl = {"run": "verl-mismatch", "rank": "0"}
+    exporter.wait_value("grpo_step", STEPS, **lbl)
+    s = exporter.scrape()
+    data = verl_mismatch_metrics(STEPS)
+    assert {m: value(s, m, **lbl) for m in VERL_MISMATCH.values()} == {
+        m: pytest.approx(float(data[k])) for k, m in VERL_MISMATCH.items()}
+    for key in VERL_MISMATCH:
+        assert value(s, "grpo_metric_value", key=key, **lbl) is None, key
+    # verl's neighbours without a canonical key stay in the generic family.
+    for key in ("rollout_corr/rollout_is_std", "rollout_corr/training_ppl",
+                "training/rollout_probs_diff_valid"):
+        assert value(s, "grpo_metric_value", key=key, **lbl) == float(data[key]), key
+    # The step-window feature the level card reads: the KL of steps 6..25.
+    window = {**lbl, "key": "mismatch/kl", "window_steps": "20"}
+    p10 = value(s, "grpo_window_p10", **window)
+    assert p10 is not None and 0.002 + 0.0004 * 6 <= p10 < 0.002 + 0.0004 * 25
+
+
+def test_verl_off_policy_metrics_become_staleness_series(exporter: Running,
+                                                         snapshot_dir: Path) -> None:
+    _log_run(snapshot_dir, "verl-async", verl_async_metrics)
+    lbl = {"run": "verl-async", "rank": "0"}
+    exporter.wait_value("grpo_step", STEPS, **lbl)
+    s = exporter.scrape()
+    data = verl_async_metrics(STEPS)
+    assert {m: value(s, m, **lbl) for m in VERL_STALENESS.values()} == {
+        m: pytest.approx(float(data[k])) for k, m in VERL_STALENESS.items()}
+    for key in VERL_STALENESS:
+        assert value(s, "grpo_metric_value", key=key, **lbl) is None, key
+    # The lag of the oldest weights a trajectory used, and the policy version: no canonical key.
+    for key in ("training/off_policy/trajectory_staleness_worst/mean",
+                "fully_async/count/current_param_version"):
+        assert value(s, "grpo_metric_value", key=key, **lbl) == float(data[key]), key
+    # GRPOStaleRollouts reads the 20-step p10 of staleness/mean: 1.25 or 1.5 at every step.
+    window = {**lbl, "key": "staleness/mean", "window_steps": "20"}
+    assert value(s, "grpo_window_p10", **window) == pytest.approx(1.25)

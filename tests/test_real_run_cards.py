@@ -29,6 +29,11 @@ DEAD = "memredteam-qwen25-3b-grpo-sparse-reward"
 # 0.96 -> 0.11 by step 100 and ~0.03 later, zero-std groups near 100%.
 COLLAPSE = "trl-dapo-qwen25vl-3b-aokvqa-collapse"
 CAUGHT_WITHIN = 50
+# Healthy, and done: verl's PPO reference run spends its entropy (0.52 -> 0.06) on the
+# entropy-reward law (R² 0.97 on its 10-step blocks) and plateaus under the law's ceiling (0.755;
+# its reward 0.697 at step 250, 0.718 at its last, step 435). The forecast card says so from about
+# step 300, a yellow card; no other card, and no red one.
+PLATEAUED = {"verl-ppo-qwen25-05b-gsm8k": {"GRPORewardCeilingNear"}}
 
 
 def last(played: Played) -> int:
@@ -38,7 +43,9 @@ def last(played: Played) -> int:
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_real_run_raises_no_card(name: str, tmp_path: Path) -> None:
     played = play_real(name)
-    check_cards(played, [(last(played), set())], tmp_path)
+    expected = PLATEAUED.get(name, set())
+    check_cards(played, [(last(played), expected), Check(last(played), set(), only=',severity="critical"')],
+                tmp_path)
 
 
 @pytest.mark.parametrize("every", [1, 5])

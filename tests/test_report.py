@@ -207,11 +207,16 @@ SCENARIO_VERDICTS = {
     "kl_explosion": {"kl_explosion", "kl_tail_outliers", "kl_growth_accelerating"},
     # The groups turn into duplicates as entropy falls: the dead-signal branch of the vanishing
     # card fires too, once nine groups in ten are.
-    "entropy_collapse": {"entropy_collapse", "advantage_vanishing", "dead_learning_signal"},
+    # Its reward rose as its entropy fell, along the entropy-reward law (R² 0.84): the ceiling
+    # card sees the entropy spent (from step 882, before the collapse card at 903).
+    "entropy_collapse": {"entropy_collapse", "advantage_vanishing", "dead_learning_signal",
+                         "reward_ceiling_near"},
     "kl_growth": {"kl_growth_accelerating"}, "straggler": {"rank_straggler", "step_time_drift"},
     "step_time_drift": {"step_time_drift"}, "reward_up_accuracy_flat": {"reward_hacking"},
     "throughput_drop": {"throughput_drop", "step_time_drift"},
     # The scenarios that turn sick inside the baseline period, caught from the first steps.
+    # The ceiling card stays quiet: entropy crosses into the red card's collapse before its
+    # 50-step mean leaves under a tenth of the promised reward.
     "early_entropy_collapse": {"entropy_collapse", "dead_learning_signal", "advantage_vanishing"},
     "entropy_explosion": {"entropy_explosion", "reward_collapse", "completions_truncated",
                           "length_shift"},
@@ -220,6 +225,16 @@ SCENARIO_VERDICTS = {
     "reward_collapse": {"reward_collapse"},
     "dead_signal": {"dead_learning_signal", "advantage_vanishing"},
     "early_length_collapse": {"length_shift"},
+    # The newer stacks' signals.
+    "rollout_mismatch": {"rollout_mismatch", "rollout_mismatch_rising"},
+    "mismatch_rising": {"rollout_mismatch_rising"}, "stale_rollouts": {"stale_rollouts"},
+    "prompts_too_hard": {"prompts_too_hard", "advantage_vanishing"},
+    "prompts_too_easy": {"prompts_too_easy", "advantage_vanishing"},
+    # The types drift apart while the mean reward rises: caught against the types' 50-step
+    # means 200 steps before, not against their initial values.
+    "shortcut_learning": {"shortcut_learning"},
+    "covariance_surge": {"entropy_covariance_surge"}, "reward_ceiling": {"reward_ceiling_near"},
+    "length_bias": {"length_bias"},
 }
 
 
@@ -246,6 +261,8 @@ def test_card_windows_are_the_exporters() -> None:
                         report.th.count("lookback_steps"))
     p10, p90 = track.rolling(early, "p10"), track.rolling(early, "p90")
     mean, before = track.rolling(sus, "mean"), track.rolling(sus, "mean", offset=back)
+    trend_window = report.SLOPE_WINDOWS[0]
+    trend = track.slope(trend_window)
     seen = 0
     for i, (st, v) in enumerate(zip(steps, values)):
         sig.add(st, {"x": v}, paused=False)
@@ -259,6 +276,8 @@ def test_card_windows_are_the_exporters() -> None:
         assert means.get((sus, 0), math.nan) == pytest.approx(mean[i], nan_ok=True)
         assert means.get((sus, back), math.nan) == pytest.approx(before[i], nan_ok=True)
         assert bool(f.ready) == bool(track.ready()[i])
+        slopes = {w: v for k, w, v in f.slopes}
+        assert slopes.get(trend_window, math.nan) == pytest.approx(trend[i], nan_ok=True), st
         if "x" in f.initial:
             assert f.initial["x"] == pytest.approx(track.initial())
     assert seen > 300
@@ -273,6 +292,10 @@ def test_the_short_window_is_the_exporters() -> None:
     assert report.th.count("early_window_steps") in signals.TRAINING_PERCENTILES
     assert report.th.count("early_window_steps") == signals.RANGE_WINDOW
     assert report.th.count("sustain_steps") in signals.TRAINING_PERCENTILES
+    # The newer cards read the 50-step slope, mean and per-type means (now and 200 steps before).
+    sus, back = report.th.count("sustain_steps"), report.th.count("lookback_steps")
+    assert report.SLOPE_WINDOWS[0] == sus and (sus, 0) in signals.TRAINING_MEANS
+    assert set(signals.PROMPT_TYPE_MEANS) == {(sus, 0), (sus, back)}
 
 
 def test_every_card_has_its_verdict() -> None:
@@ -304,3 +327,336 @@ def test_a_run_too_short_for_a_baseline_gets_only_the_early_cards(tmp_path: Path
     # Step 68 is the first whose 20-step window is 90% under 0.1x the initial 1.0.
     assert v["steps"] == [68, 150] and v["evidence"]["entropy_initial"] == 1.0
     assert "steps 68-150" in res["text"] and "entropy_window_p90" in res["text"]
+
+
+# -- the newer stacks' signals: rollout vs trainer, dead groups by cause, length bias, the
+# entropy's driver, the entropy-reward law, prompt types ---------------------------------------
+
+def _run_of(tmp_path: Path, n: int, extra, by_type=None) -> dict:  # type: ignore[no-untyped-def]
+    """A run of ``n`` steps whose reward and KL say nothing (flat reward, a KL well above the
+    near-zero line, no loss or accuracy), plus ``extra(step, rng)``'s keys."""
+    def f(step, rng):  # type: ignore[no-untyped-def]
+        m = {"reward/mean": 0.3 + rng.gauss(0, 0.01), "kl/mean": 0.05 + rng.gauss(0, 0.002),
+             **extra(step, rng)}
+        return m, (by_type(step, rng) if by_type else None)
+    _write_records(tmp_path / "r", _synthetic(n, f), extra_bad=False)
+    return report.build_report(tmp_path / "r", tmp_path / "out", plots=False)
+
+
+def _one(res: dict, vid: str) -> dict:
+    found = [v for v in res["verdicts"] if v["id"] == vid]
+    assert len(found) == 1, res["text"]
+    return found[0]
+
+
+def test_rollout_mismatch_each_branch_on_its_own_steps(tmp_path: Path) -> None:
+    # KL over the line from step 101, the other three from step 201: a 20-step window is 90%
+    # over (its p10 above) once 18 of its 20 steps are, at steps 118 and 218; 90% under (p90
+    # below) likewise.
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        late = step > 200
+        return {"mismatch/kl": 0.3 if step > 100 else 0.005,
+                "mismatch/chi2_token": 2.5 if late else 0.02,
+                "mismatch/is_weight_mean": 0.3 if late else 1.0,
+                "mismatch/is_ess_ratio": 0.1 if late else 0.95}
+    res = _run_of(tmp_path, 300, extra)
+    v = _one(res, "rollout_mismatch")
+    assert (v["severity"], v["card"], v["steps"]) == ("warning", "GRPORolloutMismatch", [118, 300])
+    ev = v["evidence"]
+    assert set(ev) == {"kl", "chi2_token", "is_weight", "ess"}
+    assert ev["kl"]["steps"] == [118, 300] and ev["kl"]["above"] == 0.1
+    assert ev["kl"]["window_p10"] > 0.1
+    for branch in ("chi2_token", "is_weight", "ess"):
+        assert ev[branch]["steps"] == [218, 300], branch
+    assert ev["is_weight"]["window_p90"] < ev["is_weight"]["below"] == 0.5
+    assert ev["ess"]["window_p90"] < 0.3
+    assert "rollout_mismatch steps 118-300" in res["text"]
+    rows = res["summary"]["rollout_vs_trainer"]["keys"]
+    assert rows["mismatch/kl"]["trend"] == "rising" and rows["mismatch/kl"]["last_median"] == 0.3
+    assert rows["mismatch/is_weight_mean"]["trend"] == "falling"
+
+
+def test_a_rollout_that_agrees_with_its_trainer_gets_no_mismatch_verdict(tmp_path: Path) -> None:
+    # Healthy vLLM-vs-FSDP levels (KL ~0.005, weights ~1, nine tokens in ten effective), and a
+    # trajectory age of two versions: the section lists them, steady, and no card fires.
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        return {"mismatch/kl": 0.005 + rng.gauss(0, 0.0005), "mismatch/k3_kl": 0.005,
+                "mismatch/chi2_token": 0.02, "mismatch/is_weight_mean": 1 + rng.gauss(0, 0.01),
+                "mismatch/is_ess_ratio": 0.95, "staleness/mean": 2.0, "staleness/max": 3.0}
+    res = _run_of(tmp_path, 300, extra)
+    assert _ids(res) == ["healthy"], res["text"]
+    section = res["summary"]["rollout_vs_trainer"]
+    assert list(section["keys"]) == ["mismatch/kl", "mismatch/k3_kl", "mismatch/chi2_token",
+                                     "mismatch/is_weight_mean", "mismatch/is_ess_ratio",
+                                     "staleness/mean", "staleness/max"]  # keys.py's order
+    assert {r["trend"] for r in section["keys"].values()} == {"steady"}
+    assert section["first_steps"] == [1, 60] and section["last_steps"] == [241, 300]
+    assert "verdicts: none, no card fired" in res["text"]
+
+
+def test_a_slowly_rising_mismatch_is_caught_below_the_level_line(tmp_path: Path) -> None:
+    # 0.011 -> 0.036 over 300 steps (the common failure): under the 0.1 line all along, but over
+    # twice its start in 90% of 50 steps while its trend still rises.
+    def rising(step, rng):  # type: ignore[no-untyped-def]
+        return {"mismatch/kl": 0.011 + 0.025 * step / 300 + rng.gauss(0, 0.001)}
+    res = _run_of(tmp_path, 300, rising)
+    assert "rollout_mismatch" not in _ids(res)
+    v = _one(res, "rollout_mismatch_rising")
+    kl = v["evidence"]["kl"]
+    assert kl["window_p10"] > 2 * kl["initial"] and kl["slope_per_step"] > 0
+    assert kl["initial"] == pytest.approx(0.0115, abs=0.001)
+    # Twice the start (~0.021) is passed by the window's 10th percentile (the value ~45 steps
+    # back, less 1.3 sigma of noise) near step 180.
+    assert 160 < v["steps"][0] < 200 and v["steps"][1] == 300
+    assert res["summary"]["rollout_vs_trainer"]["keys"]["mismatch/kl"]["trend"] == "rising"
+
+
+def test_a_flat_or_tiny_mismatch_is_not_rising(tmp_path: Path) -> None:
+    # Flat at 0.011; and a KL of 1e-5 that triples (rounding noise, under the 0.001 floor).
+    def flat(step, rng):  # type: ignore[no-untyped-def]
+        return {"mismatch/kl": 0.011 + rng.gauss(0, 0.001),
+                "mismatch/k3_kl": 1e-5 * (1 + 2 * step / 300)}
+    res = _run_of(tmp_path, 300, flat)
+    assert _ids(res) == ["healthy"], res["text"]
+
+
+@pytest.mark.parametrize("age, fires", [(6.0, True), (3.0, False)])
+def test_stale_rollouts(tmp_path: Path, age: float, fires: bool) -> None:
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        return {"staleness/mean": age if step > 100 else 1.0, "staleness/max": 2 * age}
+    res = _run_of(tmp_path, 300, extra)
+    assert ("stale_rollouts" in _ids(res)) == fires, res["text"]
+    if fires:
+        v = _one(res, "stale_rollouts")
+        assert (v["card"], v["steps"]) == ("GRPOStaleRollouts", [118, 300])
+        # Two steps of age 1 left among 20: the 10th percentile is 0.1 x 1 + 0.9 x age.
+        assert v["evidence"]["above"] == 4
+        assert v["evidence"]["window_p10"] == pytest.approx(0.1 + 0.9 * age)
+
+
+@pytest.mark.parametrize("key, verdict", [("group/all_wrong_frac", "prompts_too_hard"),
+                                          ("group/all_right_frac", "prompts_too_easy")])
+def test_dead_groups_by_cause(tmp_path: Path, key: str, verdict: str) -> None:
+    # Seven groups in ten all wrong (all right) from step 1: the cause is named from the first
+    # full 20-step window. A flat reward beside it is no plateau of the KL's making.
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        return {key: 0.7 + rng.gauss(0, 0.02), "kl/mean": 0.001}
+    res = _run_of(tmp_path, 300, extra)
+    assert _ids(res) == [verdict], res["text"]
+    v = res["verdicts"][0]
+    assert v["steps"] == [20, 300] and v["evidence"]["signal"] == key
+    assert v["evidence"]["window_p10"] > v["evidence"]["above"] == 0.5
+
+
+def test_dead_groups_under_half_name_no_cause(tmp_path: Path) -> None:
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        return {"group/all_wrong_frac": 0.3 + rng.gauss(0, 0.02),
+                "group/all_right_frac": 0.45 + rng.gauss(0, 0.02)}
+    assert _ids(_run_of(tmp_path, 300, extra)) == ["healthy"]
+
+
+@pytest.mark.parametrize("correct_growth, fires", [(0.0, True), (0.5, False)])
+def test_length_bias(tmp_path: Path, correct_growth: float, fires: bool) -> None:
+    # Wrong answers 200 -> 320 tokens (+60%); right ones flat (a bias), or growing by half as
+    # well (harder reasoning all round: no bias).
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        k = step / 300
+        return {"response/len_incorrect_mean": 200 * (1 + 0.6 * k) + rng.gauss(0, 2),
+                "response/len_correct_mean": 150 * (1 + correct_growth * k) + rng.gauss(0, 2)}
+    res = _run_of(tmp_path, 300, extra)
+    assert ("length_bias" in _ids(res)) == fires, res["text"]
+    if fires:
+        v = _one(res, "length_bias")
+        ev = v["evidence"]
+        assert v["card"] == "GRPOLengthBias"
+        assert ev["incorrect_growth"] > 0.3 and ev["correct_growth"] < 0.1
+        # The 50-step mean of 200 (1 + 0.6 k) passes 1.3x the initial ~200.4 near step 175.
+        assert 160 < v["steps"][0] < 200 and v["steps"][1] == 300
+
+
+@pytest.mark.parametrize("cov_after, initial, entropy_fall, fires", [
+    (0.05, 0.01, 0.6, True), (0.02, 0.01, 0.6, False), (0.05, -0.01, 0.6, False),
+    (0.05, 0.01, 0.1, False)])
+def test_entropy_covariance_surge(tmp_path: Path, cov_after: float, initial: float,
+                                  entropy_fall: float, fires: bool) -> None:
+    # A covariance five times its start surges while entropy loses 60% in 50 steps; twice its
+    # start does not; nor does one that started negative (a multiple of a negative start says
+    # nothing), nor a surge while entropy barely moves (10% in 50 steps).
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        k = max(0, step - 100)
+        return {"entropy/logp_adv_cov": cov_after if step > 100 else initial,
+                "entropy/mean": 1.0 * (1 - entropy_fall * min(1.0, k / 50))}
+    res = _run_of(tmp_path, 300, extra)
+    assert ("entropy_covariance_surge" in _ids(res)) == fires, res["text"]
+    if fires:
+        v = _one(res, "entropy_covariance_surge")
+        assert v["evidence"]["limit"] == pytest.approx(0.03)
+        # From the covariance's 20-step p10 over 0.03 (step 118) while entropy's 50-step trend
+        # is down over 0.3 of its start; over once entropy has settled (its fall ends at 150).
+        assert 118 <= v["steps"][0] < 140 and v["steps"][1] < 200
+
+
+def _law_run(final_entropy: float, follows_law: bool):  # type: ignore[no-untyped-def]
+    """Entropy decaying from 1.5 to ``final_entropy`` over 300 steps; the reward on the law
+    R = -0.2 exp(H) + 1.0 (with batch noise), or noise around 0.4 that ignores the entropy."""
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        h = final_entropy + (1.5 - final_entropy) * math.exp(-step / 60)
+        r = 1.0 - 0.2 * math.exp(h) if follows_law else 0.4
+        return {"entropy/mean": h, "reward/mean": r + rng.gauss(0, 0.01)}
+    return extra
+
+
+def test_entropy_reward_law_predicts_the_second_half_and_sees_the_ceiling(tmp_path: Path) -> None:
+    # Entropy spent down to 0.2, near the law's ceiling yet above a collapse (0.1 x 1.5).
+    res = _run_of(tmp_path, 300, _law_run(0.2, follows_law=True))
+    law = res["summary"]["entropy_reward_law"]
+    assert law["fitted"] and law["blocks"] == 31  # steps 1-9, 10-19, ..., 300
+    half = law["first_half"]
+    assert half["steps"] == [1, 149] and half["points"] == 15 and half["law_holds"]
+    assert half["a"] == pytest.approx(0.2, rel=0.1) and half["b"] == pytest.approx(1.0, rel=0.05)
+    assert half["ceiling"] == pytest.approx(half["b"] - half["a"], abs=1e-5)
+    pred = law["prediction"]
+    assert pred["steps"] == [150, 300] and pred["blocks"] == 16
+    # Ten-step block means carry ~0.003 of batch noise; the law itself is exact.
+    assert pred["mean_abs_error"] < 0.01
+    assert pred["error_pct_of_range"] == pytest.approx(
+        100 * pred["mean_abs_error"] / pred["reward_range"], rel=1e-3)
+    assert pred["flat_mean_abs_error"] > pred["mean_abs_error"]
+    # The whole-run fit is the exporter's: the same block means, the last (open) block left out.
+    from grpo_monitor.signals import RankSignals
+    sig = RankSignals(report.th.count("baseline_steps"))
+    for st in res["data"].steps:
+        sig.add(st, res["data"].train[st], paused=False)
+    exporter_law = sig.features().law
+    assert exporter_law is not None and law["whole_run"]["points"] == exporter_law.points == 30
+    assert law["whole_run"]["a"] == pytest.approx(exporter_law.a, abs=1e-6)
+    # (exp(H) - 1) / (exp(1.5) - 1) with H's 50-step mean near 0.21: 0.067, under 0.1.
+    assert law["end"]["near_ceiling"] and law["end"]["headroom_ratio"] < 0.1
+    v = _one(res, "reward_ceiling_near")
+    assert v["card"] == "GRPORewardCeilingNear" and v["steps"][1] == 300
+    ev = v["evidence"]
+    assert ev["headroom_ratio"] < ev["limit"] == 0.1 and ev["law_r_squared"] >= 0.8
+    assert ev["law_a"] > 0 and ev["entropy_slope_per_step"] < 0
+    assert "fit on the first half (steps 1-149, 15 blocks)" in res["text"]
+    assert ": near its ceiling" in res["text"]
+
+
+def test_no_ceiling_while_entropy_is_left_or_the_law_does_not_fit(tmp_path: Path) -> None:
+    # Entropy left at 0.8 (headroom ~0.37), and a reward that ignores the entropy (R² ~0): both
+    # runs are fitted and predicted, neither is near its ceiling.
+    plenty = _run_of(tmp_path / "a", 300, _law_run(0.8, follows_law=True))
+    law = plenty["summary"]["entropy_reward_law"]
+    assert law["first_half"]["law_holds"] and not law["end"]["near_ceiling"]
+    assert law["end"]["headroom_ratio"] > 0.3
+    assert "reward_ceiling_near" not in _ids(plenty)
+    assert ": not near its ceiling" in plenty["text"]
+    unrelated = _run_of(tmp_path / "b", 300, _law_run(0.05, follows_law=False))
+    law = unrelated["summary"]["entropy_reward_law"]
+    assert not law["first_half"]["law_holds"] and law["first_half"]["r_squared"] < 0.8
+    assert math.isfinite(law["prediction"]["mean_abs_error"])
+    assert "reward_ceiling_near" not in _ids(unrelated)
+    assert "entropy_collapse" in _ids(unrelated)  # 0.05 of 1.5 is a collapse all the same
+
+
+def test_law_needs_five_blocks_in_the_first_half(tmp_path: Path) -> None:
+    res = _run_of(tmp_path, 60, _law_run(0.05, follows_law=True))
+    law = res["summary"]["entropy_reward_law"]
+    assert not law["fitted"] and law["reason"] == "3 blocks in the first half, 5 needed"
+    assert "not fitted: 3 blocks in the first half, 5 needed" in res["text"]
+    bare = _run_of(tmp_path / "bare", 60, lambda step, rng: {})
+    assert bare["summary"]["entropy_reward_law"]["reason"] == \
+        "the run logs no entropy/mean beside reward/mean"
+    assert bare["summary"]["rollout_vs_trainer"] is None
+    assert "rollout vs trainer: the run logs no mismatch/* or staleness/* key" in bare["text"]
+
+
+def test_law_plot_and_html_sections(tmp_path: Path) -> None:
+    def extra(step, rng):  # type: ignore[no-untyped-def]
+        return {**_law_run(0.05, True)(step, rng), "mismatch/kl": 0.005}
+    def f(step, rng):  # type: ignore[no-untyped-def]
+        return {"kl/mean": 0.05, **extra(step, rng)}, None
+    _write_records(tmp_path / "r", _synthetic(300, f), extra_bad=False)
+    res = report.build_report(tmp_path / "r", tmp_path / "out")
+    assert Path(res["outputs"]["law_png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = Path(res["outputs"]["html"]).read_text()
+    assert "<h2>Rollout vs trainer</h2>" in page and "<td>mismatch/kl</td>" in page
+    assert "<h2>Entropy-reward law</h2>" in page and "alt='reward against entropy'" in page
+    assert page.count("data:image/png;base64,") == 2
+
+
+def test_shortcut_learning_is_the_cards_rule(tmp_path: Path) -> None:
+    # "hard" (started at 0.3) falls by 0.2 from step 101 while "easy" (started at 0.6) rises by
+    # 0.2; "low" stays at 0.1. Against the initial values the card fires once the 50-step means
+    # have moved by 0.05: 0.2/50 per step, 13 steps in (0.052). Against the 50-step means 200
+    # steps before, from step 250, the first whose history reaches back 250 steps.
+    def by_type(step, rng):  # type: ignore[no-untyped-def]
+        k = 0.2 if step > 100 else 0.0
+        return {"easy": {"reward/mean": 0.6 + k}, "hard": {"reward/mean": 0.3 - k},
+                "low": {"reward/mean": 0.1}}
+    res = _run_of(tmp_path, 300, lambda step, rng: {}, by_type)
+    v = _one(res, "shortcut_learning")
+    assert (v["card"], v["steps"]) == ("GRPOShortcutLearning", [113, 300])
+    first, late = v["evidence"]["against_initial"], v["evidence"]["within_200_steps"]
+    assert (first["easy_type"], first["hard_type"]) == ("easy", "hard")
+    assert (first["easy_reference"], first["hard_reference"]) == (0.6, 0.3)
+    assert first["steps"] == [113, 300]
+    assert first["easy_change"] == pytest.approx(0.052) and first["hard_change"] == pytest.approx(-0.052)
+    assert late["steps"] == [250, 300] and late["lookback_steps"] == 200
+    assert (late["easy_type"], late["hard_type"]) == ("easy", "hard")
+
+
+def test_an_easy_type_falling_is_no_shortcut(tmp_path: Path) -> None:
+    # The type that started higher fell and the lower one rose: regression on the easy cases,
+    # not a shortcut (the card names a falling type only beside a rising one that started higher).
+    def by_type(step, rng):  # type: ignore[no-untyped-def]
+        k = 0.2 if step > 100 else 0.0
+        return {"easy": {"reward/mean": 0.6 - k}, "hard": {"reward/mean": 0.3 + k}}
+    assert _ids(_run_of(tmp_path, 300, lambda step, rng: {}, by_type)) == ["healthy"]
+
+
+def test_every_simulated_scenario_has_its_expected_verdicts() -> None:
+    from grpo_monitor.simulate import SCENARIOS
+
+    assert set(SCENARIOS) == set(SCENARIO_VERDICTS) | set(SCENARIO_VERDICT) | {"healthy"}
+
+
+# (scenario, threshold, patched value, the verdict that disappears with the patch): the new
+# verdicts read their numbers from the table the cards read.
+NEW_READS = [
+    ("rollout_mismatch", "mismatch_kl", 1.0, None),
+    ("rollout_mismatch", "mismatch_rise_ratio", 1000, "rollout_mismatch_rising"),
+    ("mismatch_rising", "mismatch_rise_floor", 1.0, "rollout_mismatch_rising"),
+    ("stale_rollouts", "staleness_steps", 20, "stale_rollouts"),
+    ("prompts_too_hard", "dead_group_cause_ratio", 0.9, "prompts_too_hard"),
+    ("covariance_surge", "entropy_cov_ratio", 100, "entropy_covariance_surge"),
+    ("length_bias", "length_bias_growth_ratio", 1.0, "length_bias"),
+    ("length_bias", "length_bias_correct_ratio", -0.5, "length_bias"),
+    ("reward_ceiling", "ceiling_headroom_ratio", 0.01, "reward_ceiling_near"),
+    ("reward_ceiling", "forecast_min_r2", 1.0, "reward_ceiling_near"),
+    ("shortcut_learning", "shortcut_delta", 0.5, "shortcut_learning"),
+]
+_LOADED: dict[str, report.RunData] = {}
+
+
+@pytest.mark.parametrize("scenario, name, patched, verdict", NEW_READS,
+                         ids=[f"{c[0]}-{c[1]}" for c in NEW_READS])
+def test_new_verdicts_follow_the_table(scenario: str, name: str, patched: float,
+                                       verdict: str | None, monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path_factory: pytest.TempPathFactory) -> None:
+    from dataclasses import replace
+
+    from grpo_monitor.thresholds import THRESHOLDS
+
+    if scenario not in _LOADED:
+        root = tmp_path_factory.mktemp(scenario)
+        write_run(root, scenario, scenario)
+        _LOADED[scenario] = report.load_run(root / scenario)
+    data = _LOADED[scenario]
+    before = {v["id"]: v for v in report.diagnose(data)}
+    monkeypatch.setitem(THRESHOLDS, name, replace(THRESHOLDS[name], value=patched))
+    after = {v["id"]: v for v in report.diagnose(data)}
+    if verdict is not None:
+        assert verdict in before and verdict not in after, (name, set(before), set(after))
+    else:  # the KL branch goes, the other branches of the card stay
+        assert "kl" in before["rollout_mismatch"]["evidence"]
+        assert "kl" not in after["rollout_mismatch"]["evidence"]

@@ -1,6 +1,7 @@
-"""`grpo-monitor report` on the shared real runs: the healthy ones read `healthy`, the sick ones
-get the verdicts of the cards that catch them, from their first steps and with the numbers
-behind them.
+"""`grpo-monitor report` on the shared real runs: the healthy ones read `healthy` (the PPO one,
+which spent its entropy, reads that it ends at its reward ceiling), the sick ones get the
+verdicts of the cards that catch them, from their first steps and with the numbers behind them;
+the entropy-reward law is fitted on every run whose entropy moves.
 
 Each run is written as a trainer would have written it (tests/real_runs.py, the keys as logged)
 and the report runs on that snapshot folder through its command line. The expectations follow
@@ -19,18 +20,29 @@ from grpo_monitor import report
 from real_runs import fired, load, play_real, write_snapshots
 
 HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
-           "verl-ppo-qwen25-05b-gsm8k", "verl-grpo-qwen2-7b-gsm8k-megatron-base")
+           "verl-grpo-qwen2-7b-gsm8k-megatron-base")
+# Healthy too, and it ends at the ceiling its entropy allows: see test_ppo_run_ends_at_its_ceiling.
+AT_CEILING = "verl-ppo-qwen25-05b-gsm8k"
 COLLAPSE = "trl-dapo-qwen25vl-3b-aokvqa-collapse"
 SPARSE = "memredteam-qwen25-3b-grpo-sparse-reward"
+# The runs whose entropy moves, logged beside reward: the entropy-reward law is fitted on them.
+# The sparse-reward run logs entropy too, but it sits still (see test_a_still_entropy_is_not_fitted).
+WITH_ENTROPY = (COLLAPSE, "verl-grpo-qwen2-7b-gsm8k-megatron-base", AT_CEILING)
 
 
-def _report(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
-    """The verdicts `grpo-monitor report RUN_DIR --format json` prints for the run."""
+def _report_json(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """What `grpo-monitor report RUN_DIR --format json` prints for the run."""
     write_snapshots(load(name), tmp_path / "snapshots", name)
     code = report.main(["report", str(tmp_path / "snapshots" / name), "--out",
                         str(tmp_path / "out"), "--format", "json"])
     assert code == 0
-    verdicts: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["verdicts"]
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _report(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """The verdicts `grpo-monitor report RUN_DIR --format json` prints for the run."""
+    verdicts: list[dict[str, Any]] = _report_json(name, tmp_path, capsys)["verdicts"]
     return verdicts
 
 
@@ -88,7 +100,55 @@ def test_sparse_reward_run_gets_the_dead_learning_signal_alone(
     assert constant["reward_std_window_p90"] == 0
 
 
-@pytest.mark.parametrize("name", (COLLAPSE, SPARSE))
+def test_ppo_run_ends_at_its_ceiling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # verl's PPO reference run trades entropy for reward along the law: fitted on its first 22
+    # blocks, the law predicts the last 22 within 0.015 (2% of the reward's range). Its entropy
+    # falls from 0.51 to a 50-step mean of 0.064 by step 296, where (exp(H) - 1) / (exp(H0) - 1)
+    # crosses 0.1 (0.09997) with R² 0.97: from there the ceiling card fires live too (the test
+    # below), and the law gives it under a tenth of the gain it had ahead at the start.
+    out = _report_json(AT_CEILING, tmp_path, capsys)
+    assert [(v["id"], v["severity"]) for v in out["verdicts"]] == [("reward_ceiling_near", "warning")]
+    v = out["verdicts"][0]
+    assert v["steps"] == [296, 434]
+    ev = v["evidence"]
+    assert ev["headroom_ratio"] == pytest.approx(0.09997, abs=1e-5)
+    assert ev["law_r_squared"] == pytest.approx(0.966, abs=1e-3)
+    assert ev["entropy_initial"] == pytest.approx(0.5102, abs=1e-4)
+    law = out["summary"]["entropy_reward_law"]
+    assert law["end"]["near_ceiling"] and law["end"]["headroom_ratio"] == pytest.approx(0.0873, abs=1e-4)
+    assert law["prediction"]["error_pct_of_range"] == pytest.approx(2.15, abs=0.01)
+
+
+@pytest.mark.parametrize("name", WITH_ENTROPY)
+def test_entropy_reward_law_on_the_real_runs(name: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # Fitted on the first half of each run's 10-step blocks, judged on the second: a finite error
+    # on the run's own later steps, and the text says so.
+    out = _report_json(name, tmp_path, capsys)
+    law = out["summary"]["entropy_reward_law"]
+    assert law["fitted"], law
+    assert law["first_half"]["points"] >= 5
+    pred = law["prediction"]
+    assert pred["blocks"] >= law["first_half"]["points"]
+    assert 0 <= pred["mean_abs_error"] < float("inf") and 0 <= pred["error_pct_of_range"]
+    assert pred["steps"][0] > law["first_half"]["steps"][1]
+    text = (tmp_path / "out" / "report.txt").read_text()
+    assert "its prediction of the rest" in text and "mean absolute error" in text
+    assert (tmp_path / "out" / "law.png").is_file()
+
+
+def test_a_still_entropy_is_not_fitted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The sparse-reward run's entropy block means over its first half: 0.0771 to 0.0828, 7% of
+    # the largest, under forecast.MIN_ENTROPY_SPREAD; a law fitted there (a = 3.2 on a reward of
+    # 0 to 0.03) would be a line through noise. The section says why, and still gives the end.
+    law = _report_json(SPARSE, tmp_path, capsys)["summary"]["entropy_reward_law"]
+    assert (law["fitted"], law["blocks"]) == (False, 11)
+    assert law["reason"].startswith("over the first half entropy moved by less than 10%")
+    assert "prediction" not in law and "whole_run" not in law
+    assert not law["end"]["near_ceiling"] and law["end"]["headroom_ratio"] > 1
+
+
+@pytest.mark.parametrize("name", (COLLAPSE, SPARSE, AT_CEILING))
 def test_verdicts_start_where_their_cards_first_fire(name: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     # The same run through the exporter and the real rules (promtool): each card that fired has

@@ -47,6 +47,21 @@ CATALOG = {
     "GRPOStepTimeDrift": "yellow",
     "GRPOThroughputDrop": "yellow",
 }
+# Beyond the catalog: cards over the signals newer RL stacks log (rollout vs trainer, async
+# staleness, dead groups by cause, prompt types, the entropy mechanism, the entropy-reward law,
+# length by correctness). Each judges an absolute level or the initial value: real runs are often
+# too short for a baseline, so none may wait for one.
+FROM_FIRST_STEPS = {
+    "GRPORolloutMismatch": "yellow",
+    "GRPORolloutMismatchRising": "yellow",
+    "GRPOStaleRollouts": "yellow",
+    "GRPOPromptsTooHard": "yellow",
+    "GRPOPromptsTooEasy": "yellow",
+    "GRPOShortcutLearning": "yellow",
+    "GRPOEntropyCovarianceSurge": "yellow",
+    "GRPORewardCeilingNear": "yellow",
+    "GRPOLengthBias": "yellow",
+}
 CARD_OF_SEVERITY = {"critical": "red", "warning": "yellow"}
 
 
@@ -106,6 +121,21 @@ def test_catalog_alerts_all_exist() -> None:
     names = set(ALERT_IDS)
     missing = sorted(set(CATALOG) - names)
     assert not missing, f"DESIGN.md catalog alerts missing from grpo-alerts.yml: {missing}"
+
+
+def test_first_step_cards_exist_and_need_no_baseline() -> None:
+    missing = sorted(set(FROM_FIRST_STEPS) - set(ALERT_IDS))
+    assert not missing, f"cards missing from grpo-alerts.yml: {missing}"
+    for rule in ALERTS:
+        if rule["alert"] in FROM_FIRST_STEPS:
+            assert rule["labels"]["card"] == FROM_FIRST_STEPS[rule["alert"]], rule["alert"]
+            assert "grpo_baseline" not in rule["expr"], f"{rule['alert']} must not wait for the baseline"
+
+
+def test_rollout_mismatch_has_one_rule_per_reason() -> None:
+    """Stacks log different mismatch signals; each rule says in its reason which one it saw."""
+    reasons = sorted(r["labels"].get("reason") for r in ALERTS if r["alert"] == "GRPORolloutMismatch")
+    assert reasons == ["chi2_token", "ess", "is_weight", "kl"]
 
 
 @pytest.mark.parametrize("rule", ALERTS, ids=ALERT_IDS)
@@ -169,3 +199,14 @@ def test_unit_tests_cover_every_alert() -> None:
     assert not unknown, f"tests name alerts the rules do not have (an empty exp_alerts passes vacuously): {unknown}"
     assert not sorted(set(ALERT_IDS) - fires), f"no firing case for: {sorted(set(ALERT_IDS) - fires)}"
     assert not sorted(set(ALERT_IDS) - quiet), f"no quiet case for: {sorted(set(ALERT_IDS) - quiet)}"
+
+
+def test_unit_tests_prove_the_forecast_records() -> None:
+    """Every forecast recording rule's value is checked by a promql_expr_test."""
+    records = [r["record"] for g in load(RULES / "grpo-signals.yml")["groups"] for r in g["rules"]
+               if "record" in r and ":grpo_forecast_" in r["record"]]
+    assert records, "grpo-signals.yml records no forecast"
+    exprs = " ".join(case["expr"] for path in TEST_FILES for group in load(path).get("tests", [])
+                     for case in group.get("promql_expr_test", []) or [])
+    unproven = [r for r in records if r not in exprs]
+    assert not unproven, f"no promql_expr_test reads: {unproven}"

@@ -151,8 +151,15 @@ def test_exactly_one_device_to_host_transfer(monkeypatch: pytest.MonkeyPatch) ->
     for name in ("item", "cpu", "numpy", "__float__", "__int__", "__bool__"):
         monkeypatch.setattr(torch.Tensor, name, forbidden)
     stats = grpo_stats(rewards, kl=kl, entropy=entropy, mask=mask, max_length=4)
+    # Every optional input at once, keys that may be left out included: still one copy.
+    full = grpo_stats(torch.tensor(REWARDS_C), mask=torch.tensor(MASK), logprobs=torch.tensor(LP),
+                      advantages=torch.tensor(ADV), rollout_logprobs=torch.tensor(RLP),
+                      correct=torch.tensor(CORRECT), response_lengths=torch.tensor(LENGTHS),
+                      trajectory_age=torch.tensor(AGE))
     monkeypatch.undo()
-    assert tolist_calls == [(len(stats),)]
+    assert tolist_calls[0] == (len(stats),)
+    # The copy carries the values and the conditions of the keys that may be left out.
+    assert len(tolist_calls) == 2 and tolist_calls[1][0] > len(full) > len(stats)
 
 
 def test_bf16_inputs_with_grad() -> None:
@@ -185,3 +192,172 @@ def test_wrong_reward_shape_is_a_caller_error() -> None:
         grpo_stats(torch.tensor([[1.0], [0.0]]))
     with pytest.raises(ValueError):
         grpo_stats(torch.tensor(REWARDS), kl=torch.tensor(KL), mask=torch.tensor([[1, 1]]))
+
+
+# The optional inputs. Two responses of T=4 (MASK: two, then four response tokens); the padding
+# holds garbage that must not count.
+LP = [[-1.0, -2.0, 7.0, float("nan")],
+      [-0.5, -0.5, -1.0, -2.0]]
+RLP = [[-1.5, -2.0, float("inf"), 0.0],
+       [-0.5, -0.7, -1.0, -1.0]]
+ADV = [1.0, -0.5]
+# d = rollout - train on the six response tokens, and the importance weights w = exp(-d).
+D = [-0.5, 0.0, 0.0, -0.2, 0.0, 1.0]
+TRAIN_TOKENS = [-1.0, -2.0, -0.5, -0.5, -1.0, -2.0]
+ROLLOUT_TOKENS = [-1.5, -2.0, -0.5, -0.7, -1.0, -1.0]
+# Four groups of G=4: split, all right, all wrong, all wrong with partial credit that differs.
+REWARDS_C = [[1.0, 0.0, 0.0, 1.0],
+             [1.0, 1.0, 1.0, 1.0],
+             [0.0, 0.0, 0.0, 0.0],
+             [0.25, 0.0, 0.0, 0.0]]
+CORRECT = [[1, 0, 0, 1],
+           [1, 1, 1, 1],
+           [0, 0, 0, 0],
+           [0, 0, 0, 0]]
+LENGTHS = [3, 5, 7, 3, 2, 2, 2, 4, 9, 9, 9, 9, 1, 6, 6, 6]
+AGE = [0, 1, 1, 4]
+
+
+def test_logprob_advantage_covariance() -> None:
+    stats = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor(LP),
+                       advantages=torch.tensor(ADV), mask=torch.tensor(MASK))
+    adv_tokens = [1.0, 1.0, -0.5, -0.5, -0.5, -0.5]  # each response's advantage on its tokens
+    # Token means: log-prob -7/6, advantage 0; so the covariance is mean(lp * A) = -1/6.
+    assert stats["entropy/logp_adv_cov"] == approx(-1 / 6)
+    lp_mean = statistics.fmean(TRAIN_TOKENS)
+    assert stats["entropy/logp_adv_cov"] == approx(
+        sum((lp - lp_mean) * a for lp, a in zip(TRAIN_TOKENS, adv_tokens)) / 6)
+    # A per-token advantage of the same values gives the same covariance.
+    per_token = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor(LP),
+                           advantages=torch.tensor([[1.0] * 4, [-0.5] * 4]), mask=torch.tensor(MASK))
+    assert per_token["entropy/logp_adv_cov"] == approx(-1 / 6)
+    # Confident tokens with positive advantage: the covariance that collapses entropy is > 0.
+    sharp = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor([[-0.1, -0.1], [-3.0, -3.0]]),
+                       advantages=torch.tensor([1.0, -1.0]))
+    assert sharp["entropy/logp_adv_cov"] == approx(2.9 / 2)
+    assert not any(k.startswith("mismatch/") for k in stats)
+
+
+def test_rollout_training_mismatch() -> None:
+    stats = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor(LP),
+                       rollout_logprobs=torch.tensor(RLP), mask=torch.tensor(MASK))
+    w = [math.exp(-d) for d in D]
+    assert stats["mismatch/kl"] == approx(0.3 / 6)
+    assert stats["mismatch/k3_kl"] == approx(sum(x - math.log(x) - 1 for x in w) / 6)
+    assert stats["mismatch/logprob_diff_mean"] == approx(1.7 / 6)
+    assert stats["mismatch/logprob_diff_max"] == approx(1.0)
+    p_train = [math.exp(x) for x in TRAIN_TOKENS]
+    p_rollout = [math.exp(x) for x in ROLLOUT_TOKENS]
+    prob_diff = [abs(a - b) for a, b in zip(p_train, p_rollout)]
+    assert stats["mismatch/prob_diff_mean"] == approx(statistics.fmean(prob_diff))
+    assert stats["mismatch/prob_diff_max"] == approx(math.exp(-1.0) - math.exp(-2.0))
+    assert stats["mismatch/prob_diff_std"] == approx(statistics.stdev(prob_diff))
+    assert stats["mismatch/prob_corr"] == approx(statistics.correlation(p_train, p_rollout))
+    assert stats["mismatch/is_weight_mean"] == approx((math.exp(0.5) + 3 + math.exp(0.2) + math.exp(-1)) / 6)
+    assert stats["mismatch/is_weight_min"] == approx(math.exp(-1.0))
+    assert stats["mismatch/is_weight_max"] == approx(math.exp(0.5))
+    w_sq_mean = statistics.fmean(x * x for x in w)
+    assert stats["mismatch/is_ess_ratio"] == approx(statistics.fmean(w) ** 2 / w_sq_mean)
+    assert stats["mismatch/chi2_token"] == approx(w_sq_mean - 1)
+    # Sequence weights: row 0 sums log w = 0.5, row 1 = 0.2 - 1.0.
+    assert stats["mismatch/chi2_seq"] == approx((math.exp(1.0) + math.exp(-1.6)) / 2 - 1)
+    # Per response, the trainer's perplexity over the rollout's: exp(mean d); row means -0.25, 0.2.
+    assert stats["mismatch/ppl_ratio"] == approx((math.exp(-0.25) + math.exp(0.2)) / 2)
+    assert stats["mismatch/token_prob_error"] == approx(
+        (math.exp(0.5) + 3 + math.exp(0.2) + math.exp(1.0)) / 6)
+    assert all(math.isfinite(v) for v in stats.values())
+
+
+def test_identical_logprobs_are_no_mismatch() -> None:
+    stats = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor(LP),
+                       rollout_logprobs=torch.tensor(LP), mask=torch.tensor(MASK))
+    expected = {"kl": 0.0, "k3_kl": 0.0, "logprob_diff_mean": 0.0, "logprob_diff_max": 0.0,
+                "prob_diff_mean": 0.0, "prob_diff_max": 0.0, "prob_diff_std": 0.0,
+                "prob_corr": 1.0, "is_weight_mean": 1.0, "is_weight_min": 1.0,
+                "is_weight_max": 1.0, "is_ess_ratio": 1.0, "chi2_token": 0.0, "chi2_seq": 0.0,
+                "ppl_ratio": 1.0, "token_prob_error": 1.0}
+    assert {k: stats[f"mismatch/{k}"] for k in expected} == {k: approx(v) for k, v in expected.items()}
+
+
+def test_huge_log_weights_stay_finite() -> None:
+    # A token the rollout sampled at p ~ 1 that the trainer gives e^-200: the weight's log is
+    # bounded at -20 / +20 (verl's bound), so nothing overflows to inf.
+    stats = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor([[-200.0, -0.1]]),
+                       rollout_logprobs=torch.tensor([[-0.01, -300.0]]))
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert stats["mismatch/is_weight_min"] == approx(math.exp(-20.0))
+    assert stats["mismatch/is_weight_max"] == approx(math.exp(20.0))
+    assert stats["mismatch/kl"] == approx((199.99 - 299.9) / 2)
+
+
+def test_undefined_mismatch_statistics_are_left_out() -> None:
+    # Constant probabilities: no correlation to speak of; the rest is defined.
+    flat = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor([[-0.5, -0.5]]),
+                      rollout_logprobs=torch.tensor([[-0.7, -0.7]]))
+    assert "mismatch/prob_corr" not in flat and flat["mismatch/kl"] == approx(-0.2)
+    # No response token at all: no mismatch key and no covariance.
+    empty = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor([[-0.5, -0.5]]),
+                       rollout_logprobs=torch.tensor([[-0.7, -0.7]]), advantages=torch.tensor([1.0]),
+                       mask=torch.tensor([[0, 0]]))
+    assert not any(k.startswith(("mismatch/", "entropy/")) for k in empty), empty
+
+
+def test_correctness_groups_and_lengths() -> None:
+    stats = grpo_stats(torch.tensor(REWARDS_C), correct=torch.tensor(CORRECT),
+                       response_lengths=torch.tensor(LENGTHS))
+    # Group 1 is all right; groups 2 and 3 have no right answer, though group 3's partial credit
+    # still differs (it is no zero-std group).
+    assert stats["group/all_right_frac"] == approx(1 / 4)
+    assert stats["group/all_wrong_frac"] == approx(2 / 4)
+    assert stats["group/zero_std_frac"] == approx(2 / 4)
+    # Correct: responses 0, 3 and 4-7 -> lengths 3, 3, 2, 2, 2, 4.
+    assert stats["response/len_correct_mean"] == approx(16 / 6)
+    assert stats["response/len_incorrect_mean"] == approx((5 + 7 + 36 + 1 + 18) / 10)
+    # Booleans work as well as 0/1.
+    as_bool = grpo_stats(torch.tensor(REWARDS_C), correct=torch.tensor(CORRECT).bool(),
+                         response_lengths=torch.tensor(LENGTHS))
+    assert as_bool == stats
+
+
+def test_a_length_class_without_responses_is_left_out() -> None:
+    none_right = grpo_stats(torch.tensor([[0.0, 0.0], [0.0, 0.0]]), correct=torch.zeros(2, 2),
+                            response_lengths=torch.tensor([1, 2, 3, 4]))
+    assert "response/len_correct_mean" not in none_right
+    assert none_right["response/len_incorrect_mean"] == approx(2.5)
+    assert none_right["group/all_wrong_frac"] == approx(1.0)
+    all_right = grpo_stats(torch.tensor([[1.0, 1.0]]), correct=torch.ones(1, 2),
+                           mask=torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    assert "response/len_incorrect_mean" not in all_right
+    assert all_right["response/len_correct_mean"] == approx(1.5)
+    assert all_right["group/all_right_frac"] == approx(1.0)
+    # Without lengths: only the group shares.
+    groups_only = grpo_stats(torch.tensor(REWARDS_C), correct=torch.tensor(CORRECT))
+    assert not any(k.startswith("response/") for k in groups_only)
+
+
+def test_staleness() -> None:
+    stats = grpo_stats(torch.tensor(REWARDS), trajectory_age=torch.tensor(AGE))
+    assert stats["staleness/mean"] == approx(1.5)
+    assert stats["staleness/max"] == approx(4.0)
+
+
+def test_all_optional_keys_are_canonical() -> None:
+    stats = grpo_stats(torch.tensor(REWARDS_C), mask=torch.tensor(MASK), logprobs=torch.tensor(LP),
+                       advantages=torch.tensor(ADV), rollout_logprobs=torch.tensor(RLP),
+                       correct=torch.tensor(CORRECT), response_lengths=torch.tensor(LENGTHS),
+                       trajectory_age=torch.tensor(AGE))
+    assert set(stats) <= set(SIGNALS_BY_KEY)
+    assert {k for k in stats if k.startswith("mismatch/")} == {
+        k for k in SIGNALS_BY_KEY if k.startswith("mismatch/")}
+    assert all(type(v) is float for v in stats.values())
+
+
+def test_optional_input_errors_are_caller_errors() -> None:
+    with pytest.raises(ValueError):  # a mismatch needs both sides
+        grpo_stats(torch.tensor(REWARDS), rollout_logprobs=torch.tensor(RLP))
+    with pytest.raises(ValueError):
+        grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor(LP), advantages=torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError):
+        grpo_stats(torch.tensor(REWARDS), correct=torch.tensor([[1, 0]]))
+    with pytest.raises(ValueError):
+        grpo_stats(torch.tensor(REWARDS_C), correct=torch.tensor(CORRECT), response_lengths=torch.tensor([1, 2]))

@@ -1,25 +1,26 @@
 """The real GRPO loop of ``grpo-monitor train-demo``: its signals, and the cards they raise.
 
-Each run trains a ~5k-parameter GRU on single-digit addition for real (CPU, 2 threads, seed 0)
-and writes its snapshots through the SDK. While it trains, the exporter's own ingest and store
-read the files and are "scraped" every few steps, as tests/scenario_rules.py does for simulated
-runs; promtool then evaluates the project's rule files on those scrapes.
+Each run trains a ~5k-parameter GRU, warm-started by 50 supervised steps, on single-digit
+addition for real (CPU, one thread, seed 0) and writes its snapshots through the SDK. While it
+trains, the exporter's own ingest and store read the files and are "scraped" every few steps, as
+tests/scenario_rules.py does for simulated runs; promtool then evaluates the project's rule
+files on those scrapes.
 
 What reproduces for real, and how (see docs/train-demo.md):
 * healthy defaults: reward and sample accuracy rise, entropy falls but stays well above a
   collapse, and no training-signal card fires over 300 steps (see HEALTHY_TOLERATED for the
-  perf and KL-tail cards this toy may raise, and why);
-* ``--grader loose --onset 200``: after a healthy baseline the grader pays per token, the
-  response length surges to the limit within ~20 steps, reward jumps and accuracy drops ->
+  perf cards this toy may raise, and why) -- none of the newer ones either (mismatch,
+  staleness, dead groups by cause, shortcut, covariance, ceiling, length bias), whose sick
+  runs are in tests/test_train_demo_signals.py;
+* ``--grader loose --onset 200``: after a healthy baseline the grader pays 1 per generated
+  token, the response length surges, reward jumps and accuracy drops ->
   GRPORewardHackingSuspected and GRPOResponseLengthShift;
 * ``--nan-reward-at``: the NaN reaches reward/*, loss and grad/norm -> GRPONonFiniteValues;
-* ``--beta 0 --lr 0.03``: KL to the reference an order of magnitude above the healthy run's;
-* ``--group-size 2 --temperature 0.3 --onset 200``: sampling collapses onto the likeliest
-  answer, groups of identical answers take over and entropy falls below 0.1x its baseline ->
-  GRPOEntropyCollapse and GRPOAdvantageVanishing;
+* ``--group-size 2 --temperature 0.15 --onset 200``: sampling collapses onto the likeliest
+  answer, groups of identical answers take over and entropy falls below 0.1x its initial value
+  -> GRPOEntropyCollapse and GRPOAdvantageVanishing;
 * ``--beta 0 --lr 0.03``: KL to the reference several times the healthy run's. Checked on the
-  signal only: switched on after a 200-step baseline it reaches ~6x, not the 10x of
-  GRPOKLExplosion, within the 300 steps a test can afford.
+  signal only.
 """
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ SCRAPE_EVERY = 10
 # steps by 2-10x. (The k3 KL over 1-3-token answers is heavy-tailed from step 0 too, but the
 # tail card asks for a tail heavier than the baseline's, so it stays quiet.)
 HEALTHY_TOLERATED = {"GRPOStepTimeDrift", "GRPOThroughputDrop"}
-# Past 300 steps the toy's KL is still climbing (27-53% per 100 steps around step 400, every
-# seed), and the rule that growth of over 20% per 100 steps sustained for 300 steps, and
-# accelerating, is a policy that keeps drifting says so: a yellow card, rightly. No red card.
-LONG_RUN_TOLERATED = HEALTHY_TOLERATED | {"GRPOKLGrowthAccelerating"}
+# Past 300 steps the toy's KL is still climbing, and the rule that growth of over 20% per 100
+# steps sustained for 300 steps, and accelerating, is a policy that keeps drifting says so: a
+# yellow card, rightly. And the per-sequence KL tail: a sampled wrong answer that the policy has
+# learned to avoid but the reference (the warm-started policy) still likes has a per-token k3 of
+# 3-10 (e.g. log-probs -6.0 against -3.5), so kl/max over kl/p95 grows past 1.5x its baseline
+# ratio in four seeds of six between steps 250 and 600: the estimator's heavy tail on one- and
+# two-token answers, no prompt hacking the reward. No red card.
+LONG_RUN_TOLERATED = HEALTHY_TOLERATED | {"GRPOKLGrowthAccelerating", "GRPOKLTailOutliers"}
 
 
 def play_real(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepResult], Played]:
@@ -120,8 +125,18 @@ def test_healthy_run_learns(healthy: tuple[list[StepResult], Played, Path]) -> N
     assert (end["step"], end["metrics"], [e["type"] for e in end["events"]]) == (300, {}, ["run_end"])
     for key in ("reward/mean", "kl/mean", "entropy/mean", "group/zero_std_frac", "adv/mean_abs",
                 "response/len_mean", "loss", "grad/norm", "train/lr", "eval/sample_acc",
-                "perf/step_time_s", "perf/samples_per_s"):
+                "perf/step_time_s", "perf/samples_per_s", "entropy/logp_adv_cov",
+                "group/all_wrong_frac", "group/all_right_frac", "response/len_correct_mean",
+                "response/len_incorrect_mean", "mismatch/kl", "mismatch/chi2_seq",
+                "mismatch/is_ess_ratio", "staleness/mean", "staleness/max"):
         assert math.isfinite(recs[-1]["metrics"][key]), key
+    # Synchronous fp32 rollouts: no staleness, and the rollout side's log-probs are the
+    # trainer's up to float rounding.
+    assert max(r["metrics"]["staleness/max"] for r in recs) == 0
+    assert max(r["metrics"]["mismatch/logprob_diff_max"] for r in recs) < 1e-5
+    # The verifier's score per prompt type: one-digit (no carry) and two-digit (carry) answers.
+    assert set(recs[-1]["by_type"]) == {"carry", "no_carry"}
+    assert 0 <= recs[-1]["by_type"]["carry"]["reward/mean"] <= 1
     saves = [r["step"] for r in recs if any(e["type"] == "checkpoint_save" for e in r.get("events", []))]
     assert saves == [100, 200, 300]
 
@@ -144,12 +159,20 @@ def test_loose_grader_hacks_the_reward_with_length(tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="loose", steps=300, grader="loose", onset=200)
     results, played = play_real(cfg)
     before, after = (150, 200), (250, 301)
-    assert mean(results, "response/len_mean", *after) > 2 * mean(results, "response/len_mean", *before)
+    assert mean(results, "response/len_mean", *after) > 1.5 * mean(results, "response/len_mean", *before)
     assert mean(results, "reward/mean", *after) > mean(results, "reward/mean", *before) + 0.5
-    assert mean(results, "eval/sample_acc", *after) <= mean(results, "eval/sample_acc", *before)
+    assert mean(results, "eval/sample_acc", *after) < mean(results, "eval/sample_acc", *before)
     cards = fired_cards(played, tmp_path)
-    assert {"GRPORewardHackingSuspected", "GRPOResponseLengthShift"} <= cards, cards
-    assert not any(c in cards for c in ("GRPONonFiniteValues", "GRPOKLExplosion")), cards
+    # Paid per token whether right or wrong, the policy pads its wrong answers, while a right
+    # answer (its digits, then EOS) cannot grow: incorrect responses longer and longer, correct
+    # ones not, the pattern of the length-bias card (here from the grader, not from the loss's
+    # length normalisation: the runbook names both causes).
+    assert mean(results, "response/len_incorrect_mean", *after) > \
+        1.3 * mean(results, "response/len_incorrect_mean", *before)
+    assert {"GRPORewardHackingSuspected", "GRPOResponseLengthShift", "GRPOLengthBias"} <= cards, cards
+    # The hacking policy walks far from the reference (KL ~0.2 -> ~2 per token), so the red KL
+    # card may join; a NaN may not.
+    assert "GRPONonFiniteValues" not in cards, cards
 
 
 def test_nan_reward_raises_the_red_card(tmp_path: Path) -> None:
@@ -176,7 +199,7 @@ def test_beta_zero_and_high_lr_blow_kl_up(healthy: tuple[list[StepResult], Playe
 def test_small_groups_and_low_temperature_collapse(healthy: tuple[list[StepResult], Played, Path],
                                                    tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="collapse", steps=300, onset=200, sick_group_size=2,
-                 sick_temperature=0.3)
+                 sick_temperature=0.15)
     results, played = play_real(cfg)
     before, after = (150, 200), (250, 301)
     assert mean(results, "group/zero_std_frac", *after) > mean(results, "group/zero_std_frac", *before) + 0.2

@@ -133,10 +133,36 @@ RISING = Family(
     "Consecutive window_steps-step windows whose mean rose over the one before.")
 WINDOW_NONFINITE = Family(
     "grpo_window_nonfinite", "gauge", "NaN or infinite values of the signal in its last window_steps steps.")
+WINDOW_SLOPE = Family(
+    "grpo_window_slope", "gauge",
+    "Least-squares slope of the signal over its last window_steps steps, in its unit per step: "
+    "where it is heading, and how fast.")
+# The entropy-reward law R = -a*exp(H) + b, fitted per rank on 10-step block means (forecast.py).
+FORECAST_LAW_SCALE = Family(
+    "grpo_forecast_law_scale", "gauge",
+    "a of the entropy-reward law R = -a*exp(H) + b fitted on the run so far: the reward a unit of "
+    "exp(entropy) costs.")
+FORECAST_LAW_OFFSET = Family(
+    "grpo_forecast_law_offset", "gauge", "b of the entropy-reward law R = -a*exp(H) + b fitted on the run so far.")
+FORECAST_CEILING = Family(
+    "grpo_forecast_reward_ceiling", "gauge",
+    "The reward the entropy-reward law predicts at zero entropy (b - a): the run's ceiling.")
+FORECAST_R2 = Family(
+    "grpo_forecast_fit_r_squared", "gauge",
+    "Coefficient of determination of the entropy-reward law's fit on its block means (1 = exact).")
+FORECAST_POINTS = Family(
+    "grpo_forecast_fit_points", "gauge", "10-step blocks the entropy-reward law is fitted on.")
+# Per prompt type (the records' by_type), reward/mean only: what the shortcut card compares.
+PROMPT_TYPE_WINDOW_MEAN = Family(
+    "grpo_prompt_type_window_mean", "gauge",
+    "Mean of the prompt type's signal over its last window_steps steps, shifted back by offset_steps.")
+PROMPT_TYPE_INITIAL_MEAN = Family(
+    "grpo_prompt_type_initial_mean", "gauge", "Mean of the prompt type's signal over its first steps.")
 FEATURE_FAMILIES: tuple[Family, ...] = (
     BASELINE_READY, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
     WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
-    WINDOW_NONFINITE)
+    WINDOW_NONFINITE, WINDOW_SLOPE, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
+    FORECAST_POINTS, PROMPT_TYPE_WINDOW_MEAN, PROMPT_TYPE_INITIAL_MEAN)
 
 # One Family per distinct metric name, in catalog order; the quantile signals share theirs.
 # Families with a `quantile` label are typed summary (quantiles only, no _sum/_count): they

@@ -97,6 +97,95 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("policy/clip_frac", "grpo_policy_clip_ratio",
            "Fraction of tokens whose probability ratio hit the PPO clip range.", "ratio",
            ("clip_frac", "clip_ratio/region_mean", "actor/pg_clipfrac", "ppo_clip_ratio")),
+    # Dead groups by cause: a group whose answers are all wrong (the prompt is too hard) and one
+    # whose answers are all right (too easy) both have zero advantage, with opposite fixes.
+    Signal("group/all_wrong_frac", "grpo_group_all_wrong_ratio",
+           "Fraction of prompt groups whose responses are all wrong (all minimum reward).", "ratio",
+           # MILES logs fractions under a *_percentage name, with its rollout/ prefix.
+           ("rollout/zero_std/all_zero_percentage",)),
+    Signal("group/all_right_frac", "grpo_group_all_right_ratio",
+           "Fraction of prompt groups whose responses are all right (all maximum reward).", "ratio",
+           ("rollout/zero_std/all_one_percentage",)),
+    # The covariance that drives entropy (arXiv 2505.22617): under a policy-gradient step the
+    # token entropy changes by about -(step size) x Cov(log pi(a), A) over the batch's tokens.
+    Signal("entropy/logp_adv_cov", "grpo_entropy_logprob_advantage_covariance",
+           "Covariance of the sampled tokens' log-probability and their advantage over the step's "
+           "response tokens; a large positive value drives entropy down.", "nats x advantage"),
+    # Dr. GRPO's length bias (arXiv 2503.20783): per-response length normalisation lets wrong
+    # answers grow longer.
+    Signal("response/len_correct_mean", "grpo_response_length_correct_mean_tokens",
+           "Mean length of the responses graded correct.", "tokens"),
+    Signal("response/len_incorrect_mean", "grpo_response_length_incorrect_mean_tokens",
+           "Mean length of the responses graded incorrect.", "tokens"),
+    # Rollout vs trainer: the training-inference mismatch. The rollout engine (vLLM, SGLang) and
+    # the trainer (FSDP, Megatron) compute the same policy's token probabilities with different
+    # kernels and precisions; the gap biases the gradient. verl (rollout-correction,
+    # training/rollout_probs_*), TRL (sampling/*, vLLM importance sampling), NeMo-RL (train/, via
+    # the train/ prefix rule) and slime (train/ too) log it under their own names.
+    Signal("mismatch/kl", "grpo_mismatch_kl",
+           "KL from the rollout engine's token distribution to the trainer's, mean per token.",
+           "nats", ("rollout_corr/kl", "gen_kl_error")),
+    Signal("mismatch/k3_kl", "grpo_mismatch_k3_kl",
+           "The same KL by the k3 estimator, mean per token.", "nats", ("rollout_corr/k3_kl",)),
+    Signal("mismatch/logprob_diff_mean", "grpo_mismatch_logprob_abs_diff_mean",
+           "Mean absolute difference of the rollout's and the trainer's token log-probabilities.",
+           "nats", ("sampling/sampling_logp_difference/mean", "train_rollout_logprob_abs_diff")),
+    Signal("mismatch/logprob_diff_max", "grpo_mismatch_logprob_abs_diff_max",
+           "Largest absolute difference of the rollout's and the trainer's token log-probabilities.",
+           "nats", ("sampling/sampling_logp_difference/max",)),
+    Signal("mismatch/prob_diff_mean", "grpo_mismatch_prob_abs_diff_mean",
+           "Mean absolute difference of the rollout's and the trainer's token probabilities.",
+           "probability", ("training/rollout_probs_diff_mean",)),
+    Signal("mismatch/prob_diff_max", "grpo_mismatch_prob_abs_diff_max",
+           "Largest absolute difference of the rollout's and the trainer's token probabilities.",
+           "probability", ("training/rollout_probs_diff_max",)),
+    Signal("mismatch/prob_diff_std", "grpo_mismatch_prob_abs_diff_stddev",
+           "Standard deviation of the absolute token-probability difference.", "probability",
+           ("training/rollout_probs_diff_std",)),
+    Signal("mismatch/prob_corr", "grpo_mismatch_prob_correlation",
+           "Pearson correlation of the rollout's and the trainer's token probabilities.", "ratio",
+           ("training/rollout_actor_probs_pearson_corr",)),
+    Signal("mismatch/chi2_token", "grpo_mismatch_chi2_token",
+           "Chi-square divergence per token, E[w^2] - 1 of the token importance weights.", "ratio",
+           ("rollout_corr/chi2_token",)),
+    Signal("mismatch/chi2_seq", "grpo_mismatch_chi2_sequence",
+           "Chi-square divergence per sequence, E[W^2] - 1 of the sequence importance weights.",
+           "ratio", ("rollout_corr/chi2_seq",)),
+    Signal("mismatch/ppl_ratio", "grpo_mismatch_perplexity_ratio",
+           "The trainer's perplexity of the responses over the rollout engine's.", "ratio",
+           ("rollout_corr/ppl_ratio",)),
+    # TRL's ratios are taken after its correction (per sequence in its default mode, a masked
+    # sequence counting 0); verl's and NeMo-RL's (sampling_importance_ratio) per token.
+    Signal("mismatch/is_weight_mean", "grpo_mismatch_is_weight_mean",
+           "Mean importance weight, trainer probability over rollout probability (per token, or "
+           "per sequence where the trainer weighs sequences).", "ratio",
+           ("rollout_corr/rollout_is_mean", "sampling/importance_sampling_ratio/mean",
+            "sampling_importance_ratio")),
+    Signal("mismatch/is_weight_min", "grpo_mismatch_is_weight_min",
+           "Smallest importance weight of the step.", "ratio",
+           ("rollout_corr/rollout_is_min", "sampling/importance_sampling_ratio/min")),
+    Signal("mismatch/is_weight_max", "grpo_mismatch_is_weight_max",
+           "Largest importance weight of the step.", "ratio",
+           ("rollout_corr/rollout_is_max", "sampling/importance_sampling_ratio/max")),
+    Signal("mismatch/is_ess_ratio", "grpo_mismatch_is_effective_sample_ratio",
+           "Effective sample size of the importance weights as a fraction of the tokens, "
+           "(E w)^2 / E[w^2].", "ratio", ("rollout_corr/rollout_is_eff_sample_size",)),
+    Signal("mismatch/token_prob_error", "grpo_mismatch_token_prob_error",
+           "Mean multiplicative token-probability error, exp(|log p_train - log p_rollout|); 1 is "
+           "no mismatch.", "ratio", ("token_mult_prob_error",)),
+    # Async / off-policy staleness: how many policy versions old the trained trajectories are.
+    Signal("staleness/mean", "grpo_staleness_mean_steps",
+           "Mean age of the step's trajectories, in policy versions (steps).", "steps",
+           ("training/off_policy/trajectory_staleness/mean", "avg_trajectory_age")),
+    Signal("staleness/max", "grpo_staleness_max_steps",
+           "Age of the step's oldest trajectory, in policy versions (steps).", "steps",
+           ("training/off_policy/trajectory_staleness/max",)),
+    Signal("staleness/stale_trajectories", "grpo_staleness_stale_trajectories",
+           "Trajectories from an older policy version trained on so far (cumulative, as logged).",
+           "trajectories", ("fully_async/count/stale_trajectory_processed",)),
+    Signal("staleness/dropped_samples", "grpo_staleness_dropped_samples",
+           "Samples dropped for being too stale so far (cumulative, as logged).", "samples",
+           ("fully_async/count/dropped_stale_samples",)),
     # Training mechanics.
     # "Training Loss": the column Hugging Face's notebook progress table (Unsloth) shows.
     Signal("loss", "grpo_loss", "Policy loss.", "loss",

@@ -7,6 +7,7 @@ committed file differs from this output.
 from __future__ import annotations
 
 from grpo_monitor import exposition as ex
+from grpo_monitor import forecast
 from grpo_monitor import signals as sig
 from grpo_monitor import store
 from grpo_monitor.collectors import gpu
@@ -101,6 +102,26 @@ logged values: a key logged every 10 steps has 5 values in a 50-step window). Th
 | `{rmax}`, `{rmin}` | run, rank, key, window_steps | highest / lowest complete {range_w}-step mean since the run started: its working level and its floor (training keys) |
 | `{rising}` | run, rank, key, window_steps | consecutive {rising_w}-step windows whose mean rose (training keys) |
 | `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
+| `{slope}` | run, rank, key, window_steps | least-squares slope per step over the last {slope_w} steps: where the signal is heading (training keys) |
+| `{ptmean}` | run, rank, prompt_type, key, window_steps, offset_steps | per prompt type (a record's `by_type`), for {pt_keys}: mean over {pt_means} |
+| `{ptinit}` | run, rank, prompt_type, key | per prompt type, for {pt_keys}: mean over the type's first {init} steps |
+
+## The entropy–reward law
+
+Per (run, rank), the law R = −a·exp(H) + b (arXiv 2505.22617) fitted by least squares on the
+{block}-step block means of `{law_h}` (H) and `{law_r}` (R), every complete block since the run
+started; published once {min_blocks} blocks exist and exp(H) varies across them. A resume to an
+earlier step keeps the fit. [signals.md](signals.md#the-entropy-reward-law) explains it.
+
+| metric | labels | meaning |
+|---|---|---|
+| `{scale}` | run, rank | a: the reward one unit of exp(entropy) costs |
+| `{offset}` | run, rank | b |
+| `{ceiling}` | run, rank | b − a: the reward the law predicts at zero entropy, the run's ceiling |
+| `{r2}` | run, rank | coefficient of determination of the fit on its block means (1 = exact) |
+| `{points}` | run, rank | blocks in the fit |
+
+No fit is published while the block means of the entropy span less than {spread:.0%} of their largest value: an entropy that sits still gives a line through noise, whatever its R².
 
 `perf/*` values of steps that carry a `checkpoint_save` (or `checkpoint`, `eval`) event are left
 out of windows and baselines: a save stalls the step, and is no drift (seed 000 §4.5).
@@ -196,7 +217,14 @@ def render() -> str:
         nf_w=sig.NONFINITE_WINDOW, imean=ex.INITIAL_MEAN.name, init=sig.INITIAL_STEPS,
         p10=ex.WINDOW_P10.name, p90=ex.WINDOW_P90.name,
         train_pct=", ".join(map(str, sig.TRAINING_PERCENTILES)), rmax=ex.RUN_WINDOW_MEAN_MAX.name,
-        rmin=ex.RUN_WINDOW_MEAN_MIN.name, range_w=sig.RANGE_WINDOW))
+        rmin=ex.RUN_WINDOW_MEAN_MIN.name, range_w=sig.RANGE_WINDOW,
+        slope=ex.WINDOW_SLOPE.name, slope_w=", ".join(map(str, sig.SLOPE_WINDOWS)),
+        ptmean=ex.PROMPT_TYPE_WINDOW_MEAN.name, ptinit=ex.PROMPT_TYPE_INITIAL_MEAN.name,
+        pt_keys=", ".join(f"`{k}`" for k in sig.PROMPT_TYPE_KEYS), pt_means=_pairs(sig.PROMPT_TYPE_MEANS),
+        block=forecast.BLOCK_STEPS, law_h=sig.LAW_ENTROPY, law_r=sig.LAW_REWARD,
+        min_blocks=forecast.MIN_BLOCKS, scale=ex.FORECAST_LAW_SCALE.name,
+        offset=ex.FORECAST_LAW_OFFSET.name, ceiling=ex.FORECAST_CEILING.name,
+        r2=ex.FORECAST_R2.name, points=ex.FORECAST_POINTS.name, spread=forecast.MIN_ENTROPY_SPREAD))
     out.append(EXPORTER)
     for reason, (what, kept) in ERROR_REASONS.items():
         out.append(f"| `{reason}` | {what} | {kept} |\n")

@@ -8,7 +8,12 @@ names what it sees as verdicts, each with the steps and numbers that support it.
 
 Outputs (in ``--out``, default ``RUN_DIR/.report`` - a dot folder, which the exporter's ingest
 ignores): ``summary.json``, ``verdicts.json``, ``reward-vs-step.csv``, ``report.txt``,
-``curves.png`` and ``report.html`` (self-contained, opens offline).
+``curves.png``, ``law.png`` (reward against entropy with the fitted entropy-reward law, when it
+could be fitted) and ``report.html`` (self-contained, opens offline).
+
+Beyond the verdicts, two sections: rollout vs trainer (the mismatch and staleness keys of the
+newer RL stacks, first and last window medians) and the entropy-reward law (fitted on the first
+half of the run, judged on the second).
 """
 
 from __future__ import annotations
@@ -30,7 +35,25 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor import thresholds as th
-from grpo_monitor.signals import GROWTH_OFFSETS, GROWTH_WINDOW, INITIAL_STEPS
+from grpo_monitor.forecast import (
+    BLOCK_STEPS,
+    MIN_BLOCKS,
+    MIN_ENTROPY_SPREAD,
+    LawFit,
+    block_means,
+    fit_law,
+)
+from grpo_monitor.keys import SIGNALS
+from grpo_monitor.signals import (
+    GROWTH_OFFSETS,
+    GROWTH_WINDOW,
+    INITIAL_STEPS,
+    LAW_ENTROPY,
+    LAW_REWARD,
+    SLOPE_WINDOWS,
+    LawTracker,
+    slope,
+)
 from grpo_monitor.snapshot import (
     RecordError,
     as_text,
@@ -64,6 +87,10 @@ CSV_COLUMNS: tuple[tuple[str, str], ...] = (
     ("lr", "train/lr"),
 )
 THROUGHPUT_KEYS = ("perf/samples_per_s", "perf/tokens_per_s")
+# The rollout-vs-trainer section: every mismatch and staleness key the run logged, in keys.py's
+# order.
+ROLLOUT_KEYS: tuple[str, ...] = tuple(s.key for s in SIGNALS
+                                      if s.key.startswith(("mismatch/", "staleness/")))
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
@@ -218,7 +245,9 @@ def summarize(data: RunData) -> dict[str, Any]:
     return {"run": data.run, "records": data.records, "bad_lines": data.bad_lines,
             "steps": [steps[0], steps[-1]] if steps else [], "logged_steps": len(steps),
             "ranks": sorted(set(data.perf) | ({0} if data.train else set())),
-            "window_steps": size, "signals": signals}
+            "window_steps": size, "signals": signals,
+            "rollout_vs_trainer": rollout_section(data) if steps else None,
+            "entropy_reward_law": law_section(data)}
 
 
 # -- verdicts ------------------------------------------------------------------------------
@@ -300,6 +329,27 @@ class Track:
             out[i] = chunk.mean() if q is None else percentile(chunk, q)
         return out
 
+    def slope(self, window: int) -> np.ndarray:
+        """grpo_window_slope: the least-squares slope per step of the values of steps
+        (t - window, t] at each step t, by the exporter's own function; NaN while the history
+        does not reach back that far, or the window holds fewer than two steps."""
+        starts = self.steps - window
+        lo = np.searchsorted(self.steps, starts, side="right")
+        hi = np.arange(1, self.steps.size + 1)
+        out = np.full(self.steps.size, math.nan)
+        for i in np.flatnonzero(self.steps[0] <= starts + 1):
+            trend = slope(self.steps[lo[i]:hi[i]].tolist(), self.values[lo[i]:hi[i]].tolist())
+            if trend is not None:
+                out[i] = trend
+        return out
+
+    def asof(self, steps: np.ndarray, series: np.ndarray) -> np.ndarray:
+        """``series`` (one value per step of this track) as of each of ``steps``: its newest value
+        at or before that step, NaN before the first; a gauge keeps its last value until the
+        next record, and a card compares two signals' gauges as they stand."""
+        at = np.searchsorted(self.steps, steps, side="right") - 1
+        return np.where(at >= 0, series[np.clip(at, 0, None)], math.nan)
+
 
 def _track(data: RunData, key: str) -> Track | None:
     xs = data.series(key)
@@ -376,9 +426,7 @@ def reward_collapse(data: RunData) -> dict[str, Any] | None:
     with np.errstate(invalid="ignore"):
         top, floor = np.fmax.accumulate(means), np.fmin.accumulate(means)
         spread = np.fmax.accumulate(std.rolling(_early(), "mean"))
-    # The spread as of each reward step: its newest value at or before that step.
-    at = np.searchsorted(std.steps, tr.steps, side="right") - 1
-    spread_now = np.where(at >= 0, spread[np.clip(at, 0, None)], math.nan)
+    spread_now = std.asof(tr.steps, spread)
     line = floor + th.value("reward_collapse_ratio") * (top - floor)
     needed = th.value("reward_collapse_spread_ratio") * spread_now
     window = th.count("sustain_steps")
@@ -559,16 +607,287 @@ def grad_norm_spike(data: RunData) -> dict[str, Any] | None:
                     limit=limit, window_steps=sus, **hit)
 
 
+# -- the cards of the newer RL stacks' signals: rollout vs trainer, staleness, dead groups by
+# cause, the entropy's driver, the length bias, the entropy-reward law, prompt types.
+
+
+def _beyond(tr: Track, window: np.ndarray, mask: np.ndarray, name: str,
+            **extra: Any) -> dict[str, Any] | None:
+    """A card branch that fired where ``mask`` holds, with ``window`` (the window statistic it
+    compared) at the first such step and the signal's last value."""
+    hit = _flagged(tr, mask, **{name: window})
+    if hit is not None:
+        hit.update({k: _r(v) if isinstance(v, float) else v for k, v in extra.items()},
+                   last=_r(float(tr.values[-1])))
+    return hit
+
+
+def _level(data: RunData, key: str, above: float | None = None,
+           below: float | None = None) -> dict[str, Any] | None:
+    """A level card's branch: ``key`` above ``above`` in 90% of the short window (its p10 over
+    the line) or below ``below`` in 90% of it (its p90 under the line)."""
+    tr = _track(data, key)
+    if tr is None:
+        return None
+    stats: dict[str, np.ndarray] = {}
+    mask = np.zeros(tr.steps.size, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        if above is not None:
+            stats["window_p10"] = tr.rolling(_early(), "p10")
+            mask |= stats["window_p10"] > above
+        if below is not None:
+            stats["window_p90"] = tr.rolling(_early(), "p90")
+            mask |= stats["window_p90"] < below
+    hit = _flagged(tr, mask, **stats)
+    if hit is not None:
+        hit.update({k: v for k, v in (("above", above), ("below", below)) if v is not None},
+                   window_steps=_early(), last=_r(float(tr.values[-1])))
+    return hit
+
+
+def rollout_mismatch(data: RunData) -> dict[str, Any] | None:
+    """GRPORolloutMismatch (reasons kl, chi2_token, is_weight, ess): in 90% of the short window,
+    the rollout-to-trainer KL over mismatch_kl, the per-token chi-square over
+    mismatch_chi2_token, the mean importance weight outside [mismatch_is_weight_low, _high], or
+    the weights' effective sample share under mismatch_ess_ratio."""
+    return _branches(
+        "rollout_mismatch", "warning",
+        kl=_level(data, "mismatch/kl", above=th.value("mismatch_kl")),
+        chi2_token=_level(data, "mismatch/chi2_token", above=th.value("mismatch_chi2_token")),
+        is_weight=_level(data, "mismatch/is_weight_mean", above=th.value("mismatch_is_weight_high"),
+                         below=th.value("mismatch_is_weight_low")),
+        ess=_level(data, "mismatch/is_ess_ratio", below=th.value("mismatch_ess_ratio")))
+
+
+# The mismatch signals whose slow rise the rising card follows, by its reason label.
+RISING_MISMATCH: dict[str, str] = {"kl": "mismatch/kl", "k3_kl": "mismatch/k3_kl",
+                                   "logprob_diff_mean": "mismatch/logprob_diff_mean"}
+
+
+def rollout_mismatch_rising(data: RunData) -> dict[str, Any] | None:
+    """GRPORolloutMismatchRising: a mismatch signal's 50-step p10 over mismatch_rise_ratio x its
+    initial value and over mismatch_rise_floor, while its 50-step slope is still positive."""
+    sus, ratio, floor = (th.count("sustain_steps"), th.value("mismatch_rise_ratio"),
+                         th.value("mismatch_rise_floor"))
+    found: dict[str, dict[str, Any] | None] = {}
+    for reason, key in RISING_MISMATCH.items():
+        tr = _track(data, key)
+        if tr is None:
+            continue
+        p10, trend = tr.rolling(sus, "p10"), tr.slope(SLOPE_WINDOWS[0])
+        with np.errstate(invalid="ignore"):
+            mask = (p10 > ratio * tr.initial()) & (p10 > floor) & (trend > 0)
+        found[reason] = _beyond(tr, p10, mask, "window_p10", initial=tr.initial(),
+                                limit=max(ratio * tr.initial(), floor), window_steps=sus)
+        if found[reason] is not None:
+            i = int(np.searchsorted(tr.steps, found[reason]["steps"][0]))
+            found[reason]["slope_per_step"] = _r(float(trend[i]))
+    return _branches("rollout_mismatch_rising", "warning", **found)
+
+
+def stale_rollouts(data: RunData) -> dict[str, Any] | None:
+    """GRPOStaleRollouts: the trajectories' mean age over staleness_steps policy versions in 90%
+    of the short window."""
+    hit = _level(data, "staleness/mean", above=th.value("staleness_steps"))
+    if hit is None:
+        return None
+    return _verdict("stale_rollouts", "warning", hit.pop("steps"), **hit)
+
+
+def _dead_cause(data: RunData, vid: str, key: str) -> dict[str, Any] | None:
+    hit = _level(data, key, above=th.value("dead_group_cause_ratio"))
+    if hit is None:
+        return None
+    return _verdict(vid, "warning", hit.pop("steps"), signal=key, **hit)
+
+
+def prompts_too_hard(data: RunData) -> dict[str, Any] | None:
+    """GRPOPromptsTooHard: over dead_group_cause_ratio of the groups all wrong in 90% of the
+    short window."""
+    return _dead_cause(data, "prompts_too_hard", "group/all_wrong_frac")
+
+
+def prompts_too_easy(data: RunData) -> dict[str, Any] | None:
+    """GRPOPromptsTooEasy: over dead_group_cause_ratio of the groups all right in 90% of the
+    short window."""
+    return _dead_cause(data, "prompts_too_easy", "group/all_right_frac")
+
+
+def entropy_covariance_surge(data: RunData) -> dict[str, Any] | None:
+    """GRPOEntropyCovarianceSurge: the covariance of the sampled tokens' log-probability and
+    advantage positive and over entropy_cov_ratio x its (positive) initial value in 90% of the
+    short window, while entropy's 50-step trend is down by over entropy_cov_fall_ratio of its
+    initial value."""
+    tr = _track(data, "entropy/logp_adv_cov")
+    if tr is None or not tr.initial() > 0:
+        return None
+    limit = th.value("entropy_cov_ratio") * tr.initial()
+    p10 = tr.rolling(_early(), "p10")
+    # Entropy's 50-step trend, as it stood at each of the covariance's steps, against its start.
+    ent = _track(data, LAW_ENTROPY)
+    if ent is None or not ent.initial() > 0:
+        return None
+    window = SLOPE_WINDOWS[0]
+    fall = ent.asof(tr.steps, ent.slope(window) * window / ent.initial())
+    with np.errstate(invalid="ignore"):
+        mask = (p10 > 0) & (p10 > limit) & (fall < -th.value("entropy_cov_fall_ratio"))
+    hit = _beyond(tr, p10, mask, "window_p10", initial=tr.initial(), limit=limit,
+                  window_steps=_early())
+    if hit is None:
+        return None
+    return _verdict("entropy_covariance_surge", "warning", hit.pop("steps"), **hit)
+
+
+def length_bias(data: RunData) -> dict[str, Any] | None:
+    """GRPOLengthBias: the incorrect responses' 50-step mean length grown by over
+    length_bias_growth_ratio of its initial value, while the correct ones' grew by under
+    length_bias_correct_ratio."""
+    wrong, right = _track(data, "response/len_incorrect_mean"), _track(data, "response/len_correct_mean")
+    if wrong is None or right is None or not (wrong.initial() > 0 and right.initial() > 0):
+        return None
+    sus = th.count("sustain_steps")
+    grown = wrong.rolling(sus, "mean") / wrong.initial() - 1
+    # The correct responses' growth as it stood at each of the incorrect ones' steps.
+    right_grown = right.asof(wrong.steps, right.rolling(sus, "mean") / right.initial() - 1)
+    with np.errstate(invalid="ignore"):
+        mask = (grown > th.value("length_bias_growth_ratio")) & \
+            (right_grown < th.value("length_bias_correct_ratio"))
+    hit = _beyond(wrong, grown, mask, "incorrect_growth", window_steps=sus,
+                  incorrect_initial=wrong.initial(), correct_initial=right.initial(),
+                  growth_limit=th.value("length_bias_growth_ratio"),
+                  correct_limit=th.value("length_bias_correct_ratio"))
+    if hit is None:
+        return None
+    i = int(np.searchsorted(wrong.steps, hit["steps"][0]))
+    hit["correct_growth"] = _r(float(right_grown[i]))
+    hit["incorrect_last"] = hit.pop("last")
+    return _verdict("length_bias", "warning", hit.pop("steps"), **hit)
+
+
+def _law_fits(data: RunData) -> list[LawFit | None]:
+    """The exporter's entropy-reward law fit (signals.LawTracker: 10-step block means, a block
+    counted once a later one starts) as it stood after each logged step of rank 0."""
+    law, out = LawTracker(), []
+    for st in data.steps:
+        law.add(st, data.train[st])
+        out.append(law.fit())
+    return out
+
+
+def _ceiling(data: RunData) -> tuple[Track, dict[str, np.ndarray]] | None:
+    """GRPORewardCeilingNear's inputs at each step that logged entropy: the law still promises
+    (exp(H 50-step mean) - 1) / (exp(H initial) - 1) of the reward it promised at the start
+    (the headroom), the fit's a, b and R², the entropy's 50-step slope, and ``near``: headroom
+    under ceiling_headroom_ratio, R² at least forecast_min_r2, a > 0, entropy still falling and
+    not collapsed."""
+    tr = _track(data, LAW_ENTROPY)
+    if tr is None or not tr.initial() > 0:
+        return None
+    fits = _law_fits(data)
+    at = np.searchsorted(np.asarray(data.steps), tr.steps)
+    law = {name: np.array([getattr(fits[i], name) if fits[i] is not None else math.nan
+                           for i in at], dtype=float)
+           for name in ("a", "b", "r_squared")}
+    mean, trend = tr.rolling(th.count("sustain_steps"), "mean"), tr.slope(SLOPE_WINDOWS[0])
+    # A collapsed entropy (the red card's own test) has no ceiling left to forecast.
+    collapsed = tr.rolling(th.count("early_window_steps"), "p90") < \
+        tr.initial() * th.value("entropy_collapse_ratio")
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        headroom = (np.exp(mean) - 1) / (np.exp(tr.initial()) - 1)
+        near = ((headroom < th.value("ceiling_headroom_ratio"))
+                & (law["r_squared"] >= th.value("forecast_min_r2")) & (law["a"] > 0) & (trend < 0)
+                & ~collapsed)
+    return tr, {"headroom": headroom, "entropy_mean": mean, "entropy_slope": trend, **law,
+                "near": near}
+
+
+def reward_ceiling_near(data: RunData) -> dict[str, Any] | None:
+    """GRPORewardCeilingNear: by the entropy-reward law fitted on the run so far (R² at least
+    forecast_min_r2, a > 0), the reward still to gain is under ceiling_headroom_ratio of what it
+    was at the start, and entropy is still falling."""
+    found = _ceiling(data)
+    if found is None:
+        return None
+    tr, c = found
+    with np.errstate(invalid="ignore"):
+        ceiling = c["b"] - c["a"]
+    hit = _flagged(tr, c["near"], headroom_ratio=c["headroom"], entropy_window_mean=c["entropy_mean"],
+                   entropy_slope_per_step=c["entropy_slope"], law_a=c["a"], law_b=c["b"],
+                   reward_ceiling=ceiling, law_r_squared=c["r_squared"])
+    if hit is None:
+        return None
+    return _verdict("reward_ceiling_near", "warning", hit.pop("steps"),
+                    entropy_initial=tr.initial(), limit=th.value("ceiling_headroom_ratio"),
+                    window_steps=th.count("sustain_steps"), **hit)
+
+
+def _shortcut_branch(grid: np.ndarray, mean: dict[str, np.ndarray], ref: dict[str, np.ndarray],
+                     **extra: Any) -> dict[str, Any] | None:
+    """One branch of the shortcut card: at some step a type's 50-step mean reward at least
+    shortcut_delta below its reference while another type, higher at its own reference, rose
+    by as much over it. The pair the card saw first (the widest split) is the evidence."""
+    delta = th.value("shortcut_delta")
+    with np.errstate(invalid="ignore"):
+        change = {t: mean[t] - ref[t] for t in mean}
+        pairs = {(hard, easy): (change[hard] <= -delta) & (change[easy] >= delta)
+                 & (ref[easy] > ref[hard])
+                 for hard in mean for easy in mean if hard != easy}
+    mask = np.zeros(grid.size, dtype=bool)
+    for hit in pairs.values():
+        mask |= hit
+    idx = np.flatnonzero(mask)
+    if not idx.size:
+        return None
+    i = int(idx[0])
+    hard, easy = max((p for p, hit in pairs.items() if hit[i]),
+                     key=lambda p: change[p[1]][i] - change[p[0]][i])
+    return {"steps": [int(grid[i]), int(grid[idx[-1]])], "steps_flagged": int(idx.size),
+            "easy_type": easy, "hard_type": hard, "easy_reference": _r(float(ref[easy][i])),
+            "hard_reference": _r(float(ref[hard][i])), "easy_change": _r(float(change[easy][i])),
+            "hard_change": _r(float(change[hard][i])), "limit": delta, **extra}
+
+
+def shortcut_learning(data: RunData) -> dict[str, Any] | None:
+    """GRPOShortcutLearning, per prompt type's reward (the records' by_type): branch
+    `against_initial`, a type's 50-step mean shortcut_delta or more below its initial value
+    while a type that started higher rose by as much over its own; branch `within_200_steps`,
+    the same against each type's 50-step mean 200 steps before."""
+    if not data.by_type:
+        return None
+    grid = np.asarray(data.steps)
+    sus, back = th.count("sustain_steps"), th.count("lookback_steps")
+    mean, initial, before = {}, {}, {}
+    for t in sorted({t for bt in data.by_type.values() for t in bt}):
+        logged = [(st, bt[t]["reward/mean"]) for st, bt in sorted(data.by_type.items())
+                  if math.isfinite(bt.get(t, {}).get("reward/mean", math.nan))]
+        if not logged:
+            continue
+        at, xs = zip(*logged)
+        tr = Track(np.asarray(at), np.asarray(xs, dtype=float), data.steps[0])
+        # Each type's gauges as they stand at every step of the run (a type not in a record
+        # keeps its last values, as the exporter keeps publishing them).
+        mean[t] = tr.asof(grid, tr.rolling(sus, "mean"))
+        initial[t] = np.full(grid.size, tr.initial())
+        before[t] = tr.asof(grid, tr.rolling(sus, "mean", offset=back))
+    return _branches(
+        "shortcut_learning", "warning",
+        against_initial=_shortcut_branch(grid, mean, initial, window_steps=sus),
+        within_200_steps=_shortcut_branch(grid, mean, before, window_steps=sus,
+                                          lookback_steps=back))
+
+
 # The verdicts judged on the cards' step windows, each as its card judges it.
 STEP_CARD_VERDICTS: tuple[Callable[[RunData], dict[str, Any] | None], ...] = (
     kl_explosion, entropy_collapse, entropy_explosion, reward_collapse, kl_growth_accelerating,
     length_shift, completions_truncated, reward_quantile_extreme, dead_learning_signal,
-    advantage_vanishing, grad_norm_spike,
+    advantage_vanishing, grad_norm_spike, rollout_mismatch, rollout_mismatch_rising, stale_rollouts,
+    prompts_too_hard, prompts_too_easy, entropy_covariance_surge, length_bias, reward_ceiling_near,
+    shortcut_learning,
 )
 
 # The live card each verdict stands for: a run the card caught gets this verdict afterwards.
-# The three-curve verdicts (plateaus, loss without reward, reward collapse with a KL blow-up,
-# shortcut learning) have no card: they need the whole run.
+# The three-curve verdicts (plateaus, loss without reward, reward collapse with a KL blow-up)
+# have no card: they need the whole run.
 CARD_OF_VERDICT: dict[str, str] = {
     "nonfinite": "GRPONonFiniteValues",
     "kl_explosion": "GRPOKLExplosion",
@@ -590,10 +909,20 @@ CARD_OF_VERDICT: dict[str, str] = {
     "step_time_drift": "GRPOStepTimeDrift",
     "throughput_drop": "GRPOThroughputDrop",
     "rank_straggler": "GRPORankStraggler",
+    "rollout_mismatch": "GRPORolloutMismatch",
+    "rollout_mismatch_rising": "GRPORolloutMismatchRising",
+    "stale_rollouts": "GRPOStaleRollouts",
+    "prompts_too_hard": "GRPOPromptsTooHard",
+    "prompts_too_easy": "GRPOPromptsTooEasy",
+    "shortcut_learning": "GRPOShortcutLearning",
+    "entropy_covariance_surge": "GRPOEntropyCovarianceSurge",
+    "reward_ceiling_near": "GRPORewardCeilingNear",
+    "length_bias": "GRPOLengthBias",
 }
 # Verdicts that say "no learning signal": a reward that stays flat is their consequence, so the
 # plateau verdicts, which would blame the KL coefficient or the grader, are left out beside them.
-NO_SIGNAL_VERDICTS = frozenset({"dead_learning_signal", "advantage_vanishing"})
+NO_SIGNAL_VERDICTS = frozenset({"dead_learning_signal", "advantage_vanishing", "prompts_too_hard",
+                                "prompts_too_easy"})
 PLATEAU_VERDICTS = frozenset({"reward_plateau_beta_too_large", "reward_plateau_grader_too_loose"})
 
 
@@ -697,25 +1026,6 @@ def diagnose(data: RunData) -> list[dict[str, Any]]:
                 out.append(_verdict("loss_without_reward", "warning", [ref_steps[0], steps[-1]],
                                     loss_ref_median=l_ref, loss_last_median=l_last,
                                     loss_ref_stddev=sd, **ev))
-
-    # shortcut_learning (seed 000 §5.2, §2.2): the easiest prompt type up, the hardest down.
-    types: dict[str, np.ndarray] = {}
-    for t in sorted({t for bt in data.by_type.values() for t in bt}):
-        types[t] = np.array([data.by_type.get(st, {}).get(t, {}).get("reward/mean", math.nan)
-                             for st in steps], dtype=float)
-    types = {t: v for t, v in types.items() if np.isfinite(v[ref]).any() and np.isfinite(v[last]).any()}
-    if len(types) >= 2:
-        ref_by = {t: _med(v[ref]) for t, v in types.items()}
-        easy = "easy" if "easy" in types else max(ref_by, key=ref_by.__getitem__)
-        hard = "hard" if "hard" in types else min(ref_by, key=ref_by.__getitem__)
-        d_easy = _med(types[easy][last]) - ref_by[easy]
-        d_hard = _med(types[hard][last]) - ref_by[hard]
-        delta = th.value("shortcut_delta")
-        if easy != hard and d_easy >= delta and d_hard <= -delta:
-            out.append(_verdict("shortcut_learning", "warning", [ref_steps[0], steps[-1]],
-                                easy_type=easy, hard_type=hard, easy_change=d_easy,
-                                hard_change=d_hard, reference_steps=ref_steps,
-                                last_steps=last_steps))
 
     # The cluster, per rank, checkpoint steps left out (a save stalls on IO), as its cards:
     # throughput_drop (samples/s, else tokens/s, else 1/step time, down by more than the drop
@@ -845,6 +1155,142 @@ def _card_verdicts(data: RunData, s: dict[str, np.ndarray], have: dict[str, bool
     return out
 
 
+# -- sections: rollout vs trainer, the entropy-reward law --------------------------------------
+
+# The verdicts the rollout-vs-trainer section points to.
+ROLLOUT_VERDICTS: tuple[str, ...] = ("rollout_mismatch", "rollout_mismatch_rising", "stale_rollouts")
+
+
+def _card_lines() -> dict[str, str]:
+    """The line each rollout-vs-trainer card draws for a key, in words (thresholds.py's values)."""
+    rise = (f"rising: 50-step p10 > {th.value('mismatch_rise_ratio'):g}x initial and > "
+            f"{th.value('mismatch_rise_floor'):g}, slope > 0")
+    return {
+        "mismatch/kl": f"20-step p10 > {th.value('mismatch_kl'):g}; {rise}",
+        "mismatch/k3_kl": rise,
+        "mismatch/logprob_diff_mean": rise,
+        "mismatch/chi2_token": f"20-step p10 > {th.value('mismatch_chi2_token'):g}",
+        "mismatch/is_weight_mean": f"20-step p90 < {th.value('mismatch_is_weight_low'):g} or p10 > "
+                                   f"{th.value('mismatch_is_weight_high'):g}",
+        "mismatch/is_ess_ratio": f"20-step p90 < {th.value('mismatch_ess_ratio'):g}",
+        "staleness/mean": f"20-step p10 > {th.value('staleness_steps'):g}",
+    }
+
+
+def rollout_section(data: RunData) -> dict[str, Any] | None:
+    """Rollout vs trainer: each mismatch / staleness key the run logged, its first- and
+    last-window medians, their ratio, the trend they show (``rising``: the last window's median
+    above the first window's 95th percentile; ``falling``: below its 5th; else ``steady``) and
+    the card line it is judged against. None when the run logs none of them."""
+    present = [k for k in ROLLOUT_KEYS if data.has(k)]
+    if not present:
+        return None
+    steps, n = data.steps, len(data.steps)
+    w = window_size(n)
+    first, last = slice(0, min(w, n)), slice(max(0, n - w), n)
+    lines = _card_lines()
+    rows: dict[str, dict[str, Any]] = {}
+    for key in present:
+        x = data.series(key)
+        f, la = _med(x[first]), _med(x[last])
+        # Against the first window's own spread, whatever the signal's scale: a KL from 0.002
+        # to 0.004 and an importance weight from 1.0 to 0.55 both left where they started.
+        start = x[first][np.isfinite(x[first])]
+        lo, hi = percentile(start, 5), percentile(start, 95)
+        if la > hi:
+            trend = "rising"
+        elif la < lo:
+            trend = "falling"
+        else:
+            trend = "steady" if math.isfinite(la) and start.size else "unknown"
+        rows[key] = {"first_median": _r(f), "last_median": _r(la), "ratio": _r(_ratio(la, f)),
+                     "trend": trend, "card_line": lines.get(key)}
+    return {"first_steps": [steps[first.start], steps[first.stop - 1]],
+            "last_steps": [steps[last.start], steps[-1]], "keys": rows}
+
+
+def _law_blocks(data: RunData) -> tuple[list[int], dict[int, float], dict[int, float], list[int]]:
+    """The law's points: the block means of entropy and reward over the steps that logged both
+    (the exporter's LawTracker takes the same steps), the block indices in order, and those
+    steps."""
+    both = [st for st in data.steps
+            if math.isfinite(data.train[st].get(LAW_ENTROPY, math.nan))
+            and math.isfinite(data.train[st].get(LAW_REWARD, math.nan))]
+    entropy = block_means(both, [data.train[st][LAW_ENTROPY] for st in both])
+    reward = block_means(both, [data.train[st][LAW_REWARD] for st in both])
+    return sorted(entropy), entropy, reward, both
+
+
+def _block_steps(both: list[int], blocks: list[int]) -> list[int]:
+    """The first and last logged step of a run of consecutive blocks."""
+    inside = [st for st in both if blocks[0] <= st // BLOCK_STEPS <= blocks[-1]]
+    return [inside[0], inside[-1]]
+
+
+def _law_dict(fit: LawFit) -> dict[str, Any]:
+    return {"a": _r(fit.a), "b": _r(fit.b), "ceiling": _r(fit.ceiling),
+            "r_squared": _r(fit.r_squared), "points": fit.points}
+
+
+def law_section(data: RunData) -> dict[str, Any]:
+    """The entropy-reward law R = -a exp(H) + b (forecast.fit_law) fitted on the first half of the
+    run's 10-step blocks and judged on the second half: the mean absolute error of its
+    predictions (also as a % of the range of the run's block-mean reward), against holding the
+    last fitted block's reward flat; the fit on the whole run as the exporter has it at the
+    end; and whether the run ended near its ceiling (GRPORewardCeilingNear's rule at the last
+    step)."""
+    out: dict[str, Any] = {"entropy_key": LAW_ENTROPY, "reward_key": LAW_REWARD,
+                           "block_steps": BLOCK_STEPS}
+    blocks, entropy, reward, both = _law_blocks(data)
+    out["blocks"] = len(blocks)
+    if not blocks:
+        return {**out, "fitted": False,
+                "reason": f"the run logs no {LAW_ENTROPY} beside {LAW_REWARD}"}
+    # The first half: a forecast is only worth its horizon, and half the run is the longest
+    # horizon that still leaves a 100-step run (10 blocks) the MIN_BLOCKS a fit needs.
+    half = len(blocks) // 2
+    fit_blocks, test_blocks = blocks[:half], blocks[half:]
+    fit = fit_law([entropy[b] for b in fit_blocks], [reward[b] for b in fit_blocks])
+    out["fitted"] = fit is not None
+    if fit is None:
+        out["reason"] = (f"{len(fit_blocks)} blocks in the first half, {MIN_BLOCKS} needed"
+                         if len(fit_blocks) < MIN_BLOCKS else
+                         f"over the first half entropy moved by less than "
+                         f"{100 * MIN_ENTROPY_SPREAD:g}% of its largest block mean: a line "
+                         "through it would fit noise")
+    else:
+        errors, flat = [], []
+        for b in test_blocks:
+            try:
+                predicted = fit.predict(entropy[b])
+            except OverflowError:  # an entropy past exp()'s range: no prediction, as no fit point
+                continue
+            errors.append(abs(predicted - reward[b]))
+            flat.append(abs(reward[fit_blocks[-1]] - reward[b]))
+        finite = [r for r in reward.values() if math.isfinite(r)]
+        span = max(finite) - min(finite) if finite else math.nan
+        mae = float(np.mean(errors)) if errors else math.nan
+        out["first_half"] = {**_law_dict(fit), "steps": _block_steps(both, fit_blocks),
+                             "law_holds": bool(fit.a > 0 and fit.r_squared >= th.value("forecast_min_r2"))}
+        out["prediction"] = {
+            "steps": _block_steps(both, test_blocks), "blocks": len(errors), "mean_abs_error": _r(mae),
+            "reward_range": _r(span),
+            "error_pct_of_range": _r(100 * _ratio(mae, span)) if span > 0 else None,
+            "flat_mean_abs_error": _r(float(np.mean(flat))) if flat else None}
+    fits = _law_fits(data)
+    if fits and fits[-1] is not None:
+        out["whole_run"] = _law_dict(fits[-1])
+    ceiling = _ceiling(data)
+    if ceiling is not None:
+        tr, c = ceiling
+        out["end"] = {"step": int(tr.steps[-1]), "headroom_ratio": _r(float(c["headroom"][-1])),
+                      "entropy_initial": _r(tr.initial()),
+                      "entropy_window_mean": _r(float(c["entropy_mean"][-1])),
+                      "entropy_slope_per_step": _r(float(c["entropy_slope"][-1])),
+                      "near_ceiling": bool(c["near"][-1])}
+    return out
+
+
 # -- outputs -------------------------------------------------------------------------------
 
 
@@ -887,7 +1333,10 @@ _EXPLAIN = {
     "reward_plateau_grader_too_loose": "reward flat, KL normal, sample accuracy flat: the grader "
                                        "is too loose",
     "loss_without_reward": "loss went down while reward stayed flat: shrinking KL, not learning",
-    "shortcut_learning": "easy prompt types up, hard ones down: the model takes shortcuts",
+    "shortcut_learning": f"a prompt type's 50-step reward fell {th.value('shortcut_delta'):g} or "
+                         "more below its start (or its level 200 steps before) while one that was "
+                         "higher then rose as much: easy types up, hard ones down, the model "
+                         "takes shortcuts",
     "throughput_drop": "samples/s fell on some ranks: look at the cluster, not the curves",
     "step_time_drift": "step time moved away from its reference on some ranks: the cluster "
                        "changed, not the model",
@@ -905,6 +1354,34 @@ _EXPLAIN = {
     "group_dominated": "one response per group dominated the gradient",
     "grad_norm_spike": f"grad norm stayed over {th.value('grad_norm_spike_ratio'):g}x its "
                        f"baseline in 90% of {th.count('sustain_steps')} steps",
+    "rollout_mismatch": f"the rollout engine and the trainer disagree on the policy (KL over "
+                        f"{th.value('mismatch_kl'):g}, chi-square over "
+                        f"{th.value('mismatch_chi2_token'):g}, mean importance weight outside "
+                        f"[{th.value('mismatch_is_weight_low'):g}, "
+                        f"{th.value('mismatch_is_weight_high'):g}] or effective sample share "
+                        f"under {th.value('mismatch_ess_ratio'):g}): the gradient is for a policy "
+                        "the samples did not come from",
+    "rollout_mismatch_rising": f"a rollout-vs-trainer mismatch rose past "
+                               f"{th.value('mismatch_rise_ratio'):g}x its start and is still "
+                               "rising: precision drift, a stale weight sync or a growing lag",
+    "stale_rollouts": f"the trained trajectories were over {th.value('staleness_steps'):g} policy "
+                      "versions old on average: the rollout side has fallen behind",
+    "prompts_too_hard": f"over {100 * th.value('dead_group_cause_ratio'):g}% of the prompt groups "
+                        "had every answer wrong: the prompts are too hard for the policy (easier "
+                        "prompts, a curriculum)",
+    "prompts_too_easy": f"over {100 * th.value('dead_group_cause_ratio'):g}% of the prompt groups "
+                        "had every answer right: the prompts are solved (drop them, dynamic "
+                        "sampling)",
+    "entropy_covariance_surge": f"the covariance of token log-probability and advantage rose over "
+                                f"{th.value('entropy_cov_ratio'):g}x its start: it drives entropy "
+                                "down, a collapse is coming",
+    "reward_ceiling_near": f"entropy is nearly spent: the entropy-reward law leaves under "
+                           f"{100 * th.value('ceiling_headroom_ratio'):g}% of the reward gain "
+                           "it promised at the start; more steps buy little",
+    "length_bias": f"wrong answers grew over {100 * th.value('length_bias_growth_ratio'):g}% "
+                   f"longer while right ones grew under "
+                   f"{100 * th.value('length_bias_correct_ratio'):g}%: the loss's length "
+                   "normalisation favours long wrong answers",
 }
 
 
@@ -918,6 +1395,63 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _cell(v: Any) -> str:
+    return "-" if v is None else _fmt(v)
+
+
+def _rollout_lines(section: dict[str, Any] | None, verdicts: list[dict[str, Any]]) -> list[str]:
+    """The rollout-vs-trainer section in words."""
+    if section is None:
+        return ["rollout vs trainer: the run logs no mismatch/* or staleness/* key"]
+    fs, ls = section["first_steps"], section["last_steps"]
+    lines = [f"rollout vs trainer (window medians: first steps {fs[0]}-{fs[1]}, last steps "
+             f"{ls[0]}-{ls[1]}):",
+             f"  {'key':<30}{'first':>10}{'last':>10}{'ratio':>9}  {'trend':<9}card line"]
+    for key, row in section["keys"].items():
+        lines.append(f"  {key:<30}{_cell(row['first_median']):>10}{_cell(row['last_median']):>10}"
+                     f"{_cell(row['ratio']):>9}  {row['trend']:<9}{row['card_line'] or ''}".rstrip())
+    fired = [f"{v['id']} steps {v['steps'][0]}-{v['steps'][1]}" for v in verdicts
+             if v["id"] in ROLLOUT_VERDICTS]
+    lines.append("  verdicts: " + ("; ".join(fired) if fired else "none, no card fired"))
+    return lines
+
+
+def _law_lines(section: dict[str, Any]) -> list[str]:
+    """The entropy-reward law section in words."""
+    lines = [f"entropy-reward law R = -a*exp(H) + b ({section['block_steps']}-step block means of "
+             f"{section['entropy_key']} and {section['reward_key']}, {section['blocks']} blocks):"]
+    if not section["fitted"]:
+        lines.append(f"  not fitted: {section['reason']}")
+    else:
+        f, p = section["first_half"], section["prediction"]
+        holds = (f"the law holds: a > 0, R^2 >= {th.value('forecast_min_r2'):g}" if f["law_holds"]
+                 else f"the law does not hold here: it needs a > 0 and R^2 >= "
+                      f"{th.value('forecast_min_r2'):g}")
+        lines += [
+            f"  fit on the first half (steps {f['steps'][0]}-{f['steps'][1]}, {f['points']} blocks):"
+            f" a = {_cell(f['a'])}, b = {_cell(f['b'])}, ceiling b - a = {_cell(f['ceiling'])}, "
+            f"R^2 = {_cell(f['r_squared'])} ({holds})",
+            f"  its prediction of the rest (steps {p['steps'][0]}-{p['steps'][1]}, {p['blocks']} "
+            f"blocks): mean absolute error {_cell(p['mean_abs_error'])} = "
+            f"{_cell(p['error_pct_of_range'])}% of the reward's range {_cell(p['reward_range'])} "
+            f"(holding the last fitted block's reward instead: {_cell(p['flat_mean_abs_error'])})"]
+    if "whole_run" in section:
+        w = section["whole_run"]
+        lines.append(f"  fit on the whole run (the exporter's at the end): a = {_cell(w['a'])}, "
+                     f"b = {_cell(w['b'])}, ceiling b - a = {_cell(w['ceiling'])}, "
+                     f"R^2 = {_cell(w['r_squared'])}, {w['points']} blocks")
+    if "end" in section:
+        e = section["end"]
+        verdict = "near its ceiling" if e["near_ceiling"] else "not near its ceiling"
+        lines.append(
+            f"  at the end (step {e['step']}): headroom (exp(H) - 1) / (exp(H0) - 1) = "
+            f"{_cell(e['headroom_ratio'])} (H 50-step mean {_cell(e['entropy_window_mean'])}, "
+            f"initial {_cell(e['entropy_initial'])}, slope {_cell(e['entropy_slope_per_step'])} "
+            f"per step): {verdict} (near: headroom < {th.value('ceiling_headroom_ratio'):g}, "
+            f"R^2 >= {th.value('forecast_min_r2'):g}, a > 0, entropy falling)")
+    return lines
+
+
 def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
     lines = [f"run {summary['run']}: {summary['logged_steps']} logged steps "
              f"{_fmt(summary['steps'])}, {summary['records']} records, ranks "
@@ -928,6 +1462,8 @@ def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
                      f"{_EXPLAIN.get(v['id'], '')}")
         for k, x in v["evidence"].items():
             lines.append(f"      {k} = {_fmt(x)}")
+    lines += ["", *_rollout_lines(summary.get("rollout_vs_trainer"), verdicts), "",
+              *_law_lines(summary["entropy_reward_law"])]
     lines += ["", f"summary (whole run; window stddev over {summary['window_steps']}-step windows):",
               f"  {'signal':<20}{'p5':>10}{'p50':>10}{'p95':>10}{'p99':>10}{'mean':>10}"
               f"{'stddev':>10}{'win sd first':>14}{'win sd last':>13}"]
@@ -975,7 +1511,47 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
     return png
 
 
-def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: bytes) -> str:
+def plot_law(data: RunData, section: dict[str, Any], path: Path | None = None) -> bytes | None:
+    """law.png: the block means of reward against entropy (the fitted half and the predicted
+    half), the law fitted on the first half and its ceiling b - a; None when nothing was fitted."""
+    if not section.get("fitted"):
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks, entropy, reward, _ = _law_blocks(data)
+    fitted = blocks[:len(blocks) // 2]
+    f = section["first_half"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for part, color, label in ((fitted, "tab:blue", "fitted (first half)"),
+                               (blocks[len(fitted):], "tab:orange", "predicted (second half)")):
+        ax.scatter([entropy[b] for b in part], [reward[b] for b in part], s=14, color=color,
+                   label=label)
+    finite = [entropy[b] for b in blocks if math.isfinite(entropy[b])]
+    if finite and f["a"] is not None and f["b"] is not None:
+        hs = np.linspace(0, max(max(finite), 0), 100)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ax.plot(hs, f["b"] - f["a"] * np.exp(hs), color="black", lw=1,
+                    label=f"R = -{f['a']:.3g} exp(H) + {f['b']:.3g}, R² {_cell(f['r_squared'])}")
+        ax.axhline(f["b"] - f["a"], color="tab:red", ls="--", lw=1,
+                   label=f"ceiling b - a = {f['b'] - f['a']:.3g}")
+    ax.set_xlabel(f"{LAW_ENTROPY} ({BLOCK_STEPS}-step block mean)", fontsize=8)
+    ax.set_ylabel(f"{LAW_REWARD} ({BLOCK_STEPS}-step block mean)", fontsize=8)
+    ax.legend(loc="best", fontsize=7)
+    ax.set_title(f"{data.run}: entropy-reward law"[:80], fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    png = buf.getvalue()
+    if path is not None:
+        path.write_bytes(png)
+    return png
+
+
+def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: bytes,
+                law_png: bytes | None = None) -> str:
     e = html.escape
     rows = []
     for key, sig in summary["signals"].items():
@@ -991,6 +1567,24 @@ def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: by
                      f"steps {v['steps'][0]}-{v['steps'][1]}: {e(_EXPLAIN.get(v['id'], ''))}"
                      f"<ul>{ev}</ul></li>")
     img = base64.b64encode(png).decode("ascii")
+    rollout = summary.get("rollout_vs_trainer")
+    if rollout is None:
+        rollout_html = f"<p>{e(_rollout_lines(None, verdicts)[0])}.</p>"
+    else:
+        trs = "".join(
+            f"<tr><td>{e(k)}</td><td>{e(_cell(r['first_median']))}</td>"
+            f"<td>{e(_cell(r['last_median']))}</td><td>{e(_cell(r['ratio']))}</td>"
+            f"<td>{e(r['trend'])}</td><td>{e(r['card_line'] or '')}</td></tr>"
+            for k, r in rollout["keys"].items())
+        rollout_html = (f"<p>Window medians, first steps {rollout['first_steps'][0]}-"
+                        f"{rollout['first_steps'][1]}, last steps {rollout['last_steps'][0]}-"
+                        f"{rollout['last_steps'][1]}. {e(_rollout_lines(rollout, verdicts)[-1].strip())}"
+                        "</p><table><tr><th>key</th><th>first</th><th>last</th><th>ratio</th>"
+                        f"<th>trend</th><th>card line</th></tr>{trs}</table>")
+    law = "".join(f"<li>{e(line.strip())}</li>" for line in
+                  _law_lines(summary["entropy_reward_law"])[1:])
+    law_img = ("" if law_png is None else "<img alt='reward against entropy' "
+               f"src='data:image/png;base64,{base64.b64encode(law_png).decode('ascii')}'>")
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
         f"<title>grpo-monitor report: {e(summary['run'])}</title><style>"
@@ -1001,6 +1595,9 @@ def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: by
         f"{summary['records']} records, {summary['bad_lines']} bad lines skipped.</p>"
         f"<h2>Verdicts</h2><ul>{''.join(items)}</ul>"
         f"<h2>Curves</h2><img alt='curves' src='data:image/png;base64,{img}'>"
+        f"<h2>Rollout vs trainer</h2>{rollout_html}"
+        f"<h2>Entropy-reward law</h2><p>{e(_law_lines(summary['entropy_reward_law'])[0])}</p>"
+        f"<ul>{law}</ul>{law_img}"
         f"<h2>Summary</h2><p>Linear-interpolation percentiles; window stddev over "
         f"{summary['window_steps']}-step windows.</p><table><tr><th>signal</th><th>p5</th>"
         "<th>p50</th><th>p95</th><th>p99</th><th>mean</th><th>stddev</th>"
@@ -1037,8 +1634,11 @@ def build_report(run_dir: Path | str, out: Path | str | None = None,
     if plots:
         paths["png"] = out_dir / "curves.png"
         png = plot_curves(data, verdicts, paths["png"])
+        law_png = plot_law(data, summary["entropy_reward_law"], out_dir / "law.png")
+        if law_png is not None:
+            paths["law_png"] = out_dir / "law.png"
         paths["html"] = out_dir / "report.html"
-        paths["html"].write_text(html_report(summary, verdicts, png), encoding="utf-8")
+        paths["html"].write_text(html_report(summary, verdicts, png, law_png), encoding="utf-8")
     return {"summary": summary, "verdicts": verdicts, "text": text,
             "outputs": {k: str(v) for k, v in paths.items()}, "data": data}
 

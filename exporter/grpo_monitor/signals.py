@@ -12,7 +12,9 @@ the baseline period; window mean over the last N steps, also shifted back by an 
 per 100 steps; window min/max; window 10th/90th percentiles (a 90th percentile below x over N
 steps = "below x for N consecutive steps", tolerating a noisy step in ten); the highest and lowest
 20-step mean since the run started (a "working level" and a "floor"); the count of consecutive
-rising window means; non-finite values within a window.
+rising window means; non-finite values within a window; the least-squares slope over a window;
+per prompt type, the reward's 50-step mean and initial value; and the entropy-reward law fitted
+on the run so far (forecast.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import math
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+
+from grpo_monitor.forecast import BLOCK_STEPS, LawFit, LawSums
 
 # (window_steps, offset_steps) pairs published as grpo_window_mean.
 TRAINING_MEANS: tuple[tuple[int, int], ...] = (
@@ -41,6 +45,17 @@ PERF_EXTREMES: tuple[int, ...] = (50,)
 GROWTH_WINDOW = 100  # grpo_window_growth_ratio: mean(100 @ o) / mean(100 @ o+100) - 1
 GROWTH_OFFSETS: tuple[int, ...] = (0, 100, 200)
 RISING_WINDOW = 100  # grpo_rising_windows: streak of rising 100-step means
+# grpo_window_slope: the least-squares trend per step over the last 50 steps, the direction a
+# signal is heading (a mismatch still rising, an entropy still falling and how fast).
+SLOPE_WINDOWS: tuple[int, ...] = (50,)
+# The entropy-reward law (forecast.py) is fitted on these two keys' block means.
+LAW_ENTROPY, LAW_REWARD = "entropy/mean", "reward/mean"
+# Per prompt type (a record's by_type) only the reward is followed, and only its 50-step mean,
+# the same 200 steps before and its initial value are published: what the shortcut card compares
+# (an easy type up, a hard type down, within 200 steps or since the start). A full menu per type
+# would multiply the series by the number of types.
+PROMPT_TYPE_KEYS: tuple[str, ...] = ("reward/mean",)
+PROMPT_TYPE_MEANS: tuple[tuple[int, int], ...] = ((50, 0), (50, 200))
 NONFINITE_WINDOW = 50  # grpo_window_nonfinite
 HISTORY = max(w + o for w, o in TRAINING_MEANS)  # values kept per key: 400 steps when logged every step
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
@@ -104,13 +119,72 @@ class KeyHistory:
     def window(self, now: int, window: int, offset: int) -> list[float] | None:
         """The values of steps (now - offset - window, now - offset]; None while the history
         does not reach back that far."""
+        points = self.window_points(now, window, offset)
+        return None if points is None else points[1]
+
+    def window_points(self, now: int, window: int, offset: int) -> tuple[list[int], list[float]] | None:
+        """The steps and values of steps (now - offset - window, now - offset], as window()."""
         start = now - offset - window
         if self.first_step is None or self.first_step > start + 1 or (
                 len(self.steps) == self.steps.maxlen and self.steps[0] > start + 1):
             return None
         steps = list(self.steps)
         lo, hi = bisect_right(steps, start), bisect_right(steps, now - offset)
-        return list(self.values)[lo:hi] or None
+        if lo == hi:
+            return None
+        return steps[lo:hi], list(self.values)[lo:hi]
+
+
+def slope(steps: list[int], values: list[float]) -> float | None:
+    """Least-squares slope of values over steps (per step); None for fewer than two steps."""
+    n = len(steps)
+    if n < 2:
+        return None
+    mx = sum(steps) / n
+    my = sum(values) / n
+    sxx = sum((x - mx) ** 2 for x in steps)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in zip(steps, values)) / sxx
+
+
+@dataclass
+class LawTracker:
+    """The entropy-reward law fitted on a rank's block means as its steps arrive (forecast.py).
+
+    A block is BLOCK_STEPS consecutive steps; its point is the mean entropy and the mean reward
+    of the steps in it that logged both. A block enters the fit when a later block starts, so a
+    step logged twice (a record that rewrites a step) still counts once. A resume to an earlier
+    step keeps the fit: the law describes the run, and the checkpoint's policy lies on it."""
+
+    sums: LawSums = field(default_factory=LawSums)
+    block: int | None = None
+    entropy: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    last_step: int | None = None
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        h, r = values.get(LAW_ENTROPY), values.get(LAW_REWARD)
+        if h is None or r is None or not (math.isfinite(h) and math.isfinite(r)):
+            return
+        block = step // BLOCK_STEPS
+        if block != self.block:
+            self._close()
+            self.block = block
+        elif step == self.last_step:  # a second record for the same step replaces the first
+            self.entropy.pop()
+            self.reward.pop()
+        self.entropy.append(h)
+        self.reward.append(r)
+        self.last_step = step
+
+    def _close(self) -> None:
+        if self.entropy:
+            self.sums.add(sum(self.entropy) / len(self.entropy), sum(self.reward) / len(self.reward))
+        self.entropy, self.reward = [], []
+
+    def fit(self) -> LawFit | None:
+        return self.sums.fit()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -136,6 +210,8 @@ class Features:
     ranges: dict[str, tuple[float, float]]  # key -> (lowest, highest) RANGE_WINDOW-step mean
     rising: dict[str, int]
     nonfinite: dict[str, int]
+    slopes: list[tuple[str, int, float]] = field(default_factory=list)  # key, window, per step
+    law: LawFit | None = None
 
 
 class RankSignals:
@@ -148,6 +224,7 @@ class RankSignals:
         self.baseline_from: int | None = None  # first step of the current baseline period
         self.step = 0
         self.keys: dict[str, KeyHistory] = {}
+        self.law = LawTracker()
 
     @property
     def ready(self) -> bool:
@@ -169,6 +246,7 @@ class RankSignals:
                 h.restart()
                 h.first_step = step
         self.step = step
+        self.law.add(step, values)
         in_baseline = not self.ready
         for key, value in values.items():
             h = self._history(key)
@@ -262,6 +340,7 @@ class RankSignals:
         ranges: dict[str, tuple[float, float]] = {}
         rising: dict[str, int] = {}
         nonfinite: dict[str, int] = {}
+        slopes: list[tuple[str, int, float]] = []
         for key, h in self.keys.items():
             # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
@@ -292,6 +371,11 @@ class RankSignals:
                 chunk = h.window(now, window, 0)
                 if chunk is not None:
                     percentiles.append((key, window, percentile(chunk, 0.1), percentile(chunk, 0.9)))
+            for window in SLOPE_WINDOWS:
+                points = h.window_points(now, window, 0)
+                trend = None if points is None else slope(*points)
+                if trend is not None:
+                    slopes.append((key, window, trend))
             if self._initial_ready(h):
                 initial[key] = h.initial.mean
             if h.range_max is not None and h.range_min is not None:
@@ -299,4 +383,4 @@ class RankSignals:
             if h.last_block_mean is not None:
                 rising[key] = h.rising
         return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
-                        rising, nonfinite)
+                        rising, nonfinite, slopes, self.law.fit())

@@ -59,6 +59,8 @@ class Scenario:
     # Per-rank performance change after onset: (sim, steps since onset, rank) -> step time factor.
     slow: Callable[["Sim", int, int], float] = lambda sim, k, rank: 1.0
     stalled_rank: int | None = None
+    # A run shaped otherwise from its first step (sim, step, metrics), before any sickness.
+    shape: Callable[["Sim", int, dict[str, float]], None] | None = None
 
 
 @dataclass
@@ -66,6 +68,9 @@ class Sim:
     rng: random.Random
     step_seconds: float
     state: dict[str, float] = field(default_factory=dict)
+    # The newer signals (rollout vs trainer, staleness, ...) draw from their own stream, so that
+    # adding them left every older signal's numbers, and every older scenario, as they were.
+    aux: random.Random = field(default_factory=lambda: random.Random(1))
 
 
 def _healthy(sim: Sim, step: int) -> dict[str, float]:
@@ -105,6 +110,30 @@ def _healthy(sim: Sim, step: int) -> dict[str, float]:
         "train/lr": 1e-6 * min(1.0, step / 50),
         "eval/sample_acc": 0.25 + 0.45 * progress + rng.gauss(0, 0.02),
     }
+
+
+def _healthy_newer(sim: Sim, step: int, m: dict[str, float]) -> None:
+    """The newer stacks' signals at healthy levels: a rollout engine that agrees with the trainer
+    to ~0.002 nats (vLLM against FSDP in bf16), one policy version of async lag, dead groups
+    split between too hard and too easy, a log-prob/advantage covariance that fades as the policy
+    settles, and wrong answers a little longer than right ones."""
+    aux = sim.aux
+    zero = m["group/zero_std_frac"]
+    m.update({
+        "mismatch/kl": 0.002 * (1 + aux.gauss(0, 0.1)),
+        "mismatch/k3_kl": 0.002 * (1 + aux.gauss(0, 0.1)),
+        "mismatch/logprob_diff_mean": 0.03 * (1 + aux.gauss(0, 0.05)),
+        "mismatch/is_weight_mean": 1 + aux.gauss(0, 0.005),
+        "mismatch/is_ess_ratio": min(1.0, 0.98 + aux.gauss(0, 0.003)),
+        "mismatch/chi2_token": 0.02 * (1 + aux.gauss(0, 0.1)),
+        "staleness/mean": 1.0,
+        "staleness/max": 2.0,
+        "group/all_wrong_frac": 0.6 * zero,
+        "group/all_right_frac": 0.4 * zero,
+        "entropy/logp_adv_cov": 0.01 * (0.3 + 0.7 * math.exp(-step / 300)) * (1 + aux.gauss(0, 0.2)),
+        "response/len_correct_mean": 0.95 * m["response/len_mean"] + aux.gauss(0, 4),
+        "response/len_incorrect_mean": 1.05 * m["response/len_mean"] + aux.gauss(0, 6),
+    })
 
 
 def _set(m: dict[str, float], **kw: float) -> None:
@@ -259,6 +288,74 @@ def _grad_norm_spike(sim: Sim, k: int, m: dict[str, float]) -> None:
     m["grad/norm"] *= 8
 
 
+def _rollout_mismatch(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # A rollout engine that no longer computes the trainer's policy (a bad weight sync, another
+    # precision): KL 0.002 -> 0.15 within 10 steps, the importance weights far from 1.
+    ramp = min(1.0, k / 10)
+    m["mismatch/kl"] += 0.15 * ramp
+    m["mismatch/k3_kl"] += 0.12 * ramp
+    m["mismatch/logprob_diff_mean"] += 0.4 * ramp
+    m["mismatch/chi2_token"] += 1.5 * ramp
+    m["mismatch/is_weight_mean"] -= 0.45 * ramp
+    m["mismatch/is_ess_ratio"] -= 0.7 * ramp
+
+
+def _mismatch_rising(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # The common failure: a slow, steady rise (0.002 -> 0.032 over 600 steps), far under any
+    # level line.
+    m["mismatch/kl"] += 0.00005 * k
+    m["mismatch/k3_kl"] += 0.00005 * k
+    m["mismatch/logprob_diff_mean"] += 0.0002 * k
+
+
+def _stale_rollouts(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # The rollout side falls behind: the queue, and the trajectories' age, grow 1 -> 9 versions.
+    m["staleness/mean"] = 1.0 + min(8.0, k / 12)
+    m["staleness/max"] = 2 * m["staleness/mean"]
+
+
+def _prompts_too_hard(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # A harder data mix: 70% of the groups answer all wrong.
+    share = min(0.7, 0.05 + k / 40)
+    m["group/all_wrong_frac"] = share + sim.aux.gauss(0, 0.02)
+    m["group/zero_std_frac"] = m["group/all_wrong_frac"] + m["group/all_right_frac"]
+
+
+def _prompts_too_easy(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # Solved prompts stay in the mix: 70% of the groups answer all right.
+    share = min(0.7, 0.03 + k / 40)
+    m["group/all_right_frac"] = share + sim.aux.gauss(0, 0.02)
+    m["group/zero_std_frac"] = m["group/all_wrong_frac"] + m["group/all_right_frac"]
+
+
+def _shortcut(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # Easy prompts gain what hard ones lose (seed 000 §5.2): the policy found a shortcut.
+    sim.state["type_shift"] = 0.25 * min(1.0, k / 100)
+
+
+def _covariance_surge(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # Confident tokens rewarded in bulk: the covariance that drives entropy down jumps 10x, and
+    # entropy loses 60% within 50 steps (still far above a collapse, 0.1x its start).
+    m["entropy/logp_adv_cov"] = 0.01 * 10 * min(1.0, k / 10) * (1 + sim.aux.gauss(0, 0.2)) + 0.003
+    m["entropy/mean"] *= 1 - 0.6 * min(1.0, k / 50)
+
+
+def _length_bias(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # Per-response length normalisation: wrong answers grow 80% longer over 200 steps, right ones
+    # do not (arXiv 2503.20783).
+    m["response/len_incorrect_mean"] *= 1 + 0.8 * min(1.0, k / 200)
+
+
+def _entropy_reward_law(sim: Sim, step: int, m: dict[str, float]) -> None:
+    # A run on the entropy-reward law: entropy spent from 1.5 towards 0.2, the reward bought with
+    # it R = 1 - 0.2 exp(H). The last tenth of the gain the law promised at the start begins where
+    # exp(H) - 1 < 0.1 (exp(H0) - 1) with H0 = 1.465, the mean of the first ten steps: H < 0.287,
+    # at step ~540.
+    h = (0.2 + 1.3 * math.exp(-step / 200)) * (1 + sim.aux.gauss(0, 0.01))
+    m["entropy/mean"] = h
+    m["reward/mean"] = 1 - 0.2 * math.exp(h) + sim.aux.gauss(0, 0.01)
+
+
 def _slow_rank(rank: int, factor: float) -> Callable[[Sim, int, int], float]:
     # §2.4: one slow node; its rank's own step time (compute, before the collective) grows.
     return lambda sim, k, r: 1 + (factor - 1) * min(k, 100) / 100 if r == rank else 1.0
@@ -272,13 +369,51 @@ def _slow_all(factor: float) -> Callable[[Sim, int, int], float]:
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("healthy", "A healthy run: nothing to see, including checkpoint saves and one-step "
              "grad-norm spikes.", "§2, table §3.3", (), steps=3000, onset=3000),
+    Scenario("rollout_mismatch", "The rollout engine's token probabilities leave the trainer's: "
+             "KL 0.002 -> 0.15, importance weights far from 1.", "rollout vs trainer",
+             ("GRPORolloutMismatch", "GRPORolloutMismatchRising"), steps=1000, sicken=_rollout_mismatch),
+    Scenario("mismatch_rising", "Rollout-trainer KL creeps up 0.002 -> 0.032 over 600 steps.",
+             "rollout vs trainer", ("GRPORolloutMismatchRising",), steps=1400, sicken=_mismatch_rising,
+             # the card's own rule: 90% of 50 steps over twice the initial value (k ~ 40 + 45)
+             caught_within=100),
+    Scenario("stale_rollouts", "Async rollouts fall behind: trajectories 1 -> 9 versions old.",
+             "async RL", ("GRPOStaleRollouts",), steps=1000, sicken=_stale_rollouts,
+             # the age passes 4 versions 36 steps in, then 90% of 20 steps
+             caught_within=60),
+    Scenario("prompts_too_hard", "70% of the groups answer all wrong.", "§2.2",
+             ("GRPOPromptsTooHard", "GRPOAdvantageVanishing"), steps=1000, sicken=_prompts_too_hard),
+    Scenario("prompts_too_easy", "70% of the groups answer all right.", "§2.2",
+             ("GRPOPromptsTooEasy", "GRPOAdvantageVanishing"), steps=1000, sicken=_prompts_too_easy),
+    Scenario("shortcut_learning", "Easy prompt types gain 0.25 while hard ones lose as much.",
+             "§2.2, §5.2", ("GRPOShortcutLearning",), steps=1000, sicken=_shortcut,
+             # the types move 0.05 apart in 20 steps, read as 50-step means against 200 steps
+             # before, when the healthy climb (~0.05 per 200 steps on every type) still lifts
+             # the hard type's earlier level by as much
+             caught_within=80),
+    Scenario("covariance_surge", "Cov(log pi, A) jumps to 10x its level while entropy falls 60% "
+             "within 50 steps: a collapse under way.",
+             "arXiv 2505.22617", ("GRPOEntropyCovarianceSurge",), steps=1000,
+             sicken=_covariance_surge),
+    Scenario("reward_ceiling", "A run on the entropy-reward law spends its entropy: by step ~540 "
+             "less than a tenth of the promised gain is left.", "arXiv 2505.22617",
+             ("GRPORewardCeilingNear",), steps=800, onset=540, sicken=lambda sim, k, m: None,
+             shape=_entropy_reward_law),
+    Scenario("length_bias", "Wrong answers grow 80% longer over 200 steps; right ones do not.",
+             "arXiv 2503.20783", ("GRPOLengthBias",), steps=1100, sicken=_length_bias,
+             # past +30% (on lengths ~5% under their start at this point of the healthy wave)
+             # at k ~ 90, then a 50-step mean
+             caught_within=150),
     Scenario("nan_loss", "A grad-norm peak, then NaN loss and an infinite reward.", "§4.4",
              ("GRPONonFiniteValues",), sicken=_nan_loss),
     Scenario("kl_explosion", "KL mean 0.3 -> 5 within 100 steps, carried by a few prompts.",
              "§4.2", ("GRPOKLExplosion", "GRPOKLTailOutliers", "GRPOKLGrowthAccelerating"),
              sicken=_kl_explosion),
     Scenario("entropy_collapse", "Entropy 1.5 -> 0.05 within 200 steps; groups become duplicates.",
-             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), sicken=_entropy_collapse,
+             # The forecast card comes first: by the law fitted on the 800 healthy steps, an
+             # entropy under 0.3 leaves less than a tenth of the promised reward; it goes quiet
+             # when the red card's own test holds.
+             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing", "GRPORewardCeilingNear"),
+             sicken=_entropy_collapse,
              # the fall (exp(-k/45) from ~1.0) takes ~85 steps to pass 0.1x the initial entropy
              caught_within=110),
     Scenario("early_entropy_collapse", "Entropy 1.5 -> 0.05 within 50 steps of a run's start.",
@@ -360,11 +495,14 @@ def generate(
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     steps = sc.steps if steps is None else steps
     onset = sc.onset if onset is None else onset
-    sim = Sim(random.Random(seed), step_seconds)
+    sim = Sim(random.Random(seed), step_seconds, aux=random.Random(seed + 1))
     clock = [start_time] * ranks
     for step in range(1, steps + 1):
         k = step - onset
         m = _healthy(sim, step)
+        _healthy_newer(sim, step, m)
+        if sc.shape is not None:
+            sc.shape(sim, step, m)
         if k >= 0:
             sc.sicken(sim, k, m)
         checkpoint = step % CHECKPOINT_EVERY == 0
@@ -383,8 +521,9 @@ def generate(
                     "perf/comm_time_s": step_seconds * 0.15 * (1 + sim.rng.gauss(0, 0.05)),
                     "perf/memory_allocated_bytes": 61e9 + sim.rng.gauss(0, 2e8)}
             if rank == 0:
+                shift = sim.state.get("type_shift", 0.0)
                 by_type = {t: {"reward/mean": m["reward/mean"] + off}
-                           for t, off in zip(PROMPT_TYPES, (0.15, 0.0, -0.15))}
+                           for t, off in zip(PROMPT_TYPES, (0.15 + shift, 0.0, -0.15 - shift))}
                 records.append(RankRecord(0, {**m, **perf}, clock[0], by_type, events))
             else:
                 records.append(RankRecord(rank, perf, clock[rank], None, events))

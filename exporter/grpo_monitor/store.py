@@ -23,6 +23,8 @@ from grpo_monitor.signals import (
     INITIAL_STEPS,
     NONFINITE_WINDOW,
     PAUSE_EVENTS,
+    PROMPT_TYPE_KEYS,
+    PROMPT_TYPE_MEANS,
     RANGE_WINDOW,
     RISING_WINDOW,
     RankSignals,
@@ -76,6 +78,8 @@ class RankState:
     nonfinite: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     signals: RankSignals = field(default_factory=lambda: RankSignals(200))
+    # The step history of each prompt type's PROMPT_TYPE_KEYS (types under the run's cap).
+    type_signals: dict[str, RankSignals] = field(default_factory=dict)
     # A re-baseline asked for a step this rank has not reached yet: (at_step, steps).
     pending_rebaseline: tuple[int, int] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
@@ -88,6 +92,12 @@ class RankState:
             self.pace.clear()  # resumed from an earlier checkpoint: a new pace
         if not self.pace or step > self.pace[-1][0]:
             self.pace.append((step, when))
+
+    def rebaseline(self, steps: int) -> None:
+        """The last ``steps`` steps become the rank's baseline, and its prompt types' too."""
+        self.signals.rebaseline(steps)
+        for history in self.type_signals.values():
+            history.rebaseline(steps)
 
     def intervals(self) -> tuple[float, float] | None:
         """(seconds per step, seconds per record): medians over the pace window; None before
@@ -175,6 +185,25 @@ class RankState:
             out[ex.WINDOW_NONFINITE.name].append(
                 f'{ex.WINDOW_NONFINITE.name}{{{base},key="{ex.escape_label(key)}",'
                 f'window_steps="{NONFINITE_WINDOW}"}} {n}\n')
+        for key, window, trend in f.slopes:
+            out[ex.WINDOW_SLOPE.name].append(
+                f'{ex.WINDOW_SLOPE.name}{{{base},key="{key}",window_steps="{window}"}} {fv(trend)}\n')
+        if f.law is not None:
+            for fam, value in ((ex.FORECAST_LAW_SCALE, f.law.a), (ex.FORECAST_LAW_OFFSET, f.law.b),
+                               (ex.FORECAST_CEILING, f.law.ceiling), (ex.FORECAST_R2, f.law.r_squared),
+                               (ex.FORECAST_POINTS, f.law.points)):
+                out[fam.name].append(f"{fam.name}{{{base}}} {fv(value)}\n")
+        for ptype, history in self.type_signals.items():
+            lbl = f'{base},prompt_type="{ex.escape_label(ptype)}"'
+            tf = history.features()
+            for key, window, offset, mean in tf.means:
+                if (window, offset) in PROMPT_TYPE_MEANS:
+                    out[ex.PROMPT_TYPE_WINDOW_MEAN.name].append(
+                        f'{ex.PROMPT_TYPE_WINDOW_MEAN.name}{{{lbl},key="{key}",window_steps="{window}",'
+                        f'offset_steps="{offset}"}} {fv(mean)}\n')
+            for key, mean in tf.initial.items():
+                out[ex.PROMPT_TYPE_INITIAL_MEAN.name].append(
+                    f'{ex.PROMPT_TYPE_INITIAL_MEAN.name}{{{lbl},key="{key}"}} {fv(mean)}\n')
 
 
 @dataclass
@@ -292,7 +321,7 @@ class RunStore:
             paused = any(e.type in PAUSE_EVENTS for e in snap.events)
             rank.signals.add(snap.step, snap.metrics, paused)
             if rank.pending_rebaseline and snap.step >= rank.pending_rebaseline[0]:
-                rank.signals.rebaseline(rank.pending_rebaseline[1])
+                rank.rebaseline(rank.pending_rebaseline[1])
                 rank.pending_rebaseline = None
             if snap.world_size is not None:
                 rank.world_size = snap.world_size
@@ -309,6 +338,12 @@ class RunStore:
                     continue
                 typed = snap.by_type.get(ptype, {})
                 rank.by_type.setdefault(ptype, {}).update(typed)
+                followed = {k: typed[k] for k in PROMPT_TYPE_KEYS if k in typed}
+                if followed:
+                    history = rank.type_signals.get(ptype)
+                    if history is None:
+                        history = rank.type_signals[ptype] = RankSignals(lim.baseline_steps, lim.initial_steps)
+                    history.add(snap.step, followed, paused=False)
                 self._count_nonfinite(rank, typed, snap.step)
                 for name, value in snap.by_type_unknown.get(ptype, {}).items():
                     if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
@@ -349,7 +384,7 @@ class RunStore:
             run.rebaseline = (at_step, steps)
             for rank in run.ranks.values():
                 if rank.step >= at_step:
-                    rank.signals.rebaseline(steps)
+                    rank.rebaseline(steps)
                     rank.pending_rebaseline = None
                     self._dirty.add((run_name, rank.rank))
                 else:

@@ -157,6 +157,78 @@ TABLE: tuple[Threshold, ...] = (
         Throughput's 50-step mean (samples/s or tokens/s) below its baseline by more than
         this fraction, checkpoint saves excluded: the same steps cost far more time (a flaky
         interconnect taking 1.8 samples/s down to 1.0 is a 44% drop)."""),
+    Threshold("mismatch_kl", 0.1, "yellow", """
+        Rollout vs trainer: the KL from the rollout engine's token distribution to the trainer's
+        above this (per token, in 90% of the last 20 steps). verl's rollout-correction guide warns
+        past 0.1; healthy vLLM / SGLang rollouts against an FSDP trainer sit near 0.001-0.01.
+        The gradient is then computed for a policy the samples did not come from."""),
+    Threshold("mismatch_chi2_token", 1, "yellow", """
+        ... or the per-token chi-square divergence (E[w^2] - 1 of the importance weights) above
+        this: a few tokens carry weights far from 1 (verl's guide warns past 1)."""),
+    Threshold("mismatch_is_weight_low", 0.5, "yellow", """
+        ... or the mean token importance weight below this ..."""),
+    Threshold("mismatch_is_weight_high", 2, "yellow", """
+        ... or above this: on average the trainer and the rollout engine disagree on the sampled
+        tokens' probability by a factor of two (verl's guide: mean weight outside [0.5, 2])."""),
+    Threshold("mismatch_ess_ratio", 0.3, "yellow", """
+        ... or the importance weights' effective sample size below this fraction of the tokens:
+        an importance-sampling correction would rest on under a third of the batch (verl's guide
+        warns below 0.3)."""),
+    Threshold("mismatch_rise_ratio", 2, "yellow", """
+        The mismatch's slow rise, the common failure (for example 0.011 to 0.036 over a run): a
+        mismatch signal (KL, k3 KL, mean |log-prob difference|) above this multiple of its
+        initial value in 90% of the last 50 steps while its 50-step trend still points up.
+        Precision drift, a stale weight sync or a growing rollout lag rise slowly and pass no
+        level threshold until late."""),
+    Threshold("mismatch_rise_floor", 0.001, "yellow", """
+        ... and above this many nats: a rollout engine that agrees with the trainer to 1e-5
+        doubles its rounding noise without harm."""),
+    Threshold("staleness_steps", 4, "yellow", """
+        Async rollouts: the mean age of the trained trajectories above this many policy
+        versions in 90% of the last 20 steps. One or two versions of lag are what asynchronous
+        GRPO is designed for (NeMo-RL bounds the age at 1 by default), and PPO's clip absorbs
+        them; beyond four the samples come from a policy the clip range no longer covers, and a
+        queue that keeps growing means the rollout side has fallen behind."""),
+    Threshold("dead_group_cause_ratio", 0.5, "yellow", """
+        Dead groups by cause: more than this share of the prompt groups all wrong (the prompts
+        are too hard for the policy) or all right (too easy: already solved), in 90% of the last
+        20 steps. Both have zero advantage, but the fixes are opposite: easier prompts or a
+        curriculum for the first, dropping solved prompts (DAPO's dynamic sampling) for the
+        second."""),
+    Threshold("shortcut_delta", 0.05, "yellow", """
+        Shortcut learning by prompt type: an easy type's 50-step mean reward up by at least this
+        much (reward units, rewards in [0, 1]) over its initial value while a harder type's (one
+        that started lower) fell by as much, or both moved so within 200 steps (50-step means):
+        the model takes shortcuts instead of learning the hard cases. The report applies the
+        same two tests."""),
+    Threshold("entropy_cov_ratio", 3, "yellow", """
+        The covariance that drives entropy (Cov of the sampled tokens' log-probability and their
+        advantage): above this multiple of its initial value, and positive, in 90% of the last
+        20 steps. Entropy falls by about the step size times this covariance, so a covariance
+        that surges announces a collapse before entropy shows it."""),
+    Threshold("entropy_cov_fall_ratio", 0.3, "yellow", """
+        ... while entropy's 50-step trend (its least-squares slope times 50) is down by more than
+        this fraction of its initial value: the covariance is a noisy batch statistic, and a
+        healthy run's passes 3x its start now and then with entropy steady (a 50-step trend of
+        -0.15x at most on the demo's healthy runs); driving entropy down this fast, it is a
+        collapse under way, still ahead of the collapse card."""),
+    Threshold("ceiling_headroom_ratio", 0.1, "yellow", """
+        The entropy-reward law (R = -a exp(H) + b, arXiv 2505.22617): the reward the law still
+        promises, b - a - R(H now), is below this fraction of what it promised at the start, b -
+        a - R(H initial), while entropy keeps falling. That ratio is (exp(H now) - 1) / (exp(H
+        initial) - 1): the run is near its ceiling and more steps will buy little; raise the
+        entropy (temperature, clip-higher, covariance clipping) or stop."""),
+    Threshold("forecast_min_r2", 0.8, "yellow", """
+        ... and only where the law fits the run: the coefficient of determination of the fit of
+        10-step mean reward on exp(10-step mean entropy) at least this, with a > 0 (reward rises as
+        entropy falls)."""),
+    Threshold("length_bias_growth_ratio", 0.3, "yellow", """
+        Dr. GRPO's length bias: the mean length of incorrect responses, over 50 steps, grown by
+        more than this fraction over its initial value ..."""),
+    Threshold("length_bias_correct_ratio", 0.1, "yellow", """
+        ... while correct responses grew by less than this fraction: per-response length
+        normalisation penalises each token of a long wrong answer less, so wrong answers grow
+        longer and longer (arXiv 2503.20783)."""),
     # -- cluster health -------------------------------------------------------------------------
     Threshold("straggler_ratio", 0.25, "cluster", """
         A rank's 50-step step time above the run's median rank by more than this fraction: a
@@ -229,9 +301,6 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("loss_drop_sd", 1.0, "report", """
         Loss down while reward stays flat: "down" is a drop of at least this many
         reference-window stddevs of the loss; the loss is shrinking the KL, not learning."""),
-    Threshold("shortcut_delta", 0.05, "report", """
-        Easy prompt types up and hard ones down by at least this much each (reward units): the
-        model takes shortcuts instead of learning the hard cases."""),
 )
 
 

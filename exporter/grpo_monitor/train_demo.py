@@ -1,11 +1,14 @@
 """A real, tiny GRPO training loop on the CPU that writes snapshots through the SDK.
 
-Nothing here is simulated except the extra ranks of ``--slow-rank``: a ~5k-parameter GRU policy
-learns single-digit addition ("3+4=" -> "7" EOS) from a verifier's reward, with G sampled answers
-per prompt, group-normalised advantages, the PPO/GRPO clipped surrogate against the sampling
-policy, a k3 KL penalty to a frozen reference copy, and every step's signals logged with
-``grpo_stats`` + ``SnapshotWriter``. The knobs make the seeds' sicknesses happen for real, in
-the training dynamics, never by editing the logged numbers:
+Nothing here is simulated except the extra ranks of ``--slow-rank``: a ~5k-parameter GRU policy,
+warm-started by a short supervised phase (like the pretrained model every RL run starts from),
+learns single-digit addition ("3+4=" -> "7" EOS) from a verifier's reward, with G sampled
+answers per prompt, group-normalised advantages, the PPO/GRPO clipped surrogate against the
+trainer's own log-probs of the samples, a k3 KL penalty to a frozen reference copy, and every
+step's signals logged with ``grpo_stats`` + ``SnapshotWriter``. A rollout side samples the
+answers and keeps its own log-probs, as vLLM or SGLang do, so that the rollout/trainer mismatch
+and the rollouts' staleness are measured, not assumed. The knobs make the seeds' sicknesses
+happen for real, in the training dynamics, never by editing the logged numbers:
 
 * ``--grader loose``: the reward also pays for every generated token, whether or not the answer
   is right -> reward hacking with a length surge, sample accuracy flat or falling (seed 4.1).
@@ -14,6 +17,17 @@ the training dynamics, never by editing the logged numbers:
   entropy collapse.
 * ``--nan-reward-at STEP``: the verifier returns NaN for one sample; it reaches the loss and the
   gradient norm, and the optimizer step is skipped (as mixed-precision trainers do).
+* ``--rollout-temperature T`` / ``--rollout-precision bf16|fp16``: the rollout side samples and
+  scores the tokens with its own temperature or precision -> a rollout/trainer mismatch.
+* ``--rollout-lag K`` / ``--rollout-lag-growth N``: rollouts come from the policy K updates old,
+  K growing by one every N steps (an asynchronous rollout side falling behind) -> stale
+  rollouts and a slowly rising mismatch.
+* ``--difficulty hard|easy``: prompts the policy cannot solve (two-digit operands) or has
+  solved (``a+0=``) -> dead groups by cause.
+* ``--length-penalty X``: the reward charges X per answer token, which a two-digit answer pays
+  twice -> the policy gives up on the carry prompts while the no-carry ones improve
+  (shortcut learning by prompt type).
+* ``--loss-agg seq-mean-token-mean``: per-response length normalisation (Dr. GRPO's length bias).
 * ``--slow-rank``: extra ranks (``--ranks``, at least 2) whose perf signals mirror rank 0's
   measured step time, the last one slowed by ``--slow-factor`` -- the one simulated part.
 
@@ -32,6 +46,7 @@ import io
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +62,9 @@ __all__ = ["Config", "StepResult", "add_arguments", "config_from_args", "train"]
 # Vocabulary: digits 0-9, "+", "=", EOS.
 PLUS, EQUALS, EOS = 10, 11, 12
 VOCAB = 13
-PROMPT_LEN = 4  # "a+b="
+DIFFICULTIES = ("mixed", "easy", "hard")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")  # verl's loss_agg_mode names
+ROLLOUT_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -61,18 +78,32 @@ class Config:
     temperature: float = 1.0
     max_new_tokens: int = 10
     lr: float = 3e-3
-    beta: float = 0.1  # KL coefficient (k3 estimate to the frozen reference)
+    beta: float = 0.3  # KL coefficient (k3 estimate to the frozen reference)
     clip_eps: float = 0.2
     inner_epochs: int = 2  # optimisation passes over each batch (ratio vs the sampling policy)
     max_grad_norm: float = 1.0
+    # Supervised warm start on right answers before RL: the policy starts able to solve some
+    # prompts (~20% of samples), as a pretrained model does; from a random policy nine groups in
+    # ten would have no right answer, which is the "prompts too hard" sickness itself.
+    pretrain_steps: int = 50
+    pretrain_lr: float = 2e-2
+    pretrain_batch: int = 64
     grader: str = "strict"  # strict | loose
-    length_bonus: float = 0.15  # loose grader: reward per generated token, right or wrong
+    length_bonus: float = 1.0  # loose grader: reward per generated token, right or wrong
     nan_reward_at: int | None = None
     onset: int = 0  # the sickness knobs below apply from this step
     sick_beta: float | None = None
     sick_lr: float | None = None
     sick_temperature: float | None = None
     sick_group_size: int | None = None
+    difficulty: str = "mixed"  # mixed | easy (a+0=) | hard (two-digit operands)
+    length_penalty: float = 0.0  # reward charged per answer token beyond length_budget
+    length_budget: int = 1  # answer tokens free of the length penalty
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean
+    rollout_precision: str = "fp32"  # the rollout side's dtype: fp32 | bf16 | fp16
+    rollout_temperature: float | None = None  # the rollout side's; None: the trainer's
+    rollout_lag: int = 0  # rollouts from the policy this many updates old
+    rollout_lag_growth: int = 0  # ... plus one every this many steps (0: no growth)
     slow_rank: bool = False
     ranks: int = 1
     slow_factor: float = 1.6
@@ -80,7 +111,7 @@ class Config:
     checkpoint_dir: Path | None = None
     hidden: int = 32
     embed: int = 16
-    threads: int = 2
+    threads: int = 1  # the tensors are tiny: a second thread only spins, and stalls a loaded host
     eps: float = 1e-4
 
 
@@ -89,6 +120,7 @@ class StepResult:
     step: int
     metrics: dict[str, float]
     events: list[dict[str, object]] = field(default_factory=list)
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _make_policy(embed: int, hidden: int) -> Any:
@@ -116,22 +148,62 @@ def _make_policy(embed: int, hidden: int) -> Any:
     return Policy()
 
 
+def _digits(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Numbers as digit tokens, most significant first, right-aligned in ``width`` columns."""
+    import torch
+
+    places = 10 ** torch.arange(width - 1, -1, -1)
+    return (x[:, None] // places) % 10
+
+
+def _make_prompts(n: int, difficulty: str, gen: torch.Generator
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompt tokens [n, L] and the operands. mixed: a, b in 0-9 ("a+b="); easy: "a+0=";
+    hard: two-digit operands ("ab+cd="), which the policy never learned."""
+    import torch
+
+    if difficulty == "hard":
+        a = torch.randint(10, 100, (n,), generator=gen)
+        b = torch.randint(10, 100, (n,), generator=gen)
+        plus, equals = torch.full((n, 1), PLUS), torch.full((n, 1), EQUALS)
+        return torch.cat([_digits(a, 2), plus, _digits(b, 2), equals], dim=1), a, b
+    a = torch.randint(0, 10, (n,), generator=gen)
+    if difficulty == "easy":
+        b = torch.zeros_like(a)
+    elif difficulty == "mixed":
+        b = torch.randint(0, 10, (n,), generator=gen)
+    else:
+        raise ValueError(f"unknown difficulty {difficulty!r}: one of {', '.join(DIFFICULTIES)}")
+    return torch.stack([a, torch.full_like(a, PLUS), b, torch.full_like(a, EQUALS)], dim=1), a, b
+
+
 def _answers(a: torch.Tensor, b: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right answers as token rows padded with EOS, and their lengths without EOS."""
     import torch
 
     s = a + b
-    two = s >= 10
+    n_digits = 1 + (s >= 10).long() + (s >= 100).long()
     ans = torch.full((len(s), width), EOS, dtype=torch.long)
-    ans[:, 0] = torch.where(two, s // 10, s)
-    ans[:, 1] = torch.where(two, s % 10, torch.full_like(s, EOS))
-    return ans, 1 + two.long()
+    for k in range(3):  # the k-th digit from the left, where the answer has one
+        place = 10 ** (n_digits - 1 - k).clamp(min=0)
+        ans[:, k] = torch.where(k < n_digits, (s // place) % 10, ans[:, k])
+    return ans, n_digits
+
+
+def _prompt_types(a: torch.Tensor, b: torch.Tensor, difficulty: str) -> list[str]:
+    """The type of each prompt, for the per-type breakdown (``by_type``)."""
+    if difficulty == "hard":
+        return ["two_digit"] * len(a)
+    return ["carry" if s >= 10 else "no_carry" for s in (a + b).tolist()]
 
 
 def _sample(policy: Any, prompts: torch.Tensor, max_new: int, temperature: float,
-            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample responses; returns tokens [B, max_new] (EOS-padded) and the response mask (the
-    tokens up to and including the first EOS)."""
+            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rollout side: sample responses and keep its own log-probs of them, as a rollout
+    engine does. Returns tokens [B, max_new] (EOS-padded), the response mask (the tokens up to
+    and including the first EOS) and the per-token log-probs under the sampler's temperature
+    (0 on padding). A policy in bf16 / fp16 computes in that precision; its logits are turned
+    into probabilities in fp32, as rollout engines do."""
     import torch
 
     with torch.no_grad():
@@ -139,10 +211,12 @@ def _sample(policy: Any, prompts: torch.Tensor, max_new: int, temperature: float
 
 
 def _sample_no_grad(torch: Any, policy: Any, prompts: torch.Tensor, max_new: int,
-                    temperature: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                    temperature: float, gen: torch.Generator
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     logits, h = policy(prompts)
-    last = logits[:, -1]
+    last = logits[:, -1].float()
     out = torch.full((prompts.shape[0], max_new), EOS, dtype=torch.long)
+    logp = torch.zeros(prompts.shape[0], max_new)
     done = torch.zeros(prompts.shape[0], dtype=torch.bool)
     mask = torch.zeros(prompts.shape[0], max_new, dtype=torch.bool)
     for t in range(max_new):
@@ -151,23 +225,26 @@ def _sample_no_grad(torch: Any, policy: Any, prompts: torch.Tensor, max_new: int
         tok = torch.where(done, torch.full_like(tok, EOS), tok)
         out[:, t] = tok
         mask[:, t] = ~done
+        token_logp = torch.log_softmax(last / temperature, dim=-1).gather(1, tok[:, None]).squeeze(1)
+        logp[:, t] = torch.where(done, torch.zeros_like(token_logp), token_logp)
         done = done | (tok == EOS)
         if bool(done.all()):
             break
         logits, h = policy(tok[:, None], h)
-        last = logits[:, -1]
-    return out, mask
+        last = logits[:, -1].float()
+    return out, mask, logp
 
 
 def _token_logprobs(model: Any, prompts: torch.Tensor, resp: torch.Tensor, temperature: float,
                     with_entropy: bool = False):  # type: ignore[no-untyped-def]
-    """Per-token log-probabilities of ``resp`` (and the per-token entropy) under the
-    temperature-scaled policy, as TRL computes them."""
+    """The trainer's per-token log-probabilities of ``resp`` (and the per-token entropy) under
+    the temperature-scaled policy, as TRL computes them: one forward pass over the whole
+    sequence, where the rollout side stepped token by token."""
     import torch
 
     seq = torch.cat([prompts, resp[:, :-1]], dim=1)
     logits, _ = model(seq)
-    logits = logits[:, PROMPT_LEN - 1:] / temperature
+    logits = logits[:, prompts.shape[1] - 1:] / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, resp[:, :, None]).squeeze(-1)
     if not with_entropy:
@@ -180,40 +257,127 @@ def _grade(resp: torch.Tensor, mask: torch.Tensor, answers: torch.Tensor, ans_le
            grader: str, length_bonus: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards and exact-answer correctness for each response.
 
-    strict: 1 for the exact answer then EOS; else partial credit 0.3 x the share of the
-    answer's digits right in place. loose: strict plus ``length_bonus`` per generated token
-    before EOS, which pays for length whether the answer is right or not."""
-    import torch
-
+    strict: 1 for the exact answer then EOS, else 0 (a verifiable reward, as for GSM8K).
+    loose: strict plus ``length_bonus`` per generated token before EOS, which pays for length
+    whether the answer is right or not."""
     width = answers.shape[1]
-    head = resp[:, :width]
     lengths = mask.sum(-1)
-    exact = (head == answers).all(-1) & (lengths == ans_len + 1)
-    pos = torch.arange(width)[None, :]
-    digit_ok = ((head == answers) & (pos < ans_len[:, None])).sum(-1).float() / ans_len.float()
-    reward = torch.where(exact, torch.ones_like(digit_ok), 0.3 * digit_ok)
+    exact = (resp[:, :width] == answers).all(-1) & (lengths == ans_len + 1)
+    reward = exact.float()
     if grader == "loose":
-        emitted = (mask & (resp != EOS)).sum(-1).float()
-        reward = reward + length_bonus * emitted
+        reward = reward + length_bonus * _answer_tokens(resp, mask)
     elif grader != "strict":
         raise ValueError(f"unknown grader {grader!r}: strict or loose")
     return reward, exact.float()
+
+
+def _answer_tokens(resp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Generated tokens before EOS, per response."""
+    return (mask & (resp != EOS)).sum(-1).float()
+
+
+def _pretrain(cfg: Config, policy: Any, gen: torch.Generator) -> None:
+    """Supervised warm start: ``pretrain_steps`` steps of cross-entropy on right answers (the
+    digits and the EOS after them) of random single-digit prompts."""
+    import torch
+
+    if cfg.pretrain_steps <= 0:
+        return
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.pretrain_lr)
+    for _ in range(cfg.pretrain_steps):
+        prompts, a, b = _make_prompts(cfg.pretrain_batch, "mixed", gen)
+        answers, ans_len = _answers(a, b, 3)
+        logp = _token_logprobs(policy, prompts, answers, 1.0)
+        target = (torch.arange(3)[None, :] <= ans_len[:, None]).float()  # digits and EOS
+        loss = -(logp * target).sum() / target.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
+class _RolloutSide:
+    """The rollout engine's copy of the policy: the trainer's weights as of ``lag`` updates ago,
+    in the rollout's precision. Synchronous fp32 rollouts sample from the trainer's own module."""
+
+    def __init__(self, cfg: Config, policy: Any) -> None:
+        import torch
+
+        self.policy = policy
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16,
+                      "fp16": torch.float16}[cfg.rollout_precision]
+        self.copy = _make_policy(cfg.embed, cfg.hidden).to(self.dtype)
+        self.copy.requires_grad_(False)
+        # Weight versions, newest last: what a lagging rollout side still runs.
+        self.versions: deque[dict[str, torch.Tensor]] = deque(maxlen=_max_lag(cfg) + 1)
+        self.versions.append(self._weights())
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+
+    def updated(self) -> None:
+        """The trainer took an optimizer step: a new policy version exists."""
+        self.versions.append(self._weights())
+
+    def sampler(self, lag: int, low_precision: bool) -> tuple[Any, int]:
+        """The module that samples this step, ``lag`` versions behind the trainer (as far back
+        as versions exist) and in the rollout's precision when ``low_precision``, and the age
+        of its weights in policy versions."""
+        import torch
+
+        dtype = self.dtype if low_precision else torch.float32
+        if lag == 0 and dtype == torch.float32:
+            return self.policy, 0
+        age = min(lag, len(self.versions) - 1)
+        if self.copy.head.weight.dtype != dtype:
+            self.copy.to(dtype)
+        self.copy.load_state_dict(self.versions[-1 - age])  # cast to the copy's dtype
+        return self.copy, age
+
+
+def _max_lag(cfg: Config) -> int:
+    return _lag_at(cfg, max(cfg.steps, cfg.onset))
+
+
+def _lag_at(cfg: Config, step: int) -> int:
+    """The rollout side's lag behind the trainer at ``step``, in policy versions."""
+    if step < cfg.onset:
+        return 0
+    growth = (step - cfg.onset) // cfg.rollout_lag_growth if cfg.rollout_lag_growth > 0 else 0
+    return cfg.rollout_lag + growth
+
+
+def _check(cfg: Config) -> None:
+    if cfg.group_size < 2 or (cfg.sick_group_size is not None and cfg.sick_group_size < 2):
+        raise ValueError("group size must be >= 2")
+    if cfg.difficulty not in DIFFICULTIES:
+        raise ValueError(f"unknown difficulty {cfg.difficulty!r}: one of {', '.join(DIFFICULTIES)}")
+    if cfg.loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {cfg.loss_agg!r}: one of "
+                         f"{', '.join(LOSS_AGGREGATIONS)}")
+    if cfg.rollout_precision not in ROLLOUT_PRECISIONS:
+        raise ValueError(f"unknown rollout precision {cfg.rollout_precision!r}: one of "
+                         f"{', '.join(ROLLOUT_PRECISIONS)}")
+    if cfg.rollout_lag < 0 or cfg.rollout_lag_growth < 0 or cfg.length_budget < 0:
+        raise ValueError("the rollout lag, its growth interval and the length budget must be >= 0")
+    if cfg.max_new_tokens < 4:
+        raise ValueError("max_new_tokens must be >= 4: a three-digit answer and its EOS")
 
 
 def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
     """Run the loop for ``cfg.steps`` steps, logging every step; returns the logged metrics."""
     import torch
 
-    if cfg.group_size < 2 or (cfg.sick_group_size is not None and cfg.sick_group_size < 2):
-        raise ValueError("group size must be >= 2")
+    _check(cfg)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     policy = _make_policy(cfg.embed, cfg.hidden)
+    _pretrain(cfg, policy, gen)
     ref = _make_policy(cfg.embed, cfg.hidden)
-    ref.load_state_dict(policy.state_dict())
+    ref.load_state_dict(policy.state_dict())  # the reference is the warm-started policy
     ref.requires_grad_(False)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    rollout = _RolloutSide(cfg, policy)
     ranks = max(cfg.ranks, 2 if cfg.slow_rank else 1)
     results: list[StepResult] = []
     # Each writer as a context manager: the run's end is marked when the loop finishes (or is
@@ -222,9 +386,9 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
         writers = [stack.enter_context(SnapshotWriter(cfg.snapshot_dir, cfg.run, rank=r, world_size=ranks))
                    for r in range(ranks)]
         for step in range(1, cfg.steps + 1):
-            res = _step(cfg, step, policy, ref, opt, gen)
+            res = _step(cfg, step, policy, ref, opt, gen, rollout)
             metrics = res.metrics
-            writers[0].log(metrics, step, events=res.events or None)
+            writers[0].log(metrics, step, by_type=res.by_type or None, events=res.events or None)
             for r in range(1, ranks):
                 slow = cfg.slow_rank and r == ranks - 1 and step >= cfg.onset
                 st = metrics["perf/step_time_s"] * (cfg.slow_factor if slow else 1.0)
@@ -238,7 +402,7 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
 
 
 def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimizer,
-          gen: torch.Generator) -> StepResult:
+          gen: torch.Generator, rollout: _RolloutSide) -> StepResult:
     import torch
 
     from grpo_monitor.sdk.torch import grpo_stats
@@ -250,18 +414,26 @@ def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimi
     temperature = cfg.sick_temperature if sick and cfg.sick_temperature is not None else cfg.temperature
     group = cfg.sick_group_size if sick and cfg.sick_group_size is not None else cfg.group_size
     grader = cfg.grader if sick else "strict"
+    difficulty = cfg.difficulty if sick else "mixed"
+    length_penalty = cfg.length_penalty if sick else 0.0
+    loss_agg = cfg.loss_agg if sick else "token-mean"
+    rollout_temperature = (cfg.rollout_temperature if sick and cfg.rollout_temperature is not None
+                           else temperature)
     for g in opt.param_groups:
         g["lr"] = lr
 
-    # Rollout: P prompts, G samples each.
+    # Rollout: P prompts, G samples each, by the rollout side's copy of the policy.
     P = cfg.prompts
-    a = torch.randint(0, 10, (P,), generator=gen)
-    b = torch.randint(0, 10, (P,), generator=gen)
-    prompt = torch.stack([a, torch.full_like(a, PLUS), b, torch.full_like(a, EQUALS)], dim=1)
+    prompt, a, b = _make_prompts(P, difficulty, gen)
     prompts = prompt.repeat_interleave(group, dim=0)
-    resp, mask = _sample(policy, prompts, cfg.max_new_tokens, temperature, gen)
+    sampler, age = rollout.sampler(_lag_at(cfg, step), low_precision=sick)
+    resp, mask, rollout_logp = _sample(sampler, prompts, cfg.max_new_tokens, rollout_temperature, gen)
     answers, ans_len = _answers(a.repeat_interleave(group), b.repeat_interleave(group), cfg.max_new_tokens)
-    reward, correct = _grade(resp, mask, answers, ans_len, grader, cfg.length_bonus)
+    score, correct = _grade(resp, mask, answers, ans_len, grader, cfg.length_bonus)
+    # An overlong penalty (DAPO's reward shaping, here with a budget too tight for two-digit
+    # answers) shapes the training reward; the verifier's score is what the task asks.
+    overlong = (_answer_tokens(resp, mask) - cfg.length_budget).clamp(min=0)
+    reward = score - length_penalty * overlong
     if cfg.nan_reward_at is not None and step == cfg.nan_reward_at:
         reward[0] = float("nan")  # the verifier crashed on one sample and returned NaN
     rewards = reward.view(P, group)
@@ -270,12 +442,16 @@ def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimi
     adv = ((rewards - mean) / (std + cfg.eps)).reshape(-1, 1)
     maskf = mask.float()
     ntok = maskf.sum()
+    seq_tokens = maskf.sum(-1).clamp(min=1)
 
     with torch.no_grad():
+        # The trainer recomputes the samples' log-probs with its own weights and temperature
+        # (verl's old_log_prob): the ratio's denominator, and one side of the mismatch.
         old_logp = _token_logprobs(policy, prompts, resp, temperature)
         ref_logp = _token_logprobs(ref, prompts, resp, temperature)
 
-    # Optimisation: the clipped surrogate with a k3 KL penalty, token-level mean.
+    # Optimisation: the clipped surrogate with a k3 KL penalty, aggregated per token (token-mean)
+    # or per response then over responses (seq-mean-token-mean, Dr. GRPO's length bias).
     loss_v = grad_norm = clip_frac = 0.0
     kl_tok = ent_tok = None
     skipped = False
@@ -285,8 +461,11 @@ def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimi
         surr = torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
         d = ref_logp - logp
         k3 = torch.exp(d) - d - 1
-        per_tok = -surr + beta * k3
-        loss = (per_tok * maskf).sum() / ntok
+        per_tok = (-surr + beta * k3) * maskf
+        if loss_agg == "token-mean":
+            loss = per_tok.sum() / ntok
+        else:
+            loss = (per_tok.sum(-1) / seq_tokens).mean()
         if epoch == 0:
             kl_tok, ent_tok = k3.detach(), entropy.detach()
         opt.zero_grad(set_to_none=True)
@@ -302,6 +481,8 @@ def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimi
             opt.zero_grad(set_to_none=True)
             break
         opt.step()
+    if not skipped:
+        rollout.updated()
 
     events: list[dict[str, object]] = []
     if skipped:
@@ -320,7 +501,10 @@ def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimi
 
     assert kl_tok is not None and ent_tok is not None
     metrics = grpo_stats(rewards, kl=kl_tok, entropy=ent_tok, mask=mask,
-                         max_length=cfg.max_new_tokens, eps=cfg.eps)
+                         max_length=cfg.max_new_tokens, eps=cfg.eps, logprobs=old_logp,
+                         advantages=adv, rollout_logprobs=rollout_logp,
+                         correct=correct.view(P, group),
+                         trajectory_age=torch.full((P * group,), float(age)))
     step_time = time.perf_counter() - t0
     metrics.update({
         "loss": loss_v,
@@ -332,7 +516,22 @@ def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimi
         "perf/samples_per_s": P * group / step_time,
         "perf/tokens_per_s": float(ntok) / step_time,
     })
-    return StepResult(step, metrics, events)
+    return StepResult(step, metrics, events, _by_type(a, b, difficulty, group, score, correct))
+
+
+def _by_type(a: torch.Tensor, b: torch.Tensor, difficulty: str, group: int, score: torch.Tensor,
+             correct: torch.Tensor) -> dict[str, dict[str, float]]:
+    """Per prompt type: the verifier's mean score (reward/mean, before any length bonus or
+    penalty: what the task asks of that type) and the share of right answers."""
+    types = _prompt_types(a, b, difficulty)
+    per_prompt_score = score.view(-1, group).mean(1).tolist()
+    per_prompt_acc = correct.view(-1, group).mean(1).tolist()
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted(set(types)):
+        idx = [i for i, t in enumerate(types) if t == name]
+        out[name] = {"reward/mean": sum(per_prompt_score[i] for i in idx) / len(idx),
+                     "eval/sample_acc": sum(per_prompt_acc[i] for i in idx) / len(idx)}
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -351,14 +550,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"KL coefficient; 0 with a high --lr blows KL up (default: {d.beta}).")
     p.add_argument("--inner-epochs", type=int, default=d.inner_epochs,
                    help=f"Optimisation passes per batch (default: {d.inner_epochs}).")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                   help=f"Generation length limit (default: {d.max_new_tokens}).")
+    p.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps,
+                   help=f"Supervised warm-start steps before RL; 0 starts from a random policy "
+                   f"(default: {d.pretrain_steps}).")
     p.add_argument("--grader", choices=("strict", "loose"), default=d.grader,
                    help="strict: pays for the right answer; loose: also pays per generated token "
                    "(reward hacking with a length surge) (default: strict).")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, metavar="X",
+                   help="Charge X reward per answer token beyond --length-budget; 1.2 makes a right "
+                   "two-digit (carry) answer cost more than it earns: shortcut learning by prompt "
+                   "type (default: 0).")
+    p.add_argument("--length-budget", type=int, default=d.length_budget, metavar="N",
+                   help=f"Answer tokens free of --length-penalty (default: {d.length_budget}).")
+    p.add_argument("--difficulty", choices=DIFFICULTIES, default=d.difficulty,
+                   help="mixed: a+b= with one-digit operands; hard: two-digit operands the policy "
+                   "cannot solve; easy: a+0=, which it has solved (default: mixed).")
+    p.add_argument("--loss-agg", choices=LOSS_AGGREGATIONS, default=d.loss_agg,
+                   help="token-mean over the batch's tokens, or seq-mean-token-mean: each response "
+                   "normalised by its own length, Dr. GRPO's length bias (default: token-mean).")
+    p.add_argument("--rollout-precision", choices=ROLLOUT_PRECISIONS, default=d.rollout_precision,
+                   help="The rollout side's precision; the trainer stays fp32 (default: fp32).")
+    p.add_argument("--rollout-temperature", type=float, default=None, metavar="T",
+                   help="The rollout side samples and scores at T while the trainer uses "
+                   "--temperature: a rollout/trainer mismatch (default: the same).")
+    p.add_argument("--rollout-lag", type=int, default=d.rollout_lag, metavar="K",
+                   help="Rollouts from the policy K updates old, as an asynchronous rollout side "
+                   "(default: 0).")
+    p.add_argument("--rollout-lag-growth", type=int, default=d.rollout_lag_growth, metavar="N",
+                   help="The lag grows by one every N steps: a rollout side falling behind "
+                   "(default: 0, no growth).")
     p.add_argument("--nan-reward-at", type=int, default=None, metavar="STEP",
                    help="The verifier returns NaN for one sample at this step.")
     p.add_argument("--onset", type=int, default=d.onset, metavar="STEP",
                    help="Apply the sickness knobs (--grader, --beta, --lr, --temperature, "
-                   "--group-size, --slow-rank) only from this step; before it the defaults train "
+                   "--group-size, --difficulty, --length-penalty, --loss-agg, --rollout-*, "
+                   "--slow-rank) only from this step; before it the defaults train "
                    "(default: 0, sick from the start).")
     p.add_argument("--slow-rank", action="store_true",
                    help="Log extra ranks' perf signals (simulated from rank 0's step time), the last "
@@ -382,8 +610,13 @@ def config_from_args(args: argparse.Namespace, snapshot_dir: Path) -> Config:
     onset = args.onset
     cfg = Config(
         snapshot_dir=snapshot_dir, run=args.run, steps=args.steps, seed=args.seed,
-        prompts=args.prompts, inner_epochs=args.inner_epochs, grader=args.grader,
-        nan_reward_at=args.nan_reward_at, onset=onset, slow_rank=args.slow_rank, ranks=args.ranks,
+        prompts=args.prompts, inner_epochs=args.inner_epochs, max_new_tokens=args.max_new_tokens,
+        pretrain_steps=args.pretrain_steps, grader=args.grader, nan_reward_at=args.nan_reward_at,
+        onset=onset, difficulty=args.difficulty, length_penalty=args.length_penalty,
+        length_budget=args.length_budget,
+        loss_agg=args.loss_agg, rollout_precision=args.rollout_precision,
+        rollout_temperature=args.rollout_temperature, rollout_lag=args.rollout_lag,
+        rollout_lag_growth=args.rollout_lag_growth, slow_rank=args.slow_rank, ranks=args.ranks,
         slow_factor=args.slow_factor, checkpoint_every=args.checkpoint_every,
         checkpoint_dir=args.checkpoint_dir, threads=args.threads)
     for name, sick_name in (("beta", "sick_beta"), ("lr", "sick_lr"),
@@ -393,4 +626,5 @@ def config_from_args(args: argparse.Namespace, snapshot_dir: Path) -> Config:
             setattr(cfg, sick_name, value if value != getattr(d, name) else None)
         else:
             setattr(cfg, name, value)
+    _check(cfg)
     return cfg
