@@ -2,8 +2,8 @@
 
 Usage: python bench/bench_alert_latency.py [--out PATH] [-n N] [--interval DURATION] [--seed N]
 
-Method. The same stack as tests/test_alerting_e2e.py (helpers in tests/stack.py): an Exporter
-in this process on a temporary snapshot folder, the real `prometheus` (scrape and evaluation
+Method. The same stack as tests/test_alerting_e2e.py (helpers in tests/prometheus_harness.py):
+an Exporter in this process on a temporary snapshot folder, the real `prometheus` (scrape and evaluation
 interval --interval, default 1s; the committed rule files) and `prometheus-alertmanager` (the
 committed prometheus/alertmanager.yml, webhook pointed at a listener in this process) on
 loopback ports. After Prometheus has scraped the exporter once and found Alertmanager, each
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from stack import alert_stack, latency_report, write_nonfinite_loss  # noqa: E402
+from prometheus_harness import alert_stack, latency_report, write_nonfinite_loss  # noqa: E402
 
 from grpo_monitor.app import Exporter  # noqa: E402
 from grpo_monitor.config import ExporterConfig  # noqa: E402

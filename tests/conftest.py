@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import requests
+from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from grpo_monitor.app import Exporter
@@ -18,27 +18,17 @@ from grpo_monitor.config import ExporterConfig
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> object:
-    """Poll until ``predicate()`` is truthy; fail with its last value after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
-        time.sleep(interval)
+def parse_samples(text: str) -> Samples:
+    """Exposition text parsed with prometheus-client's parser: {(name, labels): value}."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def scrape(url: str) -> Samples:
-    """GET /metrics and parse it with prometheus-client's parser: {(name, labels): value}."""
+    """GET /metrics, parsed (parse_samples)."""
     resp = requests.get(f"{url}/metrics", timeout=5)
     resp.raise_for_status()
-    out: Samples = {}
-    for fam in text_string_to_metric_families(resp.text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
+    return parse_samples(resp.text)
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:

@@ -41,9 +41,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import stack
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("GRPO_CONTAINER_CACHE")
@@ -99,11 +98,9 @@ def run(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = Non
     return res
 
 
-def poll(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5,
-         diagnose: Callable[[], str] | None = None) -> Any:
-    """stack.poll with this module's pace: half-second steps, and any exception (a podman command
-    failing, a container not up yet) counts as "not yet"."""
-    return stack.poll(predicate, timeout, interval, what, diagnose, retry_on=(Exception,))
+# What a wait on podman and its containers retries: any error (a podman command failing, a
+# container not up yet, a file half written) means "not yet".
+ANY_ERROR: tuple[type[BaseException], ...] = (Exception,)
 
 
 def missing_tools() -> list[str]:
@@ -151,8 +148,8 @@ class Podman:
             self.service = subprocess.Popen(
                 self.argv("system", "service", "--time", "0", f"unix://{self.sock}"),
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
-        poll(self._ping, 60, "podman system service answers /_ping",
-             diagnose=lambda: log.read_text(errors="replace")[-3000:])
+        wait_for(self._ping, 60, 0.5, what="podman system service answers /_ping",
+                 diagnose=lambda: log.read_text(errors="replace")[-3000:], retry_on=ANY_ERROR)
 
     def stop_service(self) -> None:
         if self.service is not None and self.service.poll() is None:

@@ -8,12 +8,13 @@
         ▼   (the long-term store's stand-in)
 
 Every process is a real subprocess listening on 127.0.0.1, on a port picked by binding to port
-0 (tests/stack.py's start_listening); configs, TSDBs, logs and the webhook token live in one
+0 (tests/processes.py's start_listening); configs, TSDBs, logs and the webhook token live in one
 working folder. An exporter can be killed and started again on the same port (Node.stop,
 Node.start), as a node that goes away and comes back. Trainer ranks are launched as one
 torch.distributed (gloo) job spread over the nodes' snapshot folders (Fleet.launch).
 
-The configs are the committed ones with only what must differ rewritten, as in tests/stack.py:
+The configs are the committed ones with only what must differ rewritten, as in
+tests/prometheus_harness.py:
 prometheus-fleet.yml keeps its job, its relabeling to `node`, its external labels and the
 committed rule files (by absolute path, unchanged: GRPOExporterDown keeps its `for: 2m`);
 its intervals shrink, its file_sd folder and Alertmanager move to the working folder and to
@@ -37,23 +38,22 @@ from typing import Any
 
 import requests
 import yaml
-
-from grpo_monitor import stack as native
-from gloo import GlooJob
-from grpo_monitor.cli import ENV_PREFIX
-from stack import (
+from gloo_job import GlooJob
+from polling import wait_for
+from processes import log_tail, start_listening, wait_ready
+from prometheus_harness import (
     PROMETHEUS_DIR,
-    Process,
     alertmanager_known,
-    parse_duration,
-    poll,
     server_state,
     start_alertmanager,
-    start_listening,
     start_prometheus,
     uncomment_example,
-    wait_ready,
 )
+
+from grpo_monitor import stack as native
+from grpo_monitor.cli import ENV_PREFIX
+from grpo_monitor.config import parse_duration
+from grpo_monitor.stack import Child
 
 FLEET_YML = PROMETHEUS_DIR / "prometheus-fleet.yml"
 NODE_NAMES = ("node-a", "node-b")
@@ -112,7 +112,7 @@ def exporter_env() -> dict[str, str]:
 class Node:
     """One node: its snapshot folder and its exporter, a subprocess on a fixed port."""
 
-    def __init__(self, name: str, snapshot_dir: Path, port: int, process: Process,
+    def __init__(self, name: str, snapshot_dir: Path, port: int, process: Child,
                  argv: Callable[[int], list[str]], workdir: Path) -> None:
         self.name = name
         self.snapshot_dir = snapshot_dir
@@ -148,10 +148,10 @@ class Node:
             raise RuntimeError(f"{self.name}: the exporter is still running")
         self._starts += 1
         name = f"{self.name}-exporter"
-        self.process = Process(name, self._argv(self.port),
-                               self._workdir / f"{name}.{self._starts}.log", self._workdir,
-                               env=exporter_env())
-        wait_ready(self.process, self.url, timeout)
+        self.process = Child.start(name, self._argv(self.port),
+                                   self._workdir / f"{name}.{self._starts}.log", self._workdir,
+                                   url=self.url, env=exporter_env())
+        wait_ready(self.process, timeout)
 
 
 # --- the fleet -----------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class Fleet:
     file_sd_dir: Path
     interval_s: float
     external_labels: dict[str, str]
-    services: list[Process]  # alertmanager, receiver, prometheus
+    services: list[Child]  # alertmanager, receiver, prometheus
     _stack: ExitStack = field(repr=False)
     _jobs: list[GlooJob] = field(default_factory=list, repr=False)
     _extra: list[Node] = field(default_factory=list, repr=False)
@@ -254,9 +254,9 @@ class Fleet:
             return bool(predicate(box[0]))
 
         where = "the receiver" if url == self.receiver_url else url or "the fleet's Prometheus"
-        poll(check, timeout, interval=0.2,
-             what=f"{what or 'a non-empty result'}: {promql} at {where}",
-             diagnose=lambda: f"last result: {json.dumps(box[0])}\n{self.diagnose((promql,))}")
+        wait_for(check, timeout, interval=0.2,
+                 what=f"{what or 'a non-empty result'}: {promql} at {where}",
+                 diagnose=lambda: f"last result: {json.dumps(box[0])}\n{self.diagnose((promql,))}")
         return box[0]
 
     def am_alerts(self) -> list[dict[str, Any]]:
@@ -270,8 +270,8 @@ class Fleet:
     def launch(self, script: Path, run: str, args: Sequence[str] = (), *,
                world_size: int = 4) -> GlooJob:
         """Start ``world_size`` ranks of ``script`` as one gloo job, spread over the nodes in
-        blocks (tests/gloo.py): with 4 ranks and 2 nodes, ranks 0-1 write to node-a's snapshot
-        folder, ranks 2-3 to node-b's. The ranks are stopped with the fleet."""
+        blocks (tests/gloo_job.py): with 4 ranks and 2 nodes, ranks 0-1 write to node-a's
+        snapshot folder, ranks 2-3 to node-b's. The ranks are stopped with the fleet."""
         job = GlooJob([n.snapshot_dir for n in self.nodes], run, args, world_size=world_size,
                       script=script, log_dir=self.workdir)
         self._jobs.append(job)
@@ -282,7 +282,7 @@ class Fleet:
 
     def logs(self) -> str:
         procs = [*self.services, *(n.process for n in (*self.nodes, *self._extra))]
-        parts = [f"--- {p.name} log ({p.log}) ---\n{p.log_tail()}" for p in procs]
+        parts = [f"--- {p.name} log ({p.log}) ---\n{log_tail(p)}" for p in procs]
         parts += [job.logs() for job in self._jobs]
         return "\n".join(parts)
 
@@ -300,10 +300,10 @@ class Fleet:
             targets = self.active_targets()
             return want <= targets.keys() and all(targets[t]["health"] == "up" for t in want)
 
-        poll(all_up, timeout, interval=0.2, what=f"targets {sorted(want)} up",
-             diagnose=self.diagnose)
-        poll(lambda: alertmanager_known(self.prometheus_url), timeout, interval=0.2, what="Alertmanager discovered",
-             diagnose=self.diagnose)
+        wait_for(all_up, timeout, interval=0.2, what=f"targets {sorted(want)} up",
+                 diagnose=self.diagnose)
+        wait_for(lambda: alertmanager_known(self.prometheus_url), timeout, interval=0.2,
+                 what="Alertmanager discovered", diagnose=self.diagnose)
 
 
 def start_node(stack: ExitStack, name: str, workdir: Path, token_file: Path) -> Node:

@@ -3,10 +3,10 @@
 The shared collection (``../shared/real-runs`` beside the repository, or ``$GRPO_REAL_RUNS``)
 holds public runs as their frameworks logged them, one ``derived_steps.jsonl`` per run. This
 module writes such a run into a snapshot folder as flat records, the keys as logged, lets the
-exporter's ingest and store read it step by step (scenario_rules.Recorder), and asks the real
-``promtool`` which cards fired at which steps. Tests mostly assert with
-scenario_rules.check_cards on ``play_real``'s result; ``fired`` is for development and
-diagnosis, and so is the command line:
+exporter's ingest and store read it step by step (promtool_harness.Recorder), and asks the
+real ``promtool`` which cards fired at which steps. Tests mostly assert with
+promtool_harness.check_cards on ``play_real``'s result; promtool_harness.fired is for
+development and diagnosis, and so is the command line:
 
     python tests/real_runs.py [NAME_OR_FOLDER ...] [--every K] [--scrape-every-steps N]
 
@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from scenario_rules import RULE_FILES, Played, Recorder
+from promtool_harness import Played, Recorder, fired_at, intervals
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "GRPO_REAL_RUNS"
@@ -157,128 +155,6 @@ def play_real(name_or_path: str | Path, *, scrape_every_steps: int = 1, every: i
             if last_of_block:
                 recorder.scrape(rec["step"], [path])
     return recorder.played()
-
-
-# -- which cards fired, asked of promtool ---------------------------------------------------
-
-FIRING = 'group by (alertname, severity) (ALERTS{alertstate="firing"})'
-Intervals = dict[str, list[tuple[int, int]]]
-
-
-def _with_staleness(values: list[str]) -> list[str]:
-    """A series missing from a scrape after being present gets a staleness marker, as the real
-    Prometheus writes one; with a bare gap promtool would keep its last value for 5 minutes
-    and a card would seem to fire for five scrapes after its signal went away."""
-    out: list[str] = []
-    for i, v in enumerate(values):
-        out.append("stale" if v == "_" and i and values[i - 1] != "_" else v)
-    return out
-
-
-def fired_at(played: Played, tmp: Path) -> list[set[tuple[str, str]]]:
-    """For each scrape, the (alertname, severity) pairs firing then, per the real promtool."""
-    n = len(played.scrape_steps)
-    test = {
-        "rule_files": RULE_FILES,
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": name, "values": " ".join(_with_staleness(values))}
-                             for name, values in played.series.items()],
-            # promtool only asserts: expecting nothing at every scrape makes it print what was
-            # there instead, wherever something was.
-            "promql_expr_test": [{"expr": FIRING, "eval_time": f"{i}m", "exp_samples": []}
-                                 for i in range(n)],
-        }],
-    }
-    path = tmp / "real-run.test.json"
-    path.write_text(json.dumps(test))
-    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True,
-                          timeout=900)
-    by_minute = parse_promtool_report(proc.stdout + proc.stderr, proc.returncode, FIRING)
-    if any(m >= n for m in by_minute):
-        raise ValueError(f"promtool reported minute {max(by_minute)} of a {n}-scrape play")
-    return [by_minute.get(i, set()) for i in range(n)]
-
-
-_EXPR = re.compile(r'^    expr: (".*"), time: ([0-9a-z]+),$')
-_GOT_ITEM = re.compile(r'\{alertname="([^"\\]+)", severity="([^"\\]*)"\} 1E\+00')
-_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
-_DURATION_MS = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
-
-
-def _minutes(text: str) -> int:
-    m = _DURATION.match(text)
-    if not m or not any(m.groups()):
-        raise ValueError(f"promtool time {text!r} is not a duration")
-    ms = sum(int(g) * unit for g, unit in zip(m.groups(), _DURATION_MS) if g)
-    if ms % 60_000:
-        raise ValueError(f"promtool time {text!r} is not a whole minute")
-    return ms // 60_000
-
-
-def parse_promtool_report(output: str, returncode: int, expr: str) -> dict[int, set[tuple[str, str]]]:
-    """minute -> (alertname, severity) pairs, from ``promtool test rules`` output whose every
-    expression test expected nothing.
-
-    Strict on purpose: a line that is not part of the known report shape (another promtool
-    version, a rule file error, an expression test that failed for another reason) raises
-    ValueError instead of reading as "nothing fired".
-    """
-    lines = output.splitlines()
-    meaningful = [ln for ln in lines if ln.strip()]
-    if returncode == 0:
-        if not any(ln.strip() == "SUCCESS" for ln in meaningful):
-            raise ValueError(f"promtool exited 0 without SUCCESS:\n{output[-2000:]}")
-        return {}
-    if returncode != 1:
-        raise ValueError(f"promtool exited {returncode}:\n{output[-3000:]}")
-    try:
-        start = next(i for i, ln in enumerate(meaningful) if ln.strip().endswith("FAILED:"))
-    except StopIteration:
-        raise ValueError(f"promtool failed without a FAILED: report:\n{output[-3000:]}") from None
-    if not all(ln.startswith("Unit Testing:") for ln in meaningful[:start]):
-        raise ValueError(f"unexpected promtool output before its report:\n{output[-3000:]}")
-    body = meaningful[start + 1:]
-    if not body or len(body) % 3:
-        raise ValueError(f"promtool's report is not made of (expr, exp, got) triples:\n{output[-3000:]}")
-    out: dict[int, set[tuple[str, str]]] = {}
-    for i in range(0, len(body), 3):
-        head, exp, got = body[i:i + 3]
-        m = _EXPR.match(head)
-        if not m or json.loads(m.group(1)) != expr:
-            raise ValueError(f"unexpected promtool report line: {head!r}")
-        if exp.strip() != "exp: nil" or not got.strip().startswith("got: "):
-            raise ValueError(f"unexpected promtool report lines: {exp!r}, {got!r}")
-        items = got.strip()[len("got: "):]
-        pairs = _GOT_ITEM.findall(items)
-        if ", ".join(f'{{alertname="{a}", severity="{s}"}} 1E+00' for a, s in pairs) != items:
-            raise ValueError(f"cannot read promtool's got: list: {items!r}")
-        minute = _minutes(m.group(2))
-        if minute in out:
-            raise ValueError(f"promtool reported minute {minute} twice")
-        out[minute] = set(pairs)
-    return out
-
-
-def intervals(scrape_steps: list[int], at: list[set[tuple[str, str]]]) -> Intervals:
-    """alertname -> (first step, last step) of each unbroken run of scrapes that saw it firing."""
-    out: Intervals = {}
-    for i, firing in enumerate(at):
-        for alert in sorted({a for a, _ in firing}):
-            spans = out.setdefault(alert, [])
-            step = scrape_steps[i]
-            if spans and alert in {a for a, _ in at[i - 1]}:
-                spans[-1] = (spans[-1][0], step)
-            else:
-                spans.append((step, step))
-    return out
-
-
-def fired(played: Played, tmp: Path) -> Intervals:
-    """For each alert that fired, the intervals of logged steps during which it was firing:
-    (step of the first scrape that saw it firing, step of the last), in play order."""
-    return intervals(played.scrape_steps, fired_at(played, tmp))
 
 
 # -- command line -----------------------------------------------------------------------------

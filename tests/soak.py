@@ -47,7 +47,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from grpo_monitor.health import ERROR_REASONS
 from grpo_monitor.sdk.writer import SnapshotWriter
 from grpo_monitor.simulate import Step, generate
-from stack import Process, poll, prometheus_config, start_listening, start_prometheus
+from grpo_monitor.stack import Child
+from polling import wait_for
+from processes import log_tail, start_child, start_listening
+from prometheus_harness import prometheus_config, start_prometheus
 
 RUN = "soak"
 COUNT_EVENT = "soak_record"  # one per record: the exporter's per-rank record count
@@ -211,8 +214,8 @@ def run_soak(config: SoakConfig, workdir: Path,
         prom_config.pop("alerting")
         job = prom_config["scrape_configs"][0]["job_name"]
         _, prom_url = start_prometheus(stack, workdir, prom_config)
-        poll(lambda: _query(prom_url, f'up{{job="{job}"}} == 1'), 30,
-             what="Prometheus scraping the exporter")
+        wait_for(lambda: _query(prom_url, f'up{{job="{job}"}} == 1'), 30,
+                 what="Prometheus scraping the exporter")
         say(f"exporter {exporter_url} (pid {exporter.proc.pid}), prometheus {prom_url}")
 
         start_at = time.time() + WRITER_START_DELAY_S
@@ -233,7 +236,7 @@ def run_soak(config: SoakConfig, workdir: Path,
         writers_deadline = start_at + config.duration_s + DRAIN_TIMEOUT_S
         while any(w.alive() for w, _ in writers):
             if not exporter.alive():
-                raise AssertionError(f"the exporter exited:\n{exporter.log_tail()}")
+                raise AssertionError(f"the exporter exited:\n{log_tail(exporter)}")
             if time.time() > writers_deadline:
                 raise AssertionError("writer processes still running long after their schedule")
             s = sample()
@@ -250,8 +253,8 @@ def run_soak(config: SoakConfig, workdir: Path,
         # Everything written (records + one run_end mark per rank) must arrive.
         expected = sum(w.records for w in written) + len(written)
         try:
-            poll(lambda: sample().health.get(INGESTED, 0) >= expected, DRAIN_TIMEOUT_S, interval=0.5,
-                 what=f"{expected} records ingested")
+            wait_for(lambda: sample().health.get(INGESTED, 0) >= expected, DRAIN_TIMEOUT_S,
+                     interval=0.5, what=f"{expected} records ingested")
         except AssertionError:
             pass  # problems() reports the shortfall, rank by rank
         drained_s = time.time() - start_at
@@ -261,30 +264,28 @@ def run_soak(config: SoakConfig, workdir: Path,
         files, rotations = _disk(snapshots)
         return SoakResult(config, start_at, writers_done_s, drained_s, written, lateness, samples,
                           final, files, rotations, scrapes, alerts, exporter.alive(),
-                          exporter.log_tail(20), max_bytes)
+                          log_tail(exporter, 20), max_bytes)
 
 
 def _start_writers(stack: ExitStack, config: SoakConfig, workdir: Path, snapshots: Path,
-                   start_at: float) -> list[tuple[Process, Path]]:
+                   start_at: float) -> list[tuple[Child, Path]]:
     procs = max(1, min(config.writer_processes, config.ranks))
     bounds = [round(i * config.ranks / procs) for i in range(procs + 1)]
     out = []
     for i in range(procs):
         report = workdir / f"writer-{i}.json"
-        proc = Process(f"writer-{i}", [
+        proc = start_child(stack, f"writer-{i}", [
             sys.executable, __file__, "--snapshot-dir", str(snapshots),
             "--world-size", str(config.ranks), "--first-rank", str(bounds[i]),
             "--last-rank", str(bounds[i + 1] - 1), "--records", str(config.records_per_rank),
             "--rate", str(config.rate_hz), "--start-at", repr(start_at),
             "--rotations", str(config.rotations), "--keep-segments", str(config.keep_segments),
-            "--seed", str(config.seed), "--report", str(report)],
-            workdir / f"writer-{i}.log", workdir)
-        stack.callback(proc.stop)
+            "--seed", str(config.seed), "--report", str(report)], workdir)
         out.append((proc, report))
     return out
 
 
-def _read_reports(writers: list[tuple[Process, Path]]
+def _read_reports(writers: list[tuple[Child, Path]]
                   ) -> tuple[list[RankWritten], float, float, dict[int, int]]:
     """What each rank wrote, when the last writer finished, its worst lateness, the max_bytes."""
     written: list[RankWritten] = []
@@ -293,7 +294,7 @@ def _read_reports(writers: list[tuple[Process, Path]]
     for proc, report in writers:
         if proc.proc.returncode != 0 or not report.exists():
             raise AssertionError(f"{proc.name} exited with {proc.proc.returncode}:\n"
-                                 f"{proc.log_tail()}")
+                                 f"{log_tail(proc)}")
         doc = json.loads(report.read_text())
         finished_at = max(finished_at, doc["finished_at"])
         lateness = max(lateness, doc["max_lateness_s"])
@@ -310,7 +311,7 @@ def _vmrss_bytes(pid: int) -> int:
     raise AssertionError(f"no VmRSS in /proc/{pid}/status")
 
 
-def _sample(session: requests.Session, url: str, exporter: Process, start_at: float) -> Sample:
+def _sample(session: requests.Session, url: str, exporter: Child, start_at: float) -> Sample:
     t = time.time() - start_at
     rss = _vmrss_bytes(exporter.proc.pid)
     t0 = time.perf_counter()

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from conftest import Running
-from stack import REPO, AlertStack, alert_stack, latency_report, poll, write_nonfinite_loss
+from polling import wait_for
+from prometheus_harness import REPO, AlertStack, alert_stack, latency_report, write_nonfinite_loss
 
 RUN = "e2e"
 DEADLINE_S = 60.0  # generous: the target (~9 s) is checked by bench/bench_alert_latency.py
@@ -69,7 +70,7 @@ def test_nan_loss_pages_red_card_and_inhibits_yellow(stack: AlertStack, snapshot
             out[name, run] = st["state"]
         return out
 
-    before = poll(states, 10, what="synthetic alerts in Alertmanager", diagnose=stack.diagnose)
+    before = wait_for(states, 10, what="synthetic alerts in Alertmanager", diagnose=stack.diagnose)
     # Before the red card, the e2e run's yellow card is active: what mutes it later is the NaN.
     assert before == {("GRPOResponseLengthShift", RUN): "active",
                       ("GRPOKLTailOutliers", "calm"): "active",
@@ -104,8 +105,8 @@ def test_nan_loss_pages_red_card_and_inhibits_yellow(stack: AlertStack, snapshot
     assert latency < DEADLINE_S
 
     # Inhibition on the real Alertmanager: red mutes yellow of the same run only.
-    after = poll(lambda: (s := states()) and s[("GRPOResponseLengthShift", RUN)] == "suppressed"
-                 and s, 10, what="yellow card of the red run suppressed", diagnose=stack.diagnose)
+    after = wait_for(lambda: (s := states()) and s[("GRPOResponseLengthShift", RUN)] == "suppressed"
+                     and s, 10, what="yellow card of the red run suppressed", diagnose=stack.diagnose)
     assert after == {("GRPOResponseLengthShift", RUN): "suppressed",
                      ("GRPOKLTailOutliers", "calm"): "active",
                      ("GRPORewardHackingSuspected", "hack"): "active",

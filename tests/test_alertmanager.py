@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from stack import ALERTMANAGER_YML, REPO, find_binary, parse_duration
+from prometheus_harness import ALERTMANAGER_YML, REPO, find_binary
+
+from grpo_monitor.config import parse_duration
 
 RED = {"alertname": "GRPONonFiniteValues", "severity": "critical", "card": "red", "run": "exp-42",
        "rank": "0", "key": "loss"}

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import stack as st
-from conftest import Running, value, wait_for
+from conftest import Running, value
+from polling import wait_for
+from prometheus_harness import start_alertmanager
+
 from grpo_monitor.control import read_control, write_control
+from grpo_monitor.stack import free_port
 
 
 def _card(run: str, severity: str = "critical", alertname: str = "GRPONonFiniteValues") -> dict[str, Any]:
@@ -24,7 +27,7 @@ def _alertmanager(stack: ExitStack, workdir: Path) -> str:
     token = workdir / "token"
     token.write_text("unused-token\n")
     # The committed routing; its webhook points nowhere: only the poll may pause here.
-    return st.start_alertmanager(stack, workdir, "http://127.0.0.1:9/hook", token)[1]
+    return start_alertmanager(stack, workdir, "http://127.0.0.1:9/hook", token)[1]
 
 
 def test_the_poll_pauses_this_nodes_runs_only(tmp_path: Path, snapshot_dir: Path,
@@ -63,7 +66,7 @@ def test_the_poll_pauses_this_nodes_runs_only(tmp_path: Path, snapshot_dir: Path
 
 def test_an_unreachable_alertmanager_is_counted_not_fatal(snapshot_dir: Path,
                                                           start_exporter: Callable[..., Running]) -> None:
-    exporter = start_exporter(alertmanager_url=f"http://127.0.0.1:{st.free_port()}",
+    exporter = start_exporter(alertmanager_url=f"http://127.0.0.1:{free_port()}",
                               alertmanager_poll_interval=0.1, gpu_collector=False)
     exporter.wait_value("grpo_alertmanager_polls_total", lambda v: (v or 0) >= 2, outcome="error")
     assert requests.get(f"{exporter.url}/metrics", timeout=5).status_code == 200

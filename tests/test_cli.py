@@ -1,20 +1,32 @@
-"""The command line: flags, environment overrides, schema, and `serve` as a real process."""
+"""The command line: the registry (flags with dest names, defaults from the models, the old
+spellings), environment overrides, schema, and `serve` as a real process."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from conftest import scrape, value, wait_for
-from grpo_monitor.cli import build_parser, env_name
+from conftest import scrape, value
+from polling import wait_for
+from grpo_monitor import thresholds, train_demo
+from grpo_monitor.cli import COMMANDS, ENV_PREFIX, _config, build_parser, env_name, main
+from grpo_monitor.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
+from grpo_monitor.signals import BASELINE_STEPS
+from grpo_monitor.simulate import write_run
+from grpo_monitor.stack import StackConfig
+from grpo_monitor.store import Limits
 
 CLI = [sys.executable, "-m", "grpo_monitor.cli"]
 
@@ -36,13 +48,123 @@ def test_environment_overrides_and_flag_wins(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("GRPO_MONITOR_SNAPSHOT_DIR", "/from/env")
     monkeypatch.setenv("GRPO_MONITOR_SNAPSHOT_RUN_TIMEOUT", "2h30m")
     monkeypatch.setenv("GRPO_MONITOR_SNAPSHOT_POLL", "true")
-    args = vars(build_parser().parse_args(["serve"]))
-    assert args["snapshot.dir"] == Path("/from/env")
-    assert args["snapshot.run_timeout"] == 9000.0
-    assert args["snapshot.poll"] is True
-    args = vars(build_parser().parse_args(["serve", "--snapshot.dir", "/flag", "--no-snapshot.poll"]))
-    assert args["snapshot.dir"] == Path("/flag") and args["snapshot.poll"] is False
+    args = build_parser().parse_args(["serve"])
+    assert args.snapshot_dir == Path("/from/env")
+    assert args.run_timeout == 9000.0
+    assert args.poll is True
+    args = build_parser().parse_args(["serve", "--snapshot.dir", "/flag", "--no-snapshot.poll"])
+    assert args.snapshot_dir == Path("/flag") and args.poll is False
     assert env_name("--web.listen-address") == "GRPO_MONITOR_WEB_LISTEN_ADDRESS"
+
+
+@pytest.fixture
+def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defaults as the models have them: no GRPO_MONITOR_* (nor GRPO_OWNER) from the outside."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX) or name == "GRPO_OWNER":
+            monkeypatch.delenv(name)
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[
+        tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every (command path, parser) under the top-level parser."""
+    for action in parser._actions:  # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_command_is_one_registry_entry_and_every_flag_has_a_dest_name(no_env: None) -> None:
+    parsers = dict(_parsers(build_parser()))
+    leaves = {path for path, p in parsers.items() if p.get_default("func") is not None}
+    assert leaves == {tuple(c.name.split()) for c in COMMANDS}
+    for command in COMMANDS:
+        parser = parsers[tuple(command.name.split())]
+        assert parser.get_default("func") is command.handler
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            # A handler reads args.<dest>: a dotted flag must not leave argparse to derive it.
+            assert action.dest.isidentifier(), (command.name, action.option_strings, action.dest)
+        flags = command.flags()
+        assert len({f.dest for f in flags}) == len(flags), command.name  # one flag per attribute
+
+
+def test_serve_defaults_are_the_config_models(no_env: None) -> None:
+    args = build_parser().parse_args(["serve", "--snapshot.dir", "/s"])
+    # Each dest is the ExporterConfig (or Limits) field it sets: none is lost on the way.
+    fields = {f.name for model in (ExporterConfig, Limits) for f in dataclasses.fields(model)}
+    assert set(vars(args)) - fields == {"command", "func", "log_level"}
+    assert _config(args) == ExporterConfig(Path("/s"))
+    help_text = dict(_parsers(build_parser()))[("serve",)].format_help()
+    assert "(default: 16MiB)" in help_text and "(default: 1h)" in help_text
+
+
+def test_the_other_commands_defaults_are_their_models(no_env: None) -> None:
+    parse = build_parser().parse_args
+    stack = parse(["stack", "up", "--snapshot.dir", "/s"])
+    model = StackConfig(Path("/s"), Path("/state"), Path("/config"))
+    assert [getattr(stack, f"{n}_port") for n in ("exporter", "prometheus", "alertmanager", "grafana")] == [
+        model.exporter_port, model.prometheus_port, model.alertmanager_port, model.grafana_port]
+    demo = parse(["train-demo", "--snapshot.dir", "/s"])
+    assert train_demo.config_from_args(demo, Path("/s")) == train_demo.Config(Path("/s"))
+    sim = parse(["simulate"])
+    run_defaults = {n: p.default for n, p in inspect.signature(write_run).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+    assert {"scenario": sim.scenario, "steps": sim.simulated_steps, "onset": sim.onset,
+            "ranks": sim.ranks, "step_seconds": sim.step_seconds, "realtime": sim.realtime,
+            "seed": sim.seed} == run_defaults
+
+
+def test_one_baseline_length(no_env: None) -> None:
+    """The exporter's baseline period, rebaseline's default and the report's window are one number;
+    the exporter does not import the report's table, so this test keeps them equal."""
+    rebaseline = build_parser().parse_args(["rebaseline", "--snapshot.dir", "/s", "r"])
+    assert Limits().baseline_steps == rebaseline.baseline_steps == BASELINE_STEPS
+    assert thresholds.count("baseline_steps") == BASELINE_STEPS
+
+
+@pytest.mark.parametrize(("argv", "new", "dest"), [
+    (["demo"], "--simulated-steps", "simulated_steps"),
+    (["simulate"], "--simulated-steps", "simulated_steps"),
+    (["train-demo", "--snapshot.dir", "/s"], "--training-steps", "steps"),
+    (["rebaseline", "--snapshot.dir", "/s", "r"], "--baseline-steps", "baseline_steps"),
+])
+def test_the_old_steps_spelling_still_works(no_env: None, argv: list[str], new: str, dest: str) -> None:
+    parse = build_parser().parse_args
+    assert getattr(parse([*argv, "--steps", "7"]), dest) == 7
+    assert getattr(parse([*argv, new, "8"]), dest) == 8
+    default = getattr(parse(argv), dest)
+    assert default not in (7, 8)  # the hidden spelling leaves the default alone when absent
+    # Wide enough that argparse wraps no help line (it breaks words at hyphens).
+    help_text = run_cli(argv[0], "--help", env={"COLUMNS": "400"}).stdout
+    assert new in help_text and "Formerly --steps, which still works." in help_text
+    assert "[--steps" not in help_text  # the old spelling is not offered in the usage
+
+
+def test_simulate_writes_the_same_run_under_either_spelling(tmp_path: Path) -> None:
+    for flag, run in (("--steps", "old"), ("--simulated-steps", "new")):
+        proc = run_cli("simulate", "--snapshot.dir", str(tmp_path), "--run", run, "--ranks", "1", flag, "3")
+        assert proc.returncode == 0 and proc.stdout.startswith("wrote 3 steps"), proc.stdout + proc.stderr
+    assert (tmp_path / "old" / "rank-0.jsonl").read_text().count("\n") == (
+        tmp_path / "new" / "rank-0.jsonl").read_text().count("\n")
+
+
+def test_main_runs_a_command_from_its_argv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m grpo_monitor.report` is `main(["report", ...])`."""
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.5, 1.0, 30.0, 3600.0, 9000.0, 90061.5])
+def test_durations_are_shown_as_they_are_typed(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize(("size", "shown"), [(16 << 20, "16MiB"), (1 << 20, "1MiB"), (1000, "1000"), (0, "0")])
+def test_sizes_are_shown_as_they_are_typed(size: int, shown: str) -> None:
+    assert format_bytes(size) == shown and parse_bytes(shown) == size
 
 
 def test_serve_requires_a_snapshot_dir() -> None:

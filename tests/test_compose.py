@@ -13,13 +13,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
-from stack import uncomment_example
+from polling import wait_for
+from prometheus_harness import uncomment_example
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -416,10 +416,7 @@ def _series_by_rank(tmp: Path) -> dict[str, int]:
     exporter = Exporter(ExporterConfig(snapshot_dir=snap, listen_address="127.0.0.1:0",
                                        gpu_collector=False))
     with exporter:
-        deadline = time.monotonic() + 60
-        while not exporter.watcher.ready.is_set():
-            assert time.monotonic() < deadline, "exporter never became ready"
-            time.sleep(0.05)
+        wait_for(exporter.watcher.ready.is_set, 60, what="exporter ready")
         text = exporter.metrics().decode()
     counts: dict[str, int] = {}
     for line in text.splitlines():
@@ -453,10 +450,7 @@ def _series_per_gpu(nvlink_links: int) -> int:
     collector = GPUCollector(0.02, nvml=FakeNVML(devices), registry=registry)
     collector.start()
     try:
-        deadline = time.monotonic() + 10
-        while 'gpu="1"' not in generate_latest(registry).decode():
-            assert time.monotonic() < deadline, "no GPU collection"
-            time.sleep(0.02)
+        wait_for(lambda: 'gpu="1"' in generate_latest(registry).decode(), 10, what="GPU collection")
         text = generate_latest(registry).decode()
     finally:
         collector.stop()

@@ -37,7 +37,8 @@ import yaml
 
 import containers
 from conftest import scrape, value
-from containers import Podman, poll
+from containers import ANY_ERROR, Podman
+from polling import wait_for
 from grpo_monitor.compose_init import EXPORTER_UID, user_has_acl
 from grpo_monitor.stack import free_port
 
@@ -135,12 +136,10 @@ class Stack:
             self.timings["up retried"] = self.timings.get("up retried", 0) + 1
         assert res.returncode == 0, f"docker-compose up:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         self.timings["up" + ("+build" if "--build" in extra else "")] = time.monotonic() - t0
-        poll(lambda: requests.get(self.url("exporter") + "/-/ready", timeout=2).status_code == 200,
-             120, "exporter ready", diagnose=self.logs)
-        poll(lambda: requests.get(self.url("prometheus") + "/-/ready", timeout=2).status_code == 200,
-             120, "prometheus ready", diagnose=self.logs)
-        poll(lambda: requests.get(self.url("alertmanager") + "/-/ready", timeout=2).status_code == 200,
-             120, "alertmanager ready", diagnose=self.logs)
+        for service in SERVICES:
+            ready = self.url(service) + "/-/ready"
+            wait_for(lambda url=ready: requests.get(url, timeout=2).status_code == 200, 120, 0.5,
+                     what=f"{service} ready", diagnose=self.logs, retry_on=ANY_ERROR)
 
 
 @pytest.fixture(scope="module")
@@ -202,8 +201,8 @@ def test_exporter_image_runs_as_its_non_root_user_and_turns_healthy(stack: Stack
     assert config["Healthcheck"]["Test"][-1].endswith("/-/healthy', timeout=4).status != 200)")
     # podman schedules healthchecks with systemd timers, which this machine (no systemd) lacks:
     # run the image's own HEALTHCHECK the way the timer would, until podman records "healthy".
-    poll(lambda: stack.podman("healthcheck", "run", cid, check=False).returncode == 0, 60,
-         "exporter HEALTHCHECK passes", diagnose=stack.logs)
+    wait_for(lambda: stack.podman("healthcheck", "run", cid, check=False).returncode == 0, 60, 0.5,
+             what="exporter HEALTHCHECK passes", diagnose=stack.logs, retry_on=ANY_ERROR)
     state = json.loads(stack.podman("inspect", cid).stdout)[0]["State"]
     health = state.get("Health") or state.get("Healthcheck")
     assert health["Status"] == "healthy", health
@@ -246,7 +245,8 @@ def test_prometheus_scrapes_the_exporter_by_service_name_and_loads_every_rule_fi
         return next((t for t in targets if t["labels"].get("job") == "grpo-exporter"
                      and t["health"] == "up"), None)
 
-    target = poll(exporter_up, 60, "the exporter target is up", diagnose=stack.logs)
+    target = wait_for(exporter_up, 60, 0.5, what="the exporter target is up", diagnose=stack.logs,
+                      retry_on=ANY_ERROR)
     assert target["scrapeUrl"] == "http://exporter:9400/metrics"
     prom_yml = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
     groups = stack.prom("/api/v1/rules")["groups"]
@@ -284,7 +284,8 @@ def test_a_nan_pauses_a_run_of_an_ordinary_user_and_reaches_a_person(stack: Stac
     _write_snapshots(run_dir / "rank-0.jsonl", range(1, 11), loss=0.5)
     _write_snapshots(run_dir / "rank-0.jsonl", range(11, 13), loss=float("nan"))
     control = run_dir / ".grpo-control.json"
-    poll(control.exists, 180, "the pause record appears", interval=1, diagnose=stack.logs)
+    wait_for(control.exists, 180, 1, what="the pause record appears", diagnose=stack.logs,
+             retry_on=ANY_ERROR)
     stack.timings["nan->pause"] = time.monotonic() - t0
     record = json.loads(control.read_text())
     assert record["state"] == "paused" and record["alertname"] == "GRPONonFiniteValues"
@@ -309,7 +310,8 @@ def test_a_nan_pauses_a_run_of_an_ordinary_user_and_reaches_a_person(stack: Stac
                 return {"post": post, "body": body}
         return None
 
-    got = poll(red_card, 60, "the red card reaches the stand-in receiver", interval=1, diagnose=stack.logs)
+    got = wait_for(red_card, 60, 1, what="the red card reaches the stand-in receiver",
+                   diagnose=stack.logs, retry_on=ANY_ERROR)
     stack.timings["nan->person"] = time.monotonic() - t0
     assert got["post"]["path"] == "/hooks/grpo"
     attachment = got["body"]["attachments"][0]

@@ -33,14 +33,14 @@ import fake_pynvml as nv
 import pytest
 import requests
 import yaml
-from conftest import wait_for
 from fake_pynvml import FakeDevice, FakeNVML
 from grpo_monitor.app import Exporter
 from grpo_monitor.config import ExporterConfig
 from grpo_monitor.sdk.writer import SnapshotWriter
 from grpo_monitor.simulate import generate, write_run
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from stack import alert_stack, poll
+from polling import wait_for
+from prometheus_harness import alert_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
@@ -358,7 +358,8 @@ def test_training_dashboard_layout() -> None:
     assert red.targets[0].expr == ('count(ALERTS{alertstate="firing",severity="critical",'
                                    'run=~"$run"}) or vector(0)')
     exprs = [t.expr for p in d.all_panels() for t in p.targets]
-    assert ('grpo_baseline_mean{key="entropy/mean",run=~"$run",rank=~"$rank"} * on() '
+    # The collapse line is the card's: the initial value, not the baseline, times the ratio.
+    assert ('grpo_initial_mean{key="entropy/mean",run=~"$run",rank=~"$rank"} * on() '
             'group_left() grpo:threshold:entropy_collapse_ratio') in exprs
     ann = [a for a in d.annotations.list if not a.builtIn]
     assert [a.expr for a in ann] == ['ALERTS{alertstate="firing",run=~"$run"}']
@@ -718,8 +719,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 "rate(grpo_gpu_xid_errors_total[1m]) > 0",
             ))
 
-        poll(ready, 45, interval=0.5, what="cards, recording rules and GPU rates in Prometheus",
-             diagnose=s.diagnose)
+        wait_for(ready, 45, interval=0.5, what="cards, recording rules and GPU rates in Prometheus",
+                 diagnose=s.diagnose)
         yield live
 
 

@@ -4,8 +4,8 @@ The exporter runs as `grpo-monitor serve`, a child process that is killed (SIGKI
 (SIGSTOP: it lags behind the writers as a loaded exporter does, and finds the files changed
 under it when it goes on) and started again on the same folder; trainers write through the
 real SnapshotWriter (or verl's file logger); a full disk is a real 256 KiB tmpfs; Prometheus
-and Alertmanager are the real binaries on the committed configs (tests/stack.py); the exporter
-that meets an unreadable folder runs as an unprivileged user.
+and Alertmanager are the real binaries on the committed configs (tests/prometheus_harness.py);
+the exporter that meets an unreadable folder runs as an unprivileged user.
 
 What a restart must serve again is what the files hold: every `*.jsonl` counter (records
 ingested, events, non-finite values, snapshot errors) is rebuilt from them, so after a crash
@@ -29,14 +29,17 @@ from pathlib import Path
 
 import pytest
 import requests
-import stack as st
-from conftest import Running, Samples, scrape, value, wait_for
+from conftest import Running, Samples, scrape, value
 from fleet import exporter_env
+from polling import wait_for
+from processes import log_tail, start_child, start_listening, wait_ready
+from prometheus_harness import prometheus_config, server_state, start_alertmanager, start_prometheus
 from test_integration_verl import FileLogger, verl_metrics
 
 from grpo_monitor.control import read_control
 from grpo_monitor.health import ERROR_REASONS
 from grpo_monitor.sdk.writer import SnapshotWriter
+from grpo_monitor.stack import Child
 
 SERVE = [sys.executable, "-m", "grpo_monitor.cli", "serve"]
 INGESTED = "grpo_snapshots_ingested_total"
@@ -57,13 +60,13 @@ class ExporterProcess(Running):
         self._workdir = workdir
         self._argv = [*user, *SERVE, "--snapshot.dir", str(snapshot_dir), "--no-collector.gpu", *flags]
         self.starts = 0
-        self.process: st.Process | None = None
+        self.process: Child | None = None
         self.url = ""
 
     def start(self) -> ExporterProcess:
         """Start and wait until ready: the files on disk have been replayed."""
         self.starts += 1
-        self.process, port = st.start_listening(
+        self.process, port = start_listening(
             self._stack, f"exporter-{self.starts}",
             lambda port: [*self._argv, "--web.listen-address", f"127.0.0.1:{port}"],
             self._workdir, env=exporter_env())
@@ -106,8 +109,8 @@ class ExporterProcess(Running):
             ended = not run_ended or value(s, "grpo_run_ended", **run_ended) == 1
             return s if ingested >= records and ended else None
 
-        return st.poll(done, timeout, what=f"{records} records ingested",
-                       diagnose=lambda: f"{progress(self.scrape())}\n--- log ---\n{self.log()}")
+        return wait_for(done, timeout, what=f"{records} records ingested",
+                        diagnose=lambda: f"{progress(self.scrape())}\n--- log ---\n{self.log()}")
 
 
 def progress(samples: Samples) -> str:
@@ -495,49 +498,49 @@ def test_red_card_pauses_the_run_after_alertmanager_or_prometheus_comes_back(
     with ExitStack() as stack:
         exporter = ExporterProcess(stack, workdir, snapshot_dir,
                                    "--web.webhook-token-file", str(token_file)).start()
-        am, am_url, _ = st.start_alertmanager(stack, workdir, exporter.url + HOOK, token_file)
+        am, am_url, _ = start_alertmanager(stack, workdir, exporter.url + HOOK, token_file)
         # Prometheus re-sends a firing alert every --rules.alert.resend-delay (1m by default):
         # that is how a card fired while Alertmanager was away reaches it when it is back.
-        prom, prom_url = st.start_prometheus(
-            stack, workdir, st.prometheus_config(exporter.url.split("://")[1], am_url.split("://")[1], "1s"),
+        prom, prom_url = start_prometheus(
+            stack, workdir, prometheus_config(exporter.url.split("://")[1], am_url.split("://")[1], "1s"),
             flags=["--rules.alert.resend-delay=1s"])
         processes = [am, prom]
 
         def diagnose() -> str:
-            return "\n".join([*st.server_state(prom_url, am_url, ("grpo_window_nonfinite",)),
-                              *(f"--- {p.name} ---\n{p.log_tail()}" for p in processes),
+            return "\n".join([*server_state(prom_url, am_url, ("grpo_window_nonfinite",)),
+                              *(f"--- {p.name} ---\n{log_tail(p)}" for p in processes),
                               f"--- exporter ---\n{exporter.log()[-3000:]}"])
 
         def query(promql: str) -> list[dict]:
             return requests.get(f"{prom_url}/api/v1/query", params={"query": promql},
                                 timeout=5).json()["data"]["result"]
 
-        def restart(process: st.Process, url: str) -> st.Process:
+        def restart(process: Child) -> Child:
             """The same command line: the same port and storage."""
-            again = st.Process(process.name, list(process.proc.args), workdir / f"{process.name}-2.log", workdir)
-            stack.callback(again.stop)
+            again = start_child(stack, process.name, list(process.proc.args), workdir,
+                                url=process.url, log=workdir / f"{process.name}-2.log")
             processes.append(again)
-            st.wait_ready(again, url)
+            wait_ready(again)
             return again
 
         def paused(run: str) -> bool:
             rec = read_control(snapshot_dir, run)
             return rec is not None and rec.state == "paused" and rec.alertname == "GRPONonFiniteValues"
 
-        st.poll(lambda: len(query('grpo_step{run=~"am-down|prom-down"}')) == 2, 30,
-                what="both runs scraped", diagnose=diagnose)
+        wait_for(lambda: len(query('grpo_step{run=~"am-down|prom-down"}')) == 2, 30,
+                 what="both runs scraped", diagnose=diagnose)
 
         # Alertmanager is down when the loss turns NaN: the card fires, its delivery fails.
         am.stop()
         writers["am-down"].log({"loss": math.nan, "reward/mean": 0.4}, 4)
-        st.poll(lambda: query('ALERTS{alertname="GRPONonFiniteValues",run="am-down",alertstate="firing"}'),
-                30, what="the card firing in Prometheus", diagnose=diagnose)
-        st.poll(lambda: sum(v for (name, _), v in scrape(prom_url).items()
-                            if name == "prometheus_notifications_errors_total") > 0,
-                30, what="a failed delivery (Prometheus' own counter)", diagnose=diagnose)
+        wait_for(lambda: query('ALERTS{alertname="GRPONonFiniteValues",run="am-down",alertstate="firing"}'),
+                 30, what="the card firing in Prometheus", diagnose=diagnose)
+        wait_for(lambda: sum(v for (name, _), v in scrape(prom_url).items()
+                             if name == "prometheus_notifications_errors_total") > 0,
+                 30, what="a failed delivery (Prometheus' own counter)", diagnose=diagnose)
         assert read_control(snapshot_dir, "am-down") is None
-        restart(am, am_url)
-        st.poll(lambda: paused("am-down"), 30, what="am-down paused", diagnose=diagnose)
+        restart(am)
+        wait_for(lambda: paused("am-down"), 30, what="am-down paused", diagnose=diagnose)
 
         # Prometheus is down when the loss turns NaN: the exporter holds the window (steps, not
         # time), and the first evaluation after the restart fires the card.
@@ -545,8 +548,8 @@ def test_red_card_pauses_the_run_after_alertmanager_or_prometheus_comes_back(
         writers["prom-down"].log({"loss": math.nan, "reward/mean": 0.4}, 4)
         exporter.wait_value("grpo_window_nonfinite", 1, run="prom-down", rank="0", key="loss",
                             window_steps="50")
-        restart(prom, prom_url)
-        st.poll(lambda: paused("prom-down"), 40, what="prom-down paused", diagnose=diagnose)
+        restart(prom)
+        wait_for(lambda: paused("prom-down"), 40, what="prom-down paused", diagnose=diagnose)
         assert paused("am-down")
         for w in writers.values():
             assert w.should_pause()  # what the trainer sees

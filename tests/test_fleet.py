@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,10 +31,12 @@ import requests
 import yaml
 from conftest import scrape, value
 from fleet import FLEET_YML, Fleet, start_fleet
-from gloo import GlooJob
-from stack import PROMETHEUS_DIR, REPO, parse_duration, poll
+from gloo_job import GlooJob
+from polling import holds_for, wait_for
+from prometheus_harness import PROMETHEUS_DIR, REPO
 from test_dashboards import queries, substitute
 
+from grpo_monitor.config import parse_duration
 from grpo_monitor.thresholds import TABLE
 
 EXAMPLE = REPO / "examples" / "plain_pytorch.py"
@@ -139,8 +140,8 @@ def test_file_sd_finds_both_nodes_and_the_run_spans_them(fleet: Fleet, jobs: Job
     # removes a target, a new file adds one and deleting it removes it, all without a
     # reload. The extra node is no part of the jobs, so the other tests' cards are untouched.
     def targets_are(*want: str) -> None:
-        poll(lambda: set(fleet.active_targets()) == set(want), DEADLINE_S, interval=0.2,
-             what=f"active targets {want}", diagnose=fleet.diagnose)
+        wait_for(lambda: set(fleet.active_targets()) == set(want), DEADLINE_S, interval=0.2,
+                 what=f"active targets {want}", diagnose=fleet.diagnose)
 
     loaded_at = _config_loaded_at(fleet)
     with fleet.extra_node("node-c") as c:
@@ -204,12 +205,12 @@ def test_rank_stalled_fires_when_only_another_exporter_shows_the_lag(fleet: Flee
                 if x["labels"].get("alertname") == "GRPORankStalled"
                 and x["labels"].get("run") == STALL and x["status"]["state"] == "active"}
 
-    poll(lambda: in_alertmanager() == {"2", "3"}, DEADLINE_S, what="card in Alertmanager",
-         diagnose=fleet.diagnose)
+    wait_for(lambda: in_alertmanager() == {"2", "3"}, DEADLINE_S, what="card in Alertmanager",
+             diagnose=fleet.diagnose)
     assert fleet.webhook_node is a
     control = a.snapshot_dir / STALL / ".grpo-control.json"
-    poll(control.is_file, DEADLINE_S, what=f"{control} written by node-a's webhook",
-         diagnose=fleet.diagnose)
+    wait_for(control.is_file, DEADLINE_S, what=f"{control} written by node-a's webhook",
+             diagnose=fleet.diagnose)
     record = json.loads(control.read_text())
     assert (record["state"], record["alertname"], record["run"]) == \
         ("paused", "GRPORankStalled", STALL)
@@ -340,8 +341,8 @@ def test_a_red_card_pauses_both_nodes_and_resume_rolls_back(fleet: Fleet, jobs: 
         "--pause-poll-s", "0.5", "--checkpoint-dir", str(tmp_path / "checkpoints")])
     # Rank 0 (node-a) logs a NaN loss at step NAN_AT: GRPONonFiniteValues, Alertmanager, node-a's
     # webhook, a control record in node-a's folder; node-b's ranks learn it from the job.
-    poll(lambda: all(job.events(r, "paused") for r in range(4)) or len(job.alive()) < 4,
-         DEADLINE_S * 2, interval=0.2, what="every rank paused", diagnose=fleet.logs)
+    wait_for(lambda: all(job.events(r, "paused") for r in range(4)) or len(job.alive()) < 4,
+             DEADLINE_S * 2, interval=0.2, what="every rank paused", diagnose=fleet.logs)
     assert job.alive() == [0, 1, 2, 3], job.logs()
     record = json.loads((a.snapshot_dir / REDCARD / ".grpo-control.json").read_text())
     assert (record["state"], record["alertname"]) == ("paused", "GRPONonFiniteValues")
@@ -353,11 +354,11 @@ def test_a_red_card_pauses_both_nodes_and_resume_rolls_back(fleet: Fleet, jobs: 
                      what="paused on both exporters")
 
     # Paused for three collective timeouts: every rank alive, none steps.
-    held = time.monotonic() + 3 * COLLECTIVE_TIMEOUT_S
-    while time.monotonic() < held:
+    def still_paused() -> None:
         assert job.alive() == [0, 1, 2, 3], job.logs()
         assert all(job.steps(r)[-1] == k for r in range(4))
-        time.sleep(0.2)
+
+    holds_for(still_paused, 3 * COLLECTIVE_TIMEOUT_S)
 
     # A person resumes, on the other node.
     res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "resume", REDCARD,

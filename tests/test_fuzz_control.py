@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fuzz import dates, encode, fuzz, json_object, json_text, lines, mostly, names, steps, string_literal
+from fuzz_strategies import (dates, encode, fuzz, json_object, json_text, lines, mostly, names, steps,
+                             string_literal)
 from hypothesis import given
 from hypothesis import strategies as st
 

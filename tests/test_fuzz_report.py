@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz import fuzz, lines
+from fuzz_strategies import fuzz, lines
 from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_monitor import report
 
-KEYS = (*report.CORE_SIGNALS, "kl/max", "reward/p95", "group/reward_gap", "mismatch/kl",
-        "mismatch/is_weight_mean", "staleness/mean", "group/all_wrong_frac", "entropy/logp_adv_cov",
-        "response/len_correct_mean", "response/len_incorrect_mean")
+# The report's core signals (its CSV columns) and keys that only its verdicts read.
+KEYS = (*(key for _, key in report.CSV_COLUMNS), "kl/max", "reward/p95", "group/reward_gap",
+        "mismatch/kl", "mismatch/is_weight_mean", "staleness/mean", "group/all_wrong_frac",
+        "entropy/logp_adv_cov", "response/len_correct_mean", "response/len_incorrect_mean")
 PERF_KEYS = ("perf/step_time_s", "perf/samples_per_s")
 EDGES = (math.nan, math.inf, -math.inf, 0.0, -0.0, 1e308, -1e308, 5e-324, 1.0, -1.0)
 
@@ -198,3 +199,12 @@ def test_a_kl_whose_p95_is_zero(tmp_path: Path) -> None:
     res = report.build_report(run_dir, tmp_path / "out", plots=False)
     tail = next(v for v in res["verdicts"] if v["id"] == "kl_tail_outliers")
     assert tail["evidence"] == {"tail_ratio_last": None, "tail_ratio_baseline": 2.0}  # None: inf
+
+
+def test_a_value_near_the_largest_float_is_left_out_of_the_plot(tmp_path: Path) -> None:
+    # One step whose reward is 1e308: matplotlib's tick locator overflowed on the axis around
+    # it (ValueError). The plot leaves the value out, as it does NaN; the CSV keeps it.
+    run_dir = write_folder(tmp_path, {"rank-0.jsonl": b'{"step": 0, "metrics": {"reward/mean": 1e+308}}\n'})
+    res = report.build_report(run_dir, tmp_path / "out")
+    assert Path(res["outputs"]["png"]).read_bytes().startswith(b"\x89PNG")
+    assert "1e+308" in (tmp_path / "out" / "reward-vs-step.csv").read_text()

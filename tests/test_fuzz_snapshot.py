@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Running, Samples, scrape, value, wait_for
-from fuzz import fuzz, lines
+from conftest import Running, Samples, scrape, value
+from fuzz_strategies import fuzz, lines
 from hypothesis import given
 from hypothesis import strategies as st
+from polling import wait_for
 
 from grpo_monitor.app import Exporter
 from grpo_monitor.config import ExporterConfig

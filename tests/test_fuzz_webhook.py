@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 from conftest import Running, value
-from fuzz import dates, fuzz, json_object, json_text, mostly, names, string_literal
+from fuzz_strategies import dates, fuzz, json_object, json_text, mostly, names, string_literal
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry

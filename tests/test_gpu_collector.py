@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 import fake_pynvml as nv
-from conftest import Running, Samples, value, wait_for
+from conftest import Running, Samples, parse_samples, value
 from fake_pynvml import FakeDevice, FakeNVML
+from polling import wait_for
 from grpo_monitor.cli import _config, build_parser
 from grpo_monitor.collectors.gpu import CLOCK_EVENT_REASONS, GPU_FAMILIES, HEALTH_FAMILIES, GPUCollector
 from grpo_monitor.config import ExporterConfig
@@ -86,8 +86,7 @@ def render(collector: GPUCollector) -> str:
 def samples_of(collector: GPUCollector) -> Samples:
     registry = CollectorRegistry()
     registry.register(collector)
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(generate_latest(registry).decode()) for s in fam.samples}
+    return parse_samples(generate_latest(registry).decode())
 
 
 def test_every_series_with_base_units_and_gpu_labels(start_exporter: Callable[..., Running]) -> None:

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Running, Samples, value, wait_for
+from conftest import Running, Samples, parse_samples, value
+from polling import wait_for
 from grpo_monitor.http import MAX_HEADER_BYTES, MAX_HEADERS, MAX_REQUEST_LINE_BYTES
 
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n"  # no blank line: never complete
@@ -52,11 +52,6 @@ def rejects(samples: Samples, reason: str) -> float | None:
     return value(samples, "grpo_http_rejects_total", reason=reason)
 
 
-def parse(text: str) -> Samples:
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
 def exchange(running: Running, data: bytes) -> bytes:
     """Send ``data``, read the answer until the server closes the connection."""
     with socket.create_connection(_address(running), timeout=10) as s:
@@ -77,7 +72,7 @@ def test_scrape_answered_while_stalled_clients_hold_connections(
     with stalled_clients(running, 50) as socks:
         resp = requests.get(f"{running.url}/metrics", timeout=10)
         assert resp.status_code == 200 and "grpo_exporter_ready 1.0" in resp.text
-        at_scrape = parse(resp.text)  # the server's own account, while the scrape is answered
+        at_scrape = parse_samples(resp.text)  # the server's own account, while the scrape is answered
         assert rejects(at_scrape, "read_timeout") == 0
         if max_connections >= 51:
             assert value(at_scrape, "grpo_http_connections") == 51  # 50 stalled + this scrape

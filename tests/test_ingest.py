@@ -8,7 +8,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import Running, value, wait_for
+from conftest import Running, value
+from polling import wait_for
 
 
 def append(path: Path, *records: object, raw: str | None = None) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from conftest import Running, value
-from gloo import EXAMPLE, ROOT, clean_env, free_port, records, wait_all
+from gloo_job import EXAMPLE, ROOT, clean_env, records, wait_all
 
+from grpo_monitor.stack import free_port
 
 STEPS = 10
 

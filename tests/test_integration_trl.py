@@ -98,8 +98,8 @@ def test_grpo_trainer_run_is_exported(tmp_path: Path, snapshot_dir: Path, export
 
 
 def _infinite_for_one(completions: list[str], **_: Any) -> list[float]:
-    # A reward model that returns inf for one sample (seed 000 §4.4: "reward model 返回了 NaN
-    # 或者异常大的值").
+    # A reward model that returns inf for one sample (docs/background.md#nan-and-loss-spikes: a
+    # reward model that returns NaN or an absurdly large value).
     return [math.inf if i == 0 else 0.5 for i, _ in enumerate(completions)]
 
 
@@ -108,7 +108,7 @@ def test_sick_grpo_trainer_run_raises_the_red_card(tmp_path: Path, snapshot_dir:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from scenario_rules import Recorder, check_cards
+    from promtool_harness import Recorder, check_cards
 
     model_path, tokenizer = tiny_model_dir(tmp_path)
     args = GRPOConfig(
@@ -199,7 +199,9 @@ def test_two_processes_stop_at_one_step_when_one_folder_holds_the_card(tmp_path:
     # "nodes"), and the record lands in process 1's folder only, while step 3 generates.
     from grpo_monitor.integrations.trl import ROLLBACK_FILE
 
-    from gloo import clean_env, free_port
+    from gloo_job import clean_env
+
+    from grpo_monitor.stack import free_port
 
     tiny_model_dir(tmp_path)
     proc = subprocess.run(

@@ -22,7 +22,7 @@ import requests
 from conftest import Running, scrape, value
 from grpo_monitor import notify
 from grpo_monitor.compose_init import Secret, ensure_secret, prepare_snapshot_dir, user_has_acl
-from stack import WebhookListener
+from prometheus_harness import WebhookListener
 
 TOKEN = "notify-test-token-0123456789abcdef"
 HOOK = "/-/alertmanager/webhook"

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
-from conftest import wait_for
-from gloo import GlooJob
+from gloo_job import GlooJob
+from polling import holds_for, wait_for
+
 from grpo_monitor.control import ControlRecord, now_rfc3339, write_control
 
 RUN = "gloo-pause"
@@ -45,11 +45,12 @@ def _start(tmp_path: Path, steps: int) -> GlooJob:
 def _hold_paused(job: GlooJob, seconds: float) -> None:
     """Every rank stays alive and logs no step for ``seconds``: the pause outlasts the timeout."""
     counts = [len(job.steps(r)) for r in range(job.world_size)]
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+
+    def still_paused() -> None:
         assert len(job.alive()) == 4, "a paused rank died:\n" + job.logs()
         assert [len(job.steps(r)) for r in range(job.world_size)] == counts, "a paused rank stepped"
-        time.sleep(0.2)
+
+    holds_for(still_paused, seconds)
 
 
 def test_a_card_on_one_node_pauses_every_rank_and_resume_rolls_back(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from polling import wait_for
 from grpo_monitor.card_pause import ScrapePace, healthy_before
 from grpo_monitor.control import CONTROL_FILE, ControlRecord, write_control
 from grpo_monitor.sdk.pause import PauseGate, ResumeDecision

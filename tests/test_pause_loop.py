@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import Running, value, wait_for
+from conftest import Running, value
+from polling import wait_for
 from grpo_monitor.control import (
     CONTROL_FILE,
     ControlRecord,
@@ -233,15 +234,16 @@ def test_sdk_never_raises_on_a_bad_control_record(snapshot_dir: Path,
 
 def _stack_pointed_at(stack: ExitStack, workdir: Path, exporter_url: str, token_file: Path) -> str:
     """Alertmanager (webhook -> the exporter, with the token file) and Prometheus (1 s)."""
-    import stack as st
+    from processes import log_tail
+    from prometheus_harness import prometheus_config, start_alertmanager, start_prometheus
 
     workdir.mkdir(parents=True, exist_ok=True)
-    am, am_url, _ = st.start_alertmanager(stack, workdir, exporter_url + HOOK, token_file)
+    am, am_url, _ = start_alertmanager(stack, workdir, exporter_url + HOOK, token_file)
     target = exporter_url.split("://", 1)[-1]
-    prom, prom_url = st.start_prometheus(
-        stack, workdir, st.prometheus_config(target, am_url.split("://", 1)[1], "1s"))
-    stack.callback(lambda: print(f"--- alertmanager ---\n{am.log_tail()}\n--- prometheus ---\n"
-                                 f"{prom.log_tail()}"))
+    prom, prom_url = start_prometheus(
+        stack, workdir, prometheus_config(target, am_url.split("://", 1)[1], "1s"))
+    stack.callback(lambda: print(f"--- alertmanager ---\n{log_tail(am)}\n--- prometheus ---\n"
+                                 f"{log_tail(prom)}"))
     return prom_url
 
 

@@ -17,14 +17,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import scrape, value, wait_for
+from conftest import scrape, value
+from polling import wait_for
 from grpo_monitor.cli import build_parser
+from grpo_monitor.stack import Child
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = ("numpy", "matplotlib", "torch", "trl", "transformers", "pytest")
@@ -115,30 +116,24 @@ def test_serve_publishes_a_snapshot(plain_venv: Path) -> None:
             json.dumps({"step": 7, "metrics": {"reward/mean": 0.25, "loss": 0.5}}) + "\n")
         base = {k: v for k, v in os.environ.items()
                 if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("GRPO_MONITOR_")}
-        proc = subprocess.Popen(
-            [str(plain_venv / "bin" / "grpo-monitor"), "serve", "--snapshot.dir", str(snapshots),
-             "--web.listen-address", "127.0.0.1:0", "--no-collector.gpu"],
-            env={**base, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            text=True, cwd=plain_venv)
-        log: list[str] = []
+        served = Child.start(
+            "serve", [str(plain_venv / "bin" / "grpo-monitor"), "serve", "--snapshot.dir",
+                      str(snapshots), "--web.listen-address", "127.0.0.1:0", "--no-collector.gpu"],
+            plain_venv / "serve.log", plain_venv, env={**base, "PYTHONUNBUFFERED": "1"})
 
-        def drain() -> None:  # keep reading, so that the exporter never blocks on a full pipe
-            assert proc.stderr is not None
-            log.extend(proc.stderr)
+        def log() -> str:
+            return served.log.read_text(errors="replace")
 
-        threading.Thread(target=drain, daemon=True).start()
         try:
             # The exporter logs its URL once it listens.
-            match = wait_for(lambda: next((m for line in list(log)
-                                           if (m := re.search(r"serving (http://\S+)/metrics", line))), None),
-                             timeout=60)
+            match = wait_for(lambda: re.search(r"serving (http://\S+)/metrics", log()), timeout=60)
             url = match.group(1)  # type: ignore[union-attr]
             wait_for(lambda: value(scrape(url), "grpo_step", run="exp-plain", rank="0") == 7, timeout=30)
             assert value(scrape(url), "grpo_reward_mean", run="exp-plain", rank="0") == 0.25
-            assert not any("Traceback" in line for line in log), "".join(log)
+            assert "Traceback" not in log(), log()
         finally:
-            proc.terminate()
-            assert proc.wait(timeout=10) == 0
+            served.stop()
+            assert served.proc.returncode == 0, log()
     finally:
         shutil.rmtree(snapshots, ignore_errors=True)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from promtool_harness import Check, Played, check_cards, scrape_index_at
 from real_runs import play_real
-from scenario_rules import Check, Played, check_cards, scrape_index_at
 
 HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
            "verl-ppo-qwen25-05b-gsm8k", "verl-grpo-qwen2-7b-gsm8k-megatron-base")

@@ -3,7 +3,7 @@
 What the cards should say about each run is asserted elsewhere, on top of tests/real_runs.py;
 here: the collection is there, each run loads with its steps, its logged names map onto the
 canonical keys they stand for (first record and whole run), the exporter's features cover
-those keys after a play, and the harness's own pieces (writing, thinning, promtool's report)
+those keys after a play, and the harnesses' own pieces (writing, thinning, promtool's report)
 do what they say.
 """
 
@@ -15,20 +15,18 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor.snapshot import parse_record
+from promtool_harness import Played, fired, parse_promtool_report
 from real_runs import (
     STEP_SECONDS,
     T0,
     RealRunsMissing,
-    fired,
     load,
     main,
-    parse_promtool_report,
     play_real,
     run_names,
     runs_dir,
     write_snapshots,
 )
-from scenario_rules import Played
 
 TRL_NEW = {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "policy/clip_frac",
            "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean",

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from grpo_monitor import report
-from real_runs import fired, load, play_real, write_snapshots
+from promtool_harness import fired
+from real_runs import load, play_real, write_snapshots
 
 HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
            "verl-grpo-qwen2-7b-gsm8k-megatron-base")

@@ -25,12 +25,15 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from conftest import Samples, parse_samples, scrape
+from polling import wait_for
+from processes import log_tail, start_listening
+from prometheus_harness import prometheus_config, start_prometheus
 
 import grpo_monitor
 from grpo_monitor.snapshot import parse_record
+from grpo_monitor.stack import Child
 from grpo_monitor.store import HUNG_RETAIN_INTERVALS, RunStore
-from stack import PROMETHEUS_YML, Process, find_binary, poll, start_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "prometheus" / "rules"
@@ -45,10 +48,8 @@ def _apply(store: RunStore, record: dict[str, Any], *, run: str = "r", rank: int
     store.flush()
 
 
-def _series(store: RunStore) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = "".join(store.render())
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+def _series(store: RunStore) -> Samples:
+    return parse_samples("".join(store.render()))
 
 
 def _get(store: RunStore, name: str, **labels: str) -> float | None:
@@ -151,7 +152,7 @@ def test_a_run_that_waits_on_purpose_is_paused_until_it_goes_on(tmp_path: Path) 
     waited = threading.Thread(target=writer.wait_if_paused, kwargs={"poll_interval": 0.01})
     waited.start()
     path = tmp_path / "r" / "rank-0.jsonl"
-    poll(lambda: path.read_text().count("\n") == 2, 10, what="paused mark written")
+    wait_for(lambda: path.read_text().count("\n") == 2, 10, what="paused mark written")
     write_control(tmp_path, "r", ControlRecord(state="running"))
     waited.join(10)
     assert not waited.is_alive()
@@ -265,32 +266,16 @@ def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path
             sys.executable, "-m", "grpo_monitor.cli", "serve", f"--snapshot.dir={snapshots}",
             f"--web.listen-address=127.0.0.1:{p}", "--no-collector.gpu"], tmp_path)
         exporter = f"http://127.0.0.1:{port}"
-        config = yaml.safe_load(PROMETHEUS_YML.read_text())
-        config["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
+        config = prometheus_config(f"127.0.0.1:{port}", "127.0.0.1:9", "1s")
         config["rule_files"] = _rules_with_floor(tmp_path, FLOOR_S)
         config.pop("alerting")  # the alert's state in Prometheus is what this test reads
-        for sc in config["scrape_configs"]:
-            sc.pop("scrape_interval", None)
-            sc.pop("scrape_timeout", None)
-            sc["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-        _, prom_port = start_listening(stack, "prometheus", lambda p: [
-            find_binary("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{p}"], tmp_path)
-        yield snapshots, exporter, _Prometheus(f"http://127.0.0.1:{prom_port}"), stack
+        _, prom_url = start_prometheus(stack, tmp_path, config)
+        yield snapshots, exporter, _Prometheus(prom_url), stack
 
 
-def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    resp = requests.get(f"{url}/metrics", timeout=5)
-    resp.raise_for_status()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(resp.text) for s in fam.samples}
-
-
-def _child(stack: ExitStack, workdir: Path, snapshots: Path, run: str, steps: int) -> Process:
-    proc = Process(run, [sys.executable, "-c", _CHILD, str(snapshots), run, str(steps)],
-                   workdir / f"{run}.log", workdir)
+def _child(stack: ExitStack, workdir: Path, snapshots: Path, run: str, steps: int) -> Child:
+    proc = Child.start(run, [sys.executable, "-c", _CHILD, str(snapshots), run, str(steps)],
+                       workdir / f"{run}.log", workdir)
 
     def stop() -> None:
         # A stopped process cannot act on SIGTERM: let it run again, then end it.
@@ -309,21 +294,21 @@ def test_a_frozen_run_turns_red_and_a_closed_one_does_not(
     frozen = _child(stack, tmp_path, snapshots, "frozen", -1)
 
     def get(name: str, run: str) -> float | None:
-        return _scrape(exporter).get((name, frozenset({("run", run)})))
+        return scrape(exporter).get((name, frozenset({("run", run)})))
 
     # The finished run closed (its process exited 0) and the exporter saw its end.
-    poll(lambda: get("grpo_run_ended", "finished") == 1, DEADLINE_S, what="finished run ended",
-         diagnose=finished.log_tail)
+    wait_for(lambda: get("grpo_run_ended", "finished") == 1, DEADLINE_S, what="finished run ended",
+             diagnose=lambda: log_tail(finished))
     assert finished.proc.wait(DEADLINE_S) == 0
     # The frozen one has a pace, then stops dead, every "rank" at once: SIGSTOP.
-    poll(lambda: get("grpo_run_log_interval_seconds", "frozen"), DEADLINE_S,
-         what="frozen run has a pace", diagnose=frozen.log_tail)
+    wait_for(lambda: get("grpo_run_log_interval_seconds", "frozen"), DEADLINE_S,
+             what="frozen run has a pace", diagnose=lambda: log_tail(frozen))
     os.kill(frozen.proc.pid, signal.SIGSTOP)
 
-    alert = poll(lambda: prom.hung().get("frozen"), DEADLINE_S, what="GRPORunHung for run frozen",
-                 diagnose=lambda: repr(prom.query("grpo_run_last_write_timestamp_seconds")))
+    alert = wait_for(lambda: prom.hung().get("frozen"), DEADLINE_S, what="GRPORunHung for run frozen",
+                     diagnose=lambda: repr(prom.query("grpo_run_last_write_timestamp_seconds")))
     assert alert["labels"]["severity"] == "critical" and alert["labels"]["card"] == "red"
-    s = _scrape(exporter)
+    s = scrape(exporter)
     step = s[("grpo_step", frozenset({("run", "frozen"), ("rank", "0")}))]
     assert alert["annotations"]["description"].startswith("Run frozen has written nothing for ")
     assert alert["annotations"]["description"].endswith(f"its newest step is {step:.0f}.")
@@ -345,4 +330,4 @@ def test_a_frozen_run_turns_red_and_a_closed_one_does_not(
     # Red while it stays frozen; writing again ends the card.
     assert "frozen" in prom.hung()
     os.kill(frozen.proc.pid, signal.SIGCONT)
-    poll(lambda: "frozen" not in prom.hung(), DEADLINE_S, what="GRPORunHung resolved after SIGCONT")
+    wait_for(lambda: "frozen" not in prom.hung(), DEADLINE_S, what="GRPORunHung resolved after SIGCONT")

@@ -1,7 +1,7 @@
 """Every card fires on its sickness, with its severity, and nothing fires on healthy runs.
 
 Each scenario of `grpo-monitor simulate` is played through the SDK, the exporter's ingest and
-store, and the real rule files evaluated by promtool (tests/scenario_rules.py). A scenario
+store, and the real rule files evaluated by promtool (tests/promtool_harness.py). A scenario
 starts healthy: no card may fire before its onset; by its end exactly its cards have fired.
 """
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor.simulate import SCENARIOS
-from scenario_rules import SEVERITIES, Check, Played, check_cards, play, scrape_index_at, scrape_index_before
+from promtool_harness import (SEVERITIES, Check, Played, check_cards, play, scrape_index_at,
+                              scrape_index_before)
 
 # One scrape every 10 steps: a 5-minute step scraped every 15 s would give one scrape per step,
 # a 1.5 s step ten steps per scrape; the cards must not care (see the cadence test below).

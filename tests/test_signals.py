@@ -15,9 +15,9 @@ from conftest import Running, value
 from grpo_monitor.signals import RankSignals
 
 
-def feed(sig: RankSignals, steps: range, fn: Callable[[int], dict[str, float]], paused: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+def feed(sig: RankSignals, steps: range, fn: Callable[[int], dict[str, float]], stalled: set[int] = frozenset()) -> None:  # type: ignore[assignment]
     for s in steps:
-        sig.add(s, fn(s), s in paused)
+        sig.add(s, fn(s), s in stalled)
 
 
 def test_baseline_is_the_first_steps_and_record_only() -> None:
@@ -69,7 +69,7 @@ def test_windows_are_in_steps_for_sparse_keys() -> None:
 def test_perf_values_of_checkpoint_steps_are_left_out() -> None:
     sig = RankSignals(baseline_steps=100)
     feed(sig, range(1, 301), lambda s: {"perf/step_time_s": 50.0 if s % 100 == 0 else 5.0},
-         paused={100, 200, 300})
+         stalled={100, 200, 300})
     f = sig.features()
     assert f.baseline["perf/step_time_s"] == (5.0, 0.0)
     assert {w: (lo, hi) for k, w, lo, hi in f.extremes}[50] == (5.0, 5.0)

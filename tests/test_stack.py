@@ -7,12 +7,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import requests
+from polling import wait_for
 
-from conftest import wait_for
+from grpo_monitor.stack import Child
 
 CLI = [sys.executable, "-m", "grpo_monitor.cli"]
 FREE_PORTS = ["--exporter.port", "0", "--prometheus.port", "0", "--alertmanager.port", "0",
@@ -20,34 +20,25 @@ FREE_PORTS = ["--exporter.port", "0", "--prometheus.port", "0", "--alertmanager.
 
 
 class Stack:
-    """`grpo-monitor stack up` in the background, its output collected line by line."""
+    """`grpo-monitor stack up` in the background, its output in ``log``."""
 
-    def __init__(self, snapshot_dir: Path, state_dir: Path) -> None:
+    def __init__(self, snapshot_dir: Path, state_dir: Path, log: Path) -> None:
         self.state_dir = state_dir
-        self.proc = subprocess.Popen(
-            [*CLI, "stack", "up", "--snapshot.dir", str(snapshot_dir), "--stack.dir", str(state_dir),
-             "--interval", "1s", *FREE_PORTS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        wait_for(lambda: any("Ctrl-C stops all" in line for line in self.lines) or self.proc.poll() is not None,
-                 timeout=90)
-        assert self.proc.poll() is None, "".join(self.lines)
-        self.urls = dict(re.findall(r"^\s+(exporter|prometheus|alertmanager|grafana)\s+(\S+)", "".join(self.lines), re.M))
+        self.child = Child.start(
+            "stack", [*CLI, "stack", "up", "--snapshot.dir", str(snapshot_dir), "--stack.dir",
+                      str(state_dir), "--interval", "1s", *FREE_PORTS],
+            log, Path.cwd(), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wait_for(lambda: "Ctrl-C stops all" in self.output() or not self.child.alive(), timeout=90)
+        assert self.child.alive(), self.output()
+        self.urls = dict(re.findall(r"^\s+(exporter|prometheus|alertmanager|grafana)\s+(\S+)",
+                                    self.output(), re.M))
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
+    def output(self) -> str:
+        return self.child.log.read_text(errors="replace")
 
     def close(self) -> None:
-        # SIGTERM, not SIGKILL: the stack must get to stop its children (own sessions).
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        # SIGTERM first, not SIGKILL: the stack must get to stop its children (own sessions).
+        self.child.stop(timeout=30)
 
     def child_up(self, name: str) -> bool:
         url = self.urls[name].removesuffix("/metrics")
@@ -58,7 +49,7 @@ class Stack:
 
 
 def test_stack_up_raises_a_red_card_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    stack = Stack(tmp_path / "snapshots", tmp_path / "state")
+    stack = Stack(tmp_path / "snapshots", tmp_path / "state", tmp_path / "stack-up.log")
     try:
         assert {"exporter", "prometheus", "alertmanager"} <= stack.urls.keys()
         # The committed rule files are what Prometheus loaded.
@@ -75,8 +66,8 @@ def test_stack_up_raises_a_red_card_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
                        and a["labels"].get("run") == "nan-run" for a in alerts)
 
         wait_for(red_card, timeout=60, interval=0.5)
-        stack.proc.send_signal(signal.SIGINT)
-        assert stack.proc.wait(timeout=30) == 0
+        stack.child.proc.send_signal(signal.SIGINT)
+        assert stack.child.proc.wait(timeout=30) == 0
         for name in ("exporter", "prometheus", "alertmanager"):
             assert not stack.child_up(name), f"{name} still answers after the stack stopped"
     finally:
@@ -84,13 +75,13 @@ def test_stack_up_raises_a_red_card_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
 
 
 def test_stack_stops_everything_when_one_child_dies(tmp_path: Path) -> None:
-    stack = Stack(tmp_path / "snapshots", tmp_path / "state")
+    stack = Stack(tmp_path / "snapshots", tmp_path / "state", tmp_path / "stack-up.log")
     try:
         # Kill Alertmanager behind the stack's back (its argv names this stack's state folder).
         subprocess.run(["pkill", "-KILL", "-f", "--", f"--storage.path={tmp_path / 'state'}/alertmanager-data"],
                        check=True, timeout=10)
-        assert stack.proc.wait(timeout=30) == 1
-        assert any("alertmanager exited" in line for line in stack.lines), "".join(stack.lines)
+        assert stack.child.proc.wait(timeout=30) == 1
+        assert "alertmanager exited" in stack.output(), stack.output()
         for name in ("exporter", "prometheus"):
             assert not stack.child_up(name), f"{name} survived its sibling's death"
     finally:

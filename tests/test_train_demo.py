@@ -3,7 +3,7 @@
 Each run trains a ~5k-parameter GRU, warm-started by 50 supervised steps, on single-digit
 addition for real (CPU, one thread, seed 0) and writes its snapshots through the SDK. While it
 trains, the exporter's own ingest and store read the files and are "scraped" every few steps, as
-tests/scenario_rules.py does for simulated runs; promtool then evaluates the project's rule
+tests/promtool_harness.py does for simulated runs; promtool then evaluates the project's rule
 files on those scrapes.
 
 What reproduces for real, and how (see docs/train-demo.md):
@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
+from promtool_harness import SEVERITIES, Played, Recorder, fired_at
 
 from grpo_monitor.train_demo import Config, StepResult, train
-from scenario_rules import FIRED, RULE_FILES, SEVERITIES, Played, Recorder
 
 SCRAPE_EVERY = 10
 # Cards the healthy toy run may raise for reasons that are real but not a training sickness:
@@ -54,7 +51,7 @@ HEALTHY_TOLERATED = {"GRPOStepTimeDrift", "GRPOThroughputDrop"}
 LONG_RUN_TOLERATED = HEALTHY_TOLERATED | {"GRPOKLGrowthAccelerating", "GRPOKLTailOutliers"}
 
 
-def play_real(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepResult], Played]:
+def train_recorded(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepResult], Played]:
     """Train for real; every ``scrape_every`` steps the exporter ingests the new lines and its
     exposition is parsed into one sample per series (one promtool minute per scrape)."""
     recorder = Recorder(Path(cfg.snapshot_dir))
@@ -68,28 +65,7 @@ def play_real(cfg: Config, scrape_every: int = SCRAPE_EVERY) -> tuple[list[StepR
 
 def fired_cards(played: Played, tmp: Path) -> set[str]:
     """The cards that had fired at any scrape, as promtool evaluates the rule files."""
-    at = len(played.scrape_steps) - 1
-    test = {
-        "rule_files": RULE_FILES,
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": n, "values": " ".join(v)} for n, v in played.series.items()],
-            # Expect nothing: promtool then reports what it got, or passes when nothing fired.
-            "promql_expr_test": [{"expr": FIRED.format(minutes=at + 1, only=""), "eval_time": f"{at}m",
-                                  "exp_samples": []}],
-        }],
-    }
-    path = tmp / "train-demo.test.json"
-    path.write_text(json.dumps(test))
-    proc = subprocess.run(["promtool", "test", "rules", str(path)], check=False, capture_output=True, text=True,
-                          timeout=300)
-    if proc.returncode == 0:
-        return set()
-    got = (proc.stdout + proc.stderr).partition("got:")[2]
-    names = set(re.findall(r'alertname="([^"]+)"', got))
-    assert names, f"promtool failed without a result:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
-    return names
+    return {card for firing in fired_at(played, tmp, stale_markers=False) for card, _ in firing}
 
 
 def mean(results: list[StepResult], key: str, lo: int, hi: int) -> float:
@@ -106,7 +82,7 @@ def records(path: Path) -> Iterator[dict]:
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[StepResult], Played, Path]:
     tmp = tmp_path_factory.mktemp("healthy")
-    results, played = play_real(Config(snapshot_dir=tmp, run="healthy", steps=300))
+    results, played = train_recorded(Config(snapshot_dir=tmp, run="healthy", steps=300))
     return results, played, tmp
 
 
@@ -149,7 +125,7 @@ def test_healthy_run_raises_no_card(healthy: tuple[list[StepResult], Played, Pat
 
 @pytest.mark.parametrize("seed", range(5))
 def test_healthy_runs_of_600_steps_raise_no_red_card(seed: int, tmp_path: Path) -> None:
-    _, played = play_real(Config(snapshot_dir=tmp_path, run=f"seed{seed}", steps=600, seed=seed))
+    _, played = train_recorded(Config(snapshot_dir=tmp_path, run=f"seed{seed}", steps=600, seed=seed))
     cards = fired_cards(played, tmp_path)
     assert not {c for c in cards if SEVERITIES[c] == "critical"}, cards
     assert cards <= LONG_RUN_TOLERATED, cards
@@ -157,7 +133,7 @@ def test_healthy_runs_of_600_steps_raise_no_red_card(seed: int, tmp_path: Path) 
 
 def test_loose_grader_hacks_the_reward_with_length(tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="loose", steps=300, grader="loose", onset=200)
-    results, played = play_real(cfg)
+    results, played = train_recorded(cfg)
     before, after = (150, 200), (250, 301)
     assert mean(results, "response/len_mean", *after) > 1.5 * mean(results, "response/len_mean", *before)
     assert mean(results, "reward/mean", *after) > mean(results, "reward/mean", *before) + 0.5
@@ -177,7 +153,7 @@ def test_loose_grader_hacks_the_reward_with_length(tmp_path: Path) -> None:
 
 def test_nan_reward_raises_the_red_card(tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="nan", steps=60, nan_reward_at=30)
-    results, played = play_real(cfg)
+    results, played = train_recorded(cfg)
     bad = results[29].metrics
     assert math.isnan(bad["reward/mean"]) and math.isnan(bad["loss"]) and math.isnan(bad["grad/norm"])
     assert all(math.isfinite(r.metrics["reward/mean"]) for r in results if r.step != 30)
@@ -200,7 +176,7 @@ def test_small_groups_and_low_temperature_collapse(healthy: tuple[list[StepResul
                                                    tmp_path: Path) -> None:
     cfg = Config(snapshot_dir=tmp_path, run="collapse", steps=300, onset=200, sick_group_size=2,
                  sick_temperature=0.15)
-    results, played = play_real(cfg)
+    results, played = train_recorded(cfg)
     before, after = (150, 200), (250, 301)
     assert mean(results, "group/zero_std_frac", *after) > mean(results, "group/zero_std_frac", *before) + 0.2
     assert mean(results, "entropy/mean", *after) < 0.1 * mean(results, "entropy/mean", 1, 201)

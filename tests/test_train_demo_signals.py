@@ -13,19 +13,16 @@ so a 50-step healthy start is enough: no 200-step baseline is needed.
 
 from __future__ import annotations
 
-import json
-import re
 import statistics
-import subprocess
 from pathlib import Path
 
 import pytest
+from promtool_harness import Played, fired_at
+from test_train_demo import train_recorded
 
 from grpo_monitor import thresholds
 from grpo_monitor.forecast import block_means, fit_law
 from grpo_monitor.train_demo import Config, StepResult, train
-from scenario_rules import FIRING_NOW, RULE_FILES, Played
-from test_train_demo import play_real
 
 ONSET = 50
 # Steps between the onset and the card that every test allows: two 20-step windows of the
@@ -35,29 +32,10 @@ WITHIN = 50
 
 def first_firing(played: Played, tmp: Path) -> dict[str, int]:
     """Each card that fired, with the step of the first scrape at which promtool had it firing."""
-    checks = [{"expr": FIRING_NOW.format(only=""), "eval_time": f"{i}m", "exp_samples": []}
-              for i in range(len(played.scrape_steps))]
-    test = {"rule_files": RULE_FILES, "evaluation_interval": "1m",
-            "tests": [{"interval": "1m",
-                       "input_series": [{"series": n, "values": " ".join(v)} for n, v in played.series.items()],
-                       "promql_expr_test": checks}]}
-    path = tmp / "first-firing.test.json"
-    path.write_text(json.dumps(test))
-    proc = subprocess.run(["promtool", "test", "rules", str(path)], check=False, capture_output=True,
-                          text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    if proc.returncode == 0:
-        return {}
     first: dict[str, int] = {}
-    # One block per failed check: '... time: 1h2m0s, exp: nil  got: {alertname="X", ...} ...'.
-    for block in out.split("expr: ")[1:]:
-        when = re.search(r"time: ((?:\d+h)?(?:\d+m)?(?:\d+s)?),", block)
-        assert when, f"unparsed promtool output:\n{block[:500]}"
-        h, m = re.search(r"(\d+)h", when.group(1)), re.search(r"(\d+)m", when.group(1))
-        index = (int(h.group(1)) * 60 if h else 0) + (int(m.group(1)) if m else 0)
-        for name in re.findall(r'alertname="([^"]+)"', block.partition("got:")[2]):
-            first[name] = min(first.get(name, played.scrape_steps[index]), played.scrape_steps[index])
-    assert first, f"promtool failed without a result:\n{out[-3000:]}"
+    for step, firing in zip(played.scrape_steps, fired_at(played, tmp, stale_markers=False)):
+        for card, _ in firing:
+            first.setdefault(card, step)
     return first
 
 
@@ -76,7 +54,7 @@ Run = tuple[list[StepResult], dict[str, int]]
 
 def _play(tmp_path_factory: pytest.TempPathFactory, name: str, **knobs: object) -> Run:
     tmp = tmp_path_factory.mktemp(name)
-    results, played = play_real(Config(snapshot_dir=tmp, run=name, onset=ONSET, **knobs))
+    results, played = train_recorded(Config(snapshot_dir=tmp, run=name, onset=ONSET, **knobs))
     return results, first_firing(played, tmp)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conftest import wait_for
+from polling import wait_for
 from grpo_monitor.health import ExporterHealth
 from grpo_monitor.ingest import Ingestor
 from grpo_monitor.sdk.writer import SnapshotWriter

@@ -21,10 +21,10 @@ import pytest
 import requests
 import trustme
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from stack import poll, start_prometheus
+from polling import wait_for
+from prometheus_harness import start_prometheus
 
-from conftest import Running, Samples, value
+from conftest import Running, parse_samples, value
 from grpo_monitor.cli import build_parser
 from grpo_monitor.sdk.samples import replay_samples
 from grpo_monitor.sdk.writer import SnapshotWriter
@@ -77,11 +77,6 @@ def hashed(password: str) -> str:
 
 def tls_section(pki: Pki, **extra: Any) -> dict[str, Any]:
     return {"cert_file": str(pki.cert), "key_file": str(pki.key), **extra}
-
-
-def parse(text: str) -> Samples:
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 # --- TLS and basic auth on a running exporter ------------------------------------------------------
@@ -141,7 +136,7 @@ def test_tls_basic_auth_and_headers(start_exporter: Callable[..., Running], snap
     with pytest.raises(requests.ConnectionError):
         requests.get(url.replace("https://", "http://") + "/metrics", timeout=10)
 
-    s = parse(get("/metrics", (USER, PASSWORD)).text)
+    s = parse_samples(get("/metrics", (USER, PASSWORD)).text)
     assert value(s, "grpo_http_rejects_total", reason="unauthorized") == 7
     assert value(s, "grpo_http_rejects_total", reason="tls_handshake") == 1
     assert value(s, "grpo_webhook_requests_total", outcome="unauthorized") == 1
@@ -165,7 +160,7 @@ def test_client_certificates(start_exporter: Callable[..., Running], pki: Pki, t
             get(refused)
     resp = get(pki.client)
     assert resp.status_code == 200
-    s = parse(resp.text)
+    s = parse_samples(resp.text)
     assert value(s, "grpo_http_rejects_total", reason="tls_handshake") == 2
     assert value(s, "grpo_http_rejects_total", reason="tls_client_san") == 1
 
@@ -191,7 +186,7 @@ def test_a_stalled_tls_handshake_is_dropped(start_exporter: Callable[..., Runnin
     finally:
         for s in stalled:
             s.close()
-    s = parse(requests.get(f"{running.url}/metrics", verify=str(pki.ca), timeout=10).text)
+    s = parse_samples(requests.get(f"{running.url}/metrics", verify=str(pki.ca), timeout=10).text)
     assert value(s, "grpo_http_rejects_total", reason="read_timeout") == 10
     assert value(s, "grpo_http_rejects_total", reason="tls_handshake") == 0
 
@@ -256,9 +251,9 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(start_exporter: Callable[..
             active = requests.get(f"{prom}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
             return {t["labels"]["job"]: t for t in active}
 
-        poll(lambda: query('up{job="good"} == 1') and query('up{job="bad"} == 0'), 30,
-             what="both jobs scraped", diagnose=lambda: json.dumps(targets()))
-        series = poll(lambda: query('grpo_step{job="good", run="tls-run"}'), 30, what="run series")
+        wait_for(lambda: query('up{job="good"} == 1') and query('up{job="bad"} == 0'), 30,
+                 what="both jobs scraped", diagnose=lambda: json.dumps(targets()))
+        series = wait_for(lambda: query('grpo_step{job="good", run="tls-run"}'), 30, what="run series")
         assert series[0]["value"][1] == "7"
         assert query('grpo_step{job="bad"}') == []
         assert "401" in targets()["bad"]["lastError"]
@@ -346,14 +341,14 @@ def test_serve_refuses_a_bad_web_config_at_start_up(tmp_path: Path) -> None:
 
 
 def test_web_flags_and_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = vars(build_parser().parse_args(["serve", "--snapshot.dir", "/s"]))
-    assert args["web.config.file"] is None and args["web.enable_replay"] is False
+    args = build_parser().parse_args(["serve", "--snapshot.dir", "/s"])
+    assert args.web_config_file is None and args.enable_replay is False
     monkeypatch.setenv("GRPO_MONITOR_WEB_CONFIG_FILE", "/etc/grpo/web.yml")
     monkeypatch.setenv("GRPO_MONITOR_WEB_ENABLE_REPLAY", "true")
     monkeypatch.setenv("GRPO_MONITOR_WEB_READ_TIMEOUT", "1m")
     monkeypatch.setenv("GRPO_MONITOR_WEB_MAX_CONNECTIONS", "16")
-    args = vars(build_parser().parse_args(["serve", "--snapshot.dir", "/s"]))
-    assert args["web.config.file"] == Path("/etc/grpo/web.yml") and args["web.enable_replay"] is True
-    assert args["web.read_timeout"] == 60.0 and args["web.max_connections"] == 16
-    args = vars(build_parser().parse_args(["serve", "--snapshot.dir", "/s", "--no-web.enable-replay"]))
-    assert args["web.enable_replay"] is False
+    args = build_parser().parse_args(["serve", "--snapshot.dir", "/s"])
+    assert args.web_config_file == Path("/etc/grpo/web.yml") and args.enable_replay is True
+    assert args.read_timeout == 60.0 and args.max_connections == 16
+    args = build_parser().parse_args(["serve", "--snapshot.dir", "/s", "--no-web.enable-replay"])
+    assert args.enable_replay is False

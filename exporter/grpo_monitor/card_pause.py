@@ -65,7 +65,8 @@ def healthy_before(onset: str, scrape_interval: float | None) -> str | None:
 
 def run_folder(snapshot_dir: Path, run: str) -> Path | None:
     """The run's folder when this exporter reads one: a folder (not a link: the ingest does not
-    follow links) directly in the snapshot folder, not a dot-folder (the ingest skips those).
+    follow links) directly in the snapshot folder, named by a valid run name (which is never a
+    dot folder: the ingest skips those; run_layout.run_name_problem).
 
     Only such a run gets a pause record. Not "a run /metrics exports now" (RunStore): the store
     knows no run while it replays the folder after a restart, forgets one after
@@ -75,7 +76,7 @@ def run_folder(snapshot_dir: Path, run: str) -> Path | None:
     reads, or write through a link to anywhere."""
     try:
         folder = control_path(snapshot_dir, run).parent
-        if run.startswith(".") or not stat.S_ISDIR(os.lstat(folder).st_mode):
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
             return None
     except (ValueError, OSError):  # not a plain folder name (or not encodable); no such folder
         return None

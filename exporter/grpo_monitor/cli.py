@@ -1,13 +1,21 @@
-"""``grpo-monitor``: the exporter (serve), the snapshot schema, and the demo.
+"""``grpo-monitor``: the exporter (serve), the snapshot schema, the native stack and the demo, and
+the tools around a run (simulate, train-demo, report, replay, rebaseline, resume, compose-init).
 
-Flags follow Prometheus' style (``--snapshot.dir``, ``--web.listen-address``); every serve flag
-can also be set in the environment as ``GRPO_MONITOR_`` + the flag in upper case with dots and
+One registry: every command is one :class:`Command` in :data:`COMMANDS` (its name, help, flags and
+handler), every flag one :class:`Flag` with its ``dest``, the attribute the handler reads
+(``args.snapshot_dir``). A flag's default is read from the model it fills: ExporterConfig and its
+Limits for ``serve``, StackConfig for the stack, train_demo.Config, simulate.write_run.
+
+Flags follow Prometheus' style (``--snapshot.dir``, ``--web.listen-address``); every such dotted
+flag can also be set in the environment as ``GRPO_MONITOR_`` + the flag in upper case with dots and
 dashes as underscores (``GRPO_MONITOR_SNAPSHOT_DIR``). A flag on the command line wins.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -16,122 +24,249 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from grpo_monitor import __version__
 from grpo_monitor.extras import MissingExtra, require
-from grpo_monitor.signals import INITIAL_STEPS
+from grpo_monitor.signals import BASELINE_STEPS
 
 ENV_PREFIX = "GRPO_MONITOR_"
+LOG_LEVEL = "info"
+_TRUE_WORDS = ("1", "true", "yes", "on")
 
 
 def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").upper().replace(".", "_").replace("-", "_")
 
 
-def _add(parser: argparse.ArgumentParser, flag: str, help: str, *, default: Any = None,  # noqa: A002
-         type: Callable[[str], Any] = str, action: Any = None, **kw: Any) -> None:  # noqa: A002
-    env = env_name(flag)
-    raw = os.environ.get(env)
-    if raw is not None:
-        default = (raw.lower() in ("1", "true", "yes", "on")) if action else type(raw)
-    shown = "" if default is None else f" (default: {default})"
-    help = f"{help}{shown} [env {env}]"
-    if action:
-        parser.add_argument(flag, action=action, default=default, help=help, **kw)
-    else:
-        parser.add_argument(flag, type=type, default=default, help=help, **kw)
+# -- the registry ------------------------------------------------------------------------------
 
 
-def _add_snapshot_dir(p: argparse.ArgumentParser, help: str, *, required: bool) -> None:  # noqa: A002
+@dataclass(frozen=True)
+class Flag:
+    """One command-line argument. ``name`` is its spelling (``--snapshot.dir``; without a leading
+    dash, a positional argument shown as ``name``); ``dest`` the attribute a handler reads."""
+
+    name: str
+    dest: str
+    help: str
+    default: Any = None
+    type: Callable[[str], Any] | None = None
+    # "store_true" or argparse.BooleanOptionalAction for switches; None: the flag takes a value.
+    action: str | type[argparse.Action] | None = None
+    choices: Sequence[str] | None = None
+    metavar: str | None = None
+    required: bool = False
+    # How --help states the default: ``show(default)`` (str unless given), or this text instead.
+    show: Callable[[Any], str] = str
+    shown_default: str | None = None
+    # Former spellings: still accepted, left out of --help (the help names them).
+    old_names: tuple[str, ...] = ()
+    # Settable as GRPO_MONITOR_<FLAG>; None: the dotted (Prometheus-style) flags are.
+    env: bool | None = None
+    # Flags with the same key exclude each other.
+    exclusive: str | None = None
+
+    @property
+    def positional(self) -> bool:
+        return not self.name.startswith("-")
+
+    @property
+    def env_var(self) -> str | None:
+        settable = ("." in self.name) if self.env is None else self.env
+        return env_name(self.name) if settable and not self.positional else None
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
+        if self.positional:
+            parser.add_argument(self.dest, metavar=self.metavar or self.name, help=self.help)
+            return
+        default, required = self.default, self.required
+        env = self.env_var
+        raw = os.environ.get(env) if env else None
+        if raw is not None:  # the environment stands in for the flag (read when the parser is built)
+            default = raw.lower() in _TRUE_WORDS if self.action else (self.type or str)(raw)
+            required = False
+        # The value's placeholder is the flag's own name (SNAPSHOT.DIR), as argparse would show
+        # it without a dest; choices show themselves.
+        metavar = self.metavar or (None if self.choices else self.name.lstrip("-").upper().replace("-", "_"))
+        value_kw: dict[str, Any] = (
+            {"action": self.action} if self.action else
+            {"type": self.type, "choices": self.choices, "metavar": metavar})
+        parser.add_argument(self.name, dest=self.dest, default=default, required=required,
+                            help=self._help(default, env), **value_kw)
+        if self.old_names:
+            # SUPPRESS as the default: the old spelling, when absent, leaves the new one's default.
+            parser.add_argument(*self.old_names, dest=self.dest, default=argparse.SUPPRESS,
+                                help=argparse.SUPPRESS, **value_kw)
+
+    def _help(self, default: Any, env: str | None) -> str:
+        if self.shown_default is not None:
+            shown = self.shown_default
+        elif default is None or self.action in ("store_true", "store_false"):
+            shown = ""
+        else:
+            shown = self.show(default)
+        text = self.help + (f" (default: {shown})" if shown else "")
+        if self.old_names:
+            text += f" Formerly {', '.join(self.old_names)}, which still works."
+        if env:
+            text += f" [env {env}]"
+        return text.replace("%", "%%")  # argparse %-formats help
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand. ``name`` may be two words (``stack up``): an action under a group of
+    COMMAND_GROUPS. ``flags`` is called when the parser is built, so that the defaults it reads
+    from the models (and the environment) are current; its imports must not need an extra."""
+
+    name: str
+    help: str
+    flags: Callable[[], Sequence[Flag]]
+    handler: Callable[[argparse.Namespace], int]
+
+    @property
+    def description(self) -> str:
+        return inspect.getdoc(self.handler) or self.help
+
+
+def register(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
+    """Add flags to a parser: the one way every flag gets there."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for flag in flags:
+        if flag.exclusive is None:
+            flag.add_to(parser)
+        else:
+            if flag.exclusive not in groups:
+                groups[flag.exclusive] = parser.add_mutually_exclusive_group()
+            flag.add_to(groups[flag.exclusive])
+
+
+def _model_defaults(model: Any) -> dict[str, Any]:
+    """Field defaults of a dataclass, or keyword defaults of a function."""
+    if dataclasses.is_dataclass(model):
+        return {f.name: f.default for f in dataclasses.fields(model)
+                if f.default is not dataclasses.MISSING}
+    return {name: p.default for name, p in inspect.signature(model).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+# -- flags shared by several commands ----------------------------------------------------------
+
+
+def _snapshot_dir(help: str, *, required: bool = True, env: bool | None = None,  # noqa: A002
+                  default: Path | None = None) -> Flag:
     """``--snapshot.dir``; when required, GRPO_MONITOR_SNAPSHOT_DIR can stand in for it."""
-    _add(p, "--snapshot.dir", help, type=Path,
-         required=required and env_name("--snapshot.dir") not in os.environ)
+    return Flag("--snapshot.dir", "snapshot_dir", help, default, type=Path, required=required, env=env)
 
 
-def _add_serve_flags(p: argparse.ArgumentParser, *, dir_required: bool) -> None:
-    from grpo_monitor.config import parse_bytes, parse_duration
-    from grpo_monitor.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT
+def _run_name() -> Flag:
+    return Flag("run", "run", "Run name (its folder under the snapshot folder).")
 
-    _add_snapshot_dir(p, "Folder the trainers write snapshots to; read recursively.",
-                      required=dir_required)
-    _add(p, "--web.listen-address", "Address to serve /metrics on, HOST:PORT or :PORT.",
-         default=":9400")
-    _add(p, "--snapshot.poll", "Poll the folder instead of inotify; for NFS and other network "
-         "filesystems where inotify sees no remote writes.", default=False,
-         action=argparse.BooleanOptionalAction)
-    _add(p, "--snapshot.poll-interval", "How often to poll with --snapshot.poll.",
-         default=1.0, type=parse_duration)
-    _add(p, "--snapshot.rescan-interval", "Full rescan of the folder, a safety net for missed "
-         "file events.", default=30.0, type=parse_duration)
-    _add(p, "--snapshot.run-timeout", "A run with no new snapshot for this long leaves /metrics "
-         "(its files stay on disk).", default=3600.0, type=parse_duration)
-    _add(p, "--snapshot.max-file-bytes", "Largest *.json snapshot read; larger ones are counted "
-         "as oversized.", default=16 * 2**20, type=parse_bytes)
-    _add(p, "--snapshot.max-line-bytes", "Longest *.jsonl line read.", default=2**20, type=parse_bytes)
-    _add(p, "--metrics.max-unknown-keys", "Per run: distinct non-canonical keys exported as "
-         "grpo_metric_value before the cap drops the rest.", default=256, type=int)
-    _add(p, "--metrics.max-prompt-types", "Per run: distinct by_type prompt types exported.",
-         default=32, type=int)
-    _add(p, "--metrics.max-event-types", "Per run: distinct event types counted.", default=32, type=int)
-    _add(p, "--signals.baseline-steps", "Steps of each rank's baseline period (seed 000 §3.3); "
-         "cards that compare to a baseline wait for it.", default=200, type=int)
-    _add(p, "--signals.initial-steps", "Steps at the start of each signal whose mean is its initial "
-         "value, the reference of the cards that work before the baseline is ready (entropy below "
-         "0.1x its initial value, say).", default=INITIAL_STEPS, type=int)
-    _add(p, "--collector.gpu", "GPU health from NVML (pynvml); without NVML or a GPU it exports "
-         "grpo_gpu_collector_up 0 and nothing else.", default=True, action=argparse.BooleanOptionalAction)
-    _add(p, "--collector.gpu.interval", "How often the GPU collector reads NVML (never on a scrape).",
-         default=5.0, type=parse_duration)
-    _add(p, "--web.webhook-token-file", "File holding the bearer token Alertmanager sends to "
-         "POST /-/alertmanager/webhook (a red card pauses its run); without it the webhook is off.",
-         type=Path)
-    _add(p, "--web.config.file", "Web configuration in the Prometheus exporter-toolkit format: TLS "
-         "(tls_server_config), basic auth (basic_auth_users, bcrypt) on every path but the "
-         "webhook's, response headers (docs/security.md). Without it: plain HTTP, no auth.",
-         type=Path)
-    _add(p, "--web.enable-replay", "Serve /replay: the prompts and responses trainers logged, "
-         "which can be proprietary training data (behind basic auth when configured).",
-         default=False, action=argparse.BooleanOptionalAction)
-    _add(p, "--web.read-timeout", "A whole request (TLS handshake and keep-alive wait included) "
-         "must arrive within this, or the connection is dropped: slow clients cannot hold "
-         "the exporter.", default=DEFAULT_READ_TIMEOUT, type=parse_duration)
-    _add(p, "--web.max-connections", "Open connections at most; a new one that finds them all "
-         "taken drops the one that has waited longest for its request.",
-         default=DEFAULT_MAX_CONNECTIONS, type=int)
-    _add(p, "--notify.url", "Relay every card Alertmanager sends to the webhook to a person: "
-         "space-separated slack+https://..., ntfy+https://..., smtp://HOST?to=ADDR URLs "
-         "(docs/pause.md); needs --web.webhook-token-file.")
-    _add(p, "--alertmanager.url", "Ask this Alertmanager (http://HOST:9093) for red cards and "
-         "pause the runs that have a folder here: one exporter per node, whichever node the "
-         "webhook reaches (docs/pause.md).")
-    _add(p, "--alertmanager.poll-interval", "How often to ask --alertmanager.url.", default=5.0,
-         type=parse_duration)
-    _add(p, "--log.level", "Log level: debug, info, warn, error.", default="info")
+
+def _write_run_defaults() -> dict[str, Any]:
+    from grpo_monitor.simulate import write_run
+
+    return _model_defaults(write_run)
+
+
+def _simulated_steps(default: int | None, shown: str | None = None) -> Flag:
+    return Flag("--simulated-steps", "simulated_steps", "Steps of the synthetic run to write.",
+                default, type=int, shown_default=shown, old_names=("--steps",))
+
+
+# -- serve --------------------------------------------------------------------------------------
+
+
+def _serve_flags() -> list[Flag]:
+    # dest is the ExporterConfig (or Limits) field the flag sets; _config() relies on it.
+    from grpo_monitor.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
+    from grpo_monitor.store import Limits
+
+    d, lim = _model_defaults(ExporterConfig), _model_defaults(Limits)
+
+    def duration(name: str, dest: str, help: str) -> Flag:  # noqa: A002
+        return Flag(name, dest, help, d[dest], type=parse_duration, show=format_duration)
+
+    def size(name: str, dest: str, help: str) -> Flag:  # noqa: A002
+        return Flag(name, dest, help, d[dest], type=parse_bytes, show=format_bytes)
+
+    def switch(name: str, dest: str, help: str) -> Flag:  # noqa: A002
+        return Flag(name, dest, help, d[dest], action=argparse.BooleanOptionalAction)
+
+    def limit(name: str, dest: str, help: str) -> Flag:  # noqa: A002
+        return Flag(name, dest, help, lim[dest], type=int)
+
+    return [
+        _snapshot_dir("Folder the trainers write snapshots to; read recursively."),
+        Flag("--web.listen-address", "listen_address",
+             "Address to serve /metrics on, HOST:PORT or :PORT.", d["listen_address"]),
+        switch("--snapshot.poll", "poll", "Poll the folder instead of inotify; for NFS and other "
+               "network filesystems where inotify sees no remote writes."),
+        duration("--snapshot.poll-interval", "poll_interval", "How often to poll with --snapshot.poll."),
+        duration("--snapshot.rescan-interval", "rescan_interval",
+                 "Full rescan of the folder, a safety net for missed file events."),
+        duration("--snapshot.run-timeout", "run_timeout", "A run with no new snapshot for this long "
+                 "leaves /metrics (its files stay on disk)."),
+        size("--snapshot.max-file-bytes", "max_file_bytes",
+             "Largest *.json snapshot read; larger ones are counted as oversized."),
+        size("--snapshot.max-line-bytes", "max_line_bytes", "Longest *.jsonl line read."),
+        limit("--metrics.max-unknown-keys", "max_unknown_keys", "Per run: distinct non-canonical "
+              "keys exported as grpo_metric_value before the cap drops the rest."),
+        limit("--metrics.max-prompt-types", "max_prompt_types", "Per run: distinct by_type prompt "
+              "types exported."),
+        limit("--metrics.max-event-types", "max_event_types", "Per run: distinct event types counted."),
+        limit("--signals.baseline-steps", "baseline_steps", "Steps of each rank's baseline period, "
+              "its first steps; cards that compare to a baseline wait for it."),
+        limit("--signals.initial-steps", "initial_steps", "Steps at the start of each signal whose "
+              "mean is its initial value, the reference of the cards that work before the baseline "
+              "is ready (entropy below 0.1x its initial value, say)."),
+        switch("--collector.gpu", "gpu_collector", "GPU health from NVML (pynvml); without NVML or "
+               "a GPU it exports grpo_gpu_collector_up 0 and nothing else."),
+        duration("--collector.gpu.interval", "gpu_interval",
+                 "How often the GPU collector reads NVML (never on a scrape)."),
+        Flag("--web.webhook-token-file", "webhook_token_file", "File holding the bearer token "
+             "Alertmanager sends to POST /-/alertmanager/webhook (a red card pauses its run); "
+             "without it the webhook is off.", d["webhook_token_file"], type=Path),
+        Flag("--web.config.file", "web_config_file", "Web configuration in the Prometheus "
+             "exporter-toolkit format: TLS (tls_server_config), basic auth (basic_auth_users, "
+             "bcrypt) on every path but the webhook's, response headers (docs/security.md). "
+             "Without it: plain HTTP, no auth.", d["web_config_file"], type=Path),
+        switch("--web.enable-replay", "enable_replay", "Serve /replay: the prompts and responses "
+               "trainers logged, which can be proprietary training data (behind basic auth when "
+               "configured)."),
+        duration("--web.read-timeout", "read_timeout", "A whole request (TLS handshake and "
+                 "keep-alive wait included) must arrive within this, or the connection is dropped: "
+                 "slow clients cannot hold the exporter."),
+        Flag("--web.max-connections", "max_connections", "Open connections at most; a new one that "
+             "finds them all taken drops the one that has waited longest for its request.",
+             d["max_connections"], type=int),
+        Flag("--notify.url", "notify_url", "Relay every card Alertmanager sends to the webhook to a "
+             "person: space-separated slack+https://..., ntfy+https://..., smtp://HOST?to=ADDR URLs "
+             "(docs/pause.md); needs --web.webhook-token-file.", d["notify_url"]),
+        Flag("--alertmanager.url", "alertmanager_url", "Ask this Alertmanager (http://HOST:9093) for "
+             "red cards and pause the runs that have a folder here: one exporter per node, "
+             "whichever node the webhook reaches (docs/pause.md).", d["alertmanager_url"]),
+        duration("--alertmanager.poll-interval", "alertmanager_poll_interval",
+                 "How often to ask --alertmanager.url."),
+        Flag("--log.level", "log_level", "Log level: debug, info, warn, error.", LOG_LEVEL),
+    ]
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The ExporterConfig of parsed serve flags: each flag's dest is the field it sets."""
     from grpo_monitor.config import ExporterConfig
     from grpo_monitor.store import Limits
 
-    v = vars(args)
-    return ExporterConfig(
-        snapshot_dir=v["snapshot.dir"], listen_address=v["web.listen_address"],
-        poll=v["snapshot.poll"], poll_interval=v["snapshot.poll_interval"],
-        rescan_interval=v["snapshot.rescan_interval"], run_timeout=v["snapshot.run_timeout"],
-        max_file_bytes=v["snapshot.max_file_bytes"], max_line_bytes=v["snapshot.max_line_bytes"],
-        limits=Limits(max_unknown_keys=v["metrics.max_unknown_keys"],
-                      max_prompt_types=v["metrics.max_prompt_types"],
-                      max_event_types=v["metrics.max_event_types"],
-                      baseline_steps=v["signals.baseline_steps"],
-                      initial_steps=v["signals.initial_steps"]),
-        gpu_collector=v["collector.gpu"], gpu_interval=v["collector.gpu.interval"],
-        webhook_token_file=v.get("web.webhook_token_file"), notify_url=v.get("notify.url") or None,
-        alertmanager_url=v.get("alertmanager.url") or None,
-        alertmanager_poll_interval=v["alertmanager.poll_interval"],
-        web_config_file=v.get("web.config.file"), enable_replay=v["web.enable_replay"],
-        read_timeout=v["web.read_timeout"], max_connections=v["web.max_connections"])
+    given = vars(args)
+    limits = Limits(**{f.name: given[f.name] for f in dataclasses.fields(Limits) if f.name in given})
+    settings = {f.name: given[f.name] for f in dataclasses.fields(ExporterConfig) if f.name in given}
+    # An empty environment variable (compose's ${GRPO_NOTIFY_URL:-}) means "not set".
+    for name in ("notify_url", "alertmanager_url"):
+        settings[name] = settings.get(name) or None
+    return ExporterConfig(**settings, limits=limits)
 
 
 def _setup_logging(level: str) -> None:
@@ -149,9 +284,10 @@ def _wait_for_signal() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the exporter: watch the snapshot folder, serve /metrics. SIGINT or SIGTERM stops it."""
     from grpo_monitor.app import Exporter
 
-    _setup_logging(args.__dict__["log.level"])
+    _setup_logging(args.log_level)
     config = _config(args)
     try:
         exporter = Exporter(config).start()
@@ -172,18 +308,38 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stack(args: argparse.Namespace, snapshot_dir: Path, interval: str | None):  # type: ignore[no-untyped-def]
+# -- the native stack and the demo ---------------------------------------------------------------
+
+
+def _stack_flags(interval: str | None) -> list[Flag]:
+    from grpo_monitor.stack import StackConfig
+
+    d = _model_defaults(StackConfig)
+    return [
+        Flag("--config.dir", "config_dir", "Folder with prometheus.yml, rules/ and alertmanager.yml.",
+             type=Path, shown_default="the checkout's prometheus/"),
+        Flag("--stack.dir", "state_dir", "Folder for the children's generated configs, data and logs.",
+             type=Path, shown_default="a new temporary folder"),
+        *(Flag(f"--{name}.port", f"{name}_port", f"Loopback port of {name} (0: any free port).",
+               d[f"{name}_port"], type=int)
+          for name in ("exporter", "prometheus", "alertmanager", "grafana")),
+        Flag("--interval", "interval", "Scrape and rule-evaluation interval, e.g. 5s.", interval,
+             shown_default=None if interval else "the configuration's own, 15s"),
+    ]
+
+
+def _stack(args: argparse.Namespace, snapshot_dir: Path):  # type: ignore[no-untyped-def]
     from grpo_monitor.stack import NativeStack, StackConfig, project_config_dir
 
-    config_dir = args.__dict__["config.dir"] or project_config_dir()
+    config_dir = args.config_dir or project_config_dir()
     if config_dir is None:
         raise SystemExit("grpo-monitor: no prometheus/ configuration found; pass --config.dir")
-    state_dir = args.__dict__["stack.dir"] or Path(tempfile.mkdtemp(prefix="grpo-stack-"))
+    state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="grpo-stack-"))
     return NativeStack(StackConfig(
         snapshot_dir=snapshot_dir, state_dir=state_dir, config_dir=config_dir,
-        exporter_port=args.__dict__["exporter.port"], prometheus_port=args.__dict__["prometheus.port"],
-        alertmanager_port=args.__dict__["alertmanager.port"], grafana_port=args.__dict__["grafana.port"],
-        interval=interval))
+        exporter_port=args.exporter_port, prometheus_port=args.prometheus_port,
+        alertmanager_port=args.alertmanager_port, grafana_port=args.grafana_port,
+        interval=args.interval))
 
 
 def _start_stack(stack) -> int:  # type: ignore[no-untyped-def]
@@ -200,10 +356,14 @@ def _start_stack(stack) -> int:  # type: ignore[no-untyped-def]
     return 0
 
 
+def _stack_up_flags() -> list[Flag]:
+    return [_snapshot_dir("Folder the trainers write snapshots to."), *_stack_flags(None)]
+
+
 def cmd_stack(args: argparse.Namespace) -> int:
     """Exporter, Prometheus and Alertmanager (and Grafana, if grafana-server is installed) as
     child processes, from the project's own configuration; Ctrl-C stops them all."""
-    stack = _stack(args, args.__dict__["snapshot.dir"], args.interval)
+    stack = _stack(args, args.snapshot_dir)
     if _start_stack(stack):
         return 1
     print("  (Ctrl-C stops all)", flush=True)
@@ -243,6 +403,27 @@ class _CardWatcher:
                   flush=True)
 
 
+def _demo_flags() -> list[Flag]:
+    run = _write_run_defaults()
+    return [
+        _snapshot_dir("Folder for the run's snapshots.", required=False),
+        *_stack_flags("5s"),
+        Flag("--run", "run", "Run name.", "demo"),
+        Flag("--scenario", "scenario", "Scenario to play (`grpo-monitor simulate --list` lists them).",
+             "kl_explosion"),
+        _simulated_steps(700),
+        Flag("--onset", "onset", "Step the sickness starts.", 300, type=int),
+        Flag("--step-seconds", "step_seconds", "Seconds per step.", 0.5, type=float),
+        Flag("--ranks", "ranks", "Ranks to simulate.", run["ranks"], type=int),
+        Flag("--exit-after-run", "exit_after_run", "Stop when the run is written.", False,
+             action="store_true"),
+        Flag("--until-card", "until_card", "Stop (status 0) once this card reaches Alertmanager.",
+             metavar="ALERTNAME"),
+        Flag("--timeout", "timeout", "With --until-card or --exit-after-run: give up after this many "
+             "seconds (status 1).", 0.0, type=float, shown_default="0, never"),
+    ]
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The whole stack on a temporary folder, and a synthetic run that turns sick: watch the cards
     arrive at Alertmanager within a few minutes."""
@@ -250,17 +431,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from grpo_monitor.simulate import write_run
 
-    snapshot_dir = args.__dict__["snapshot.dir"] or Path(tempfile.mkdtemp(prefix="grpo-demo-"))
-    stack = _stack(args, snapshot_dir, args.interval)
+    snapshot_dir = args.snapshot_dir or Path(tempfile.mkdtemp(prefix="grpo-demo-"))
+    stack = _stack(args, snapshot_dir)
     if _start_stack(stack):
         return 1
     print(f"  snapshots     {snapshot_dir}\n"
-          f"playing {args.scenario!r} for run {args.run!r}: {args.steps} steps of {args.step_seconds} s, "
-          f"sick from step {args.onset}; cards appear below as Alertmanager receives them "
-          "(Ctrl-C stops)", flush=True)
+          f"playing {args.scenario!r} for run {args.run!r}: {args.simulated_steps} steps of "
+          f"{args.step_seconds} s, sick from step {args.onset}; cards appear below as Alertmanager "
+          "receives them (Ctrl-C stops)", flush=True)
     feeder = threading.Thread(
         target=write_run, args=(snapshot_dir, args.run, args.scenario),
-        kwargs={"steps": args.steps, "onset": args.onset, "step_seconds": args.step_seconds,
+        kwargs={"steps": args.simulated_steps, "onset": args.onset, "step_seconds": args.step_seconds,
                 "ranks": args.ranks, "realtime": True},
         daemon=True)
     feeder.start()
@@ -283,16 +464,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return status or result["status"]
 
 
-def _add_stack_flags(p: argparse.ArgumentParser, interval_default: str | None) -> None:
-    _add(p, "--config.dir", "Folder with prometheus.yml, rules/ and alertmanager.yml (default: the "
-         "checkout's prometheus/).", type=Path)
-    _add(p, "--stack.dir", "Folder for the children's generated configs, data and logs (default: "
-         "a new temporary folder).", type=Path)
-    for name, port in (("exporter", 9400), ("prometheus", 9090), ("alertmanager", 9093), ("grafana", 3000)):
-        _add(p, f"--{name}.port", f"Loopback port of {name} (0: any free port).", default=port, type=int)
-    shown = interval_default or "the configuration's own, 15s"
-    p.add_argument("--interval", default=interval_default,
-                   help=f"Scrape and rule-evaluation interval, e.g. 5s (default: {shown}).")
+# -- runs: simulate, train-demo, report, replay, rebaseline, resume ------------------------------
+
+
+def _simulate_flags() -> list[Flag]:
+    run = _write_run_defaults()
+    return [
+        _snapshot_dir("Folder to write the run under.", required=False),
+        Flag("--scenario", "scenario", "Scenario; --list shows all.", run["scenario"]),
+        Flag("--list", "list", "List the scenarios and the cards each raises.", False,
+             action="store_true"),
+        Flag("--run", "run", "Run name.", shown_default="the scenario's name"),
+        _simulated_steps(run["steps"], "the scenario's"),
+        Flag("--onset", "onset", "Step the sickness starts.", run["onset"], type=int,
+             shown_default="the scenario's"),
+        Flag("--ranks", "ranks", "Ranks.", run["ranks"], type=int),
+        Flag("--step-seconds", "step_seconds", "Seconds per step on the records' clock.",
+             run["step_seconds"], type=float),
+        Flag("--realtime", "realtime", "Sleep --step-seconds per step and stamp records with the "
+             "wall clock; default: write as fast as the disk allows on a simulated clock.",
+             run["realtime"], action="store_true"),
+        Flag("--seed", "seed", "Random seed.", run["seed"], type=int),
+    ]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -302,36 +495,194 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.list:
         for sc in SCENARIOS.values():
             cards = ", ".join(sc.alerts) or "none"
-            print(f"{sc.name:26} {sc.seed_section:18} cards: {cards}\n{'':26} {sc.description}")
+            print(f"{sc.name:26} cards: {cards}\n{'':26} {sc.description} ({sc.reference})")
         return 0
     if args.scenario not in SCENARIOS:
         print(f"unknown scenario {args.scenario!r}; --list shows them", file=sys.stderr)
         return 2
-    snapshot_dir = args.__dict__["snapshot.dir"]
-    if snapshot_dir is None:
+    if args.snapshot_dir is None:
         print("--snapshot.dir is required", file=sys.stderr)
         return 2
-    n = write_run(snapshot_dir, args.run or args.scenario, args.scenario, steps=args.steps,
-                  onset=args.onset, ranks=args.ranks, step_seconds=args.step_seconds,
-                  realtime=args.realtime, seed=args.seed)
+    n = write_run(args.snapshot_dir, args.run or args.scenario, args.scenario,
+                  steps=args.simulated_steps, onset=args.onset, ranks=args.ranks,
+                  step_seconds=args.step_seconds, realtime=args.realtime, seed=args.seed)
     print(f"wrote {n} steps of {args.scenario!r} for {args.ranks} ranks under "
-          f"{snapshot_dir / (args.run or args.scenario)}")
+          f"{args.snapshot_dir / (args.run or args.scenario)}")
     return 0
+
+
+def _train_demo_flags() -> list[Flag]:
+    # dest is the train_demo.Config field the flag sets (train_demo.config_from_args reads them).
+    # train_demo imports torch only when training starts: its Config is there without it.
+    from grpo_monitor.train_demo import DIFFICULTIES, LOSS_AGGREGATIONS, ROLLOUT_PRECISIONS, Config
+
+    d = _model_defaults(Config)
+
+    def knob(name: str, help: str, type: Callable[[str], Any] | None = None, **kw: Any) -> Flag:  # noqa: A002
+        dest = name.lstrip("-").replace("-", "_")
+        return Flag(name, dest, help, d[dest], type=type, **kw)
+
+    return [
+        _snapshot_dir("Folder to write the run's snapshots under."),
+        knob("--run", "Run name."),
+        Flag("--training-steps", "steps", "Training steps.", d["steps"], type=int,
+             old_names=("--steps",)),
+        knob("--seed", "Random seed.", int),
+        knob("--prompts", "Prompts per step.", int),
+        knob("--group-size", "G, sampled answers per prompt; 2 starves the advantage.", int),
+        knob("--temperature", "Sampling temperature; 0.3 collapses entropy.", float),
+        knob("--lr", "Adam learning rate.", float),
+        knob("--beta", "KL coefficient; 0 with a high --lr blows KL up.", float),
+        knob("--inner-epochs", "Optimisation passes per batch.", int),
+        knob("--max-new-tokens", "Generation length limit.", int),
+        knob("--pretrain-steps", "Supervised warm-start steps before RL; 0 starts from a random "
+             "policy.", int),
+        knob("--grader", "strict: pays for the right answer; loose: also pays per generated token "
+             "(reward hacking with a length surge).", choices=("strict", "loose")),
+        knob("--length-penalty", "Charge X reward per answer token beyond --length-budget; 1.2 "
+             "makes a right two-digit (carry) answer cost more than it earns: shortcut learning by "
+             "prompt type.", float, metavar="X"),
+        knob("--length-budget", "Answer tokens free of --length-penalty.", int, metavar="N"),
+        knob("--difficulty", "mixed: a+b= with one-digit operands; hard: two-digit operands the "
+             "policy cannot solve; easy: a+0=, which it has solved.", choices=DIFFICULTIES),
+        knob("--loss-agg", "token-mean over the batch's tokens, or seq-mean-token-mean: each "
+             "response normalised by its own length, Dr. GRPO's length bias.",
+             choices=LOSS_AGGREGATIONS),
+        knob("--rollout-precision", "The rollout side's precision; the trainer stays fp32.",
+             choices=ROLLOUT_PRECISIONS),
+        knob("--rollout-temperature", "The rollout side samples and scores at T while the trainer "
+             "uses --temperature: a rollout/trainer mismatch.", float, metavar="T",
+             shown_default="the same"),
+        knob("--rollout-lag", "Rollouts from the policy K updates old, as an asynchronous rollout "
+             "side.", int, metavar="K"),
+        knob("--rollout-lag-growth", "The lag grows by one every N steps: a rollout side falling "
+             "behind.", int, metavar="N", shown_default="0, no growth"),
+        knob("--nan-reward-at", "The verifier returns NaN for one sample at this step.", int,
+             metavar="STEP"),
+        knob("--onset", "Apply the sickness knobs (--grader, --beta, --lr, --temperature, "
+             "--group-size, --difficulty, --length-penalty, --loss-agg, --rollout-*, --slow-rank) "
+             "only from this step; before it the defaults train.", int, metavar="STEP",
+             shown_default="0, sick from the start"),
+        knob("--slow-rank", "Log extra ranks' perf signals (simulated from rank 0's step time), "
+             "the last one slowed by --slow-factor.", action="store_true"),
+        knob("--ranks", "Ranks logged with --slow-rank, at least 2; 3+ lets GRPORankStraggler "
+             "compare.", int, shown_default="2 with --slow-rank"),
+        knob("--slow-factor", "Step-time factor of the slow rank.", float),
+        knob("--checkpoint-every", "Save a checkpoint (and log a checkpoint_save event) every N "
+             "steps.", int),
+        knob("--checkpoint-dir", "Where checkpoints go.", Path,
+             shown_default="serialised in memory only"),
+        knob("--threads", "torch threads.", int),
+    ]
+
+
+def cmd_train_demo(args: argparse.Namespace) -> int:
+    """A real, tiny GRPO training loop on the CPU (a ~5k-parameter GRU learning single-digit
+    addition) that writes its signals to the snapshot folder; its knobs make the sicknesses of
+    docs/background.md happen for real. Needs the torch extra."""
+    import time
+
+    from grpo_monitor import train_demo
+
+    require("train-demo", "torch", "torch")
+    try:
+        cfg = train_demo.config_from_args(args, args.snapshot_dir)
+    except ValueError as exc:
+        print(f"grpo-monitor train-demo: {exc}", file=sys.stderr)
+        return 2
+    every = max(cfg.steps // 10, 1)
+
+    def progress(res) -> None:  # type: ignore[no-untyped-def]
+        m = res.metrics
+        if res.step % every == 0 or res.step == cfg.steps:
+            print(f"step {res.step:5d}  reward {m['reward/mean']:.3f}  acc {m['eval/sample_acc']:.3f}  "
+                  f"kl {m['kl/mean']:.3f}  entropy {m['entropy/mean']:.3f}  "
+                  f"len {m['response/len_mean']:.2f}  zero-std {m['group/zero_std_frac']:.2f}", flush=True)
+
+    start = time.perf_counter()
+    try:
+        train_demo.train(cfg, progress)
+    except ValueError as exc:
+        print(f"grpo-monitor train-demo: {exc}", file=sys.stderr)
+        return 2
+    print(f"trained {cfg.steps} steps in {time.perf_counter() - start:.1f} s; snapshots under "
+          f"{Path(args.snapshot_dir) / cfg.run}")
+    return 0
+
+
+def _report_flags() -> list[Flag]:
+    return [
+        Flag("RUN_DIR", "run_dir", "The run's folder (<snapshot_dir>/<run>)."),
+        Flag("--out", "out", "Output folder.", metavar="DIR",
+             shown_default="RUN_DIR/.report, which ingest ignores"),
+        Flag("--format", "format", "What to print: the text report, JSON, or the report.html path.",
+             "text", choices=("text", "json", "html")),
+    ]
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Offline post-mortem of one run folder (numpy and matplotlib: the report extra). Exit 0,
+    or 2 when the folder has no records."""
+    # report.py imports numpy at module level; check first so that a plain install gets one line.
+    require("report", "report", "numpy", "matplotlib")
+    from grpo_monitor.report import cmd_report as run_report
+
+    return run_report(args)
+
+
+def _replay_flags() -> list[Flag]:
+    return [
+        _snapshot_dir("The snapshot folder."),
+        _run_name(),
+        Flag("--step", "step", "Step.", type=int,
+             shown_default="the newest with samples; else the nearest earlier one"),
+    ]
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Print a run's replayed samples: prompts with their G responses, rewards and lengths."""
+    from grpo_monitor.replay import print_replay
+
+    return print_replay(args.snapshot_dir, args.run, args.step)
+
+
+def _rebaseline_flags() -> list[Flag]:
+    return [
+        _snapshot_dir("The exporter's snapshot folder."),
+        _run_name(),
+        Flag("--baseline-steps", "baseline_steps", "Length of the new baseline in steps.",
+             BASELINE_STEPS, type=int, old_names=("--steps",)),
+        Flag("--at-step", "at_step", "Last step of the new baseline.", type=int,
+             shown_default="the newest step on disk"),
+    ]
 
 
 def cmd_rebaseline(args: argparse.Namespace) -> int:
-    """Make a run's last N steps its new baseline (seed 000 §3.3: recalibrate around step 2000)."""
+    """Make a run's last N steps its new baseline: a long run's normal drifts from its first
+    steps' (recalibrate around step 2000, say)."""
     from grpo_monitor.rebaseline import request_rebaseline
 
-    snapshot_dir = args.__dict__["snapshot.dir"]
     try:
-        path, at_step = request_rebaseline(snapshot_dir, args.run, steps=args.steps, at_step=args.at_step)
+        path, at_step = request_rebaseline(args.snapshot_dir, args.run, steps=args.baseline_steps,
+                                           at_step=args.at_step)
     except ValueError as exc:
         print(f"grpo-monitor rebaseline: {exc}", file=sys.stderr)
         return 2
-    print(f"run {args.run!r}: the {args.steps} steps up to step {at_step} become the baseline "
-          f"({path}); the exporter applies it on its next read, and after a restart")
+    print(f"run {args.run!r}: the {args.baseline_steps} steps up to step {at_step} become the "
+          f"baseline ({path}); the exporter applies it on its next read, and after a restart")
     return 0
+
+
+def _resume_flags() -> list[Flag]:
+    return [
+        _snapshot_dir("The exporter's snapshot folder."),
+        _run_name(),
+        Flag("--rollback-to", "rollback_to", "Go on from this step's checkpoint instead of the last "
+             "healthy one.", type=int, metavar="STEP", exclusive="rollback"),
+        Flag("--no-rollback", "no_rollback", "Go on from where the run stopped (default: from the "
+             "last healthy checkpoint, the newest saved before the card's onset).", False,
+             action="store_true", exclusive="rollback"),
+    ]
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -341,7 +692,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     node that holds ranks of the run."""
     from grpo_monitor.control import ControlRecord, now_rfc3339, read_control, write_control
 
-    snapshot_dir = args.__dict__["snapshot.dir"]
+    snapshot_dir = args.snapshot_dir
     try:
         record = read_control(snapshot_dir, args.run)
     except ValueError as exc:
@@ -370,6 +721,29 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- compose-init --------------------------------------------------------------------------------
+
+
+def _compose_init_flags() -> list[Flag]:
+    # Inside the exporter image, whose environment sets GRPO_MONITOR_SNAPSHOT_DIR for serve: the
+    # init service's folder is its own flag's, not read from the environment.
+    return [
+        _snapshot_dir("The snapshot folder, mounted read-write.", required=False, env=False,
+                      default=Path("/snapshots")),
+        Flag("--webhook-token", "webhook_token", "Where the webhook's bearer token lives.",
+             Path("/run/grpo/webhook/webhook-token"), type=Path),
+        Flag("--grafana-password", "grafana_password", "Where Grafana's admin password lives.",
+             Path("/run/grpo/grafana/admin-password"), type=Path),
+        Flag("--owner", "owner", "UID:GID that owns the snapshot folder when the engine had to "
+             "create it.", os.environ.get("GRPO_OWNER", "1000:1000"),
+             shown_default="env GRPO_OWNER, else 1000:1000"),
+        Flag("--alertmanager-gid", "alertmanager_gid", "Group of Alertmanager's user, which reads "
+             "the token.", 65534, type=int, shown_default="65534, nobody"),
+        Flag("--grafana-uid", "grafana_uid", "Grafana's uid, which reads the password.", 472,
+             type=int, shown_default="472, the image's"),
+    ]
+
+
 def cmd_compose_init(args: argparse.Namespace) -> int:
     """Create the stack's secrets when missing (webhook token, Grafana admin password) and let the
     exporter (uid 10001) write pause records into the snapshot folder's run folders."""
@@ -378,64 +752,38 @@ def cmd_compose_init(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _add_train_demo_flags(p: argparse.ArgumentParser) -> None:
-    # train_demo imports torch only when training starts: the parser builds without it.
-    from grpo_monitor.train_demo import add_arguments
-
-    add_arguments(p)
+# -- the command table ---------------------------------------------------------------------------
 
 
-def cmd_train_demo(args: argparse.Namespace) -> int:
-    """A real, tiny GRPO training loop on the CPU (a ~5k-parameter GRU learning single-digit
-    addition) that writes its signals to the snapshot folder; its knobs make the seeds'
-    sicknesses happen for real. Needs the torch extra."""
-    import time
-
-    snapshot_dir = args.__dict__["snapshot.dir"]
-    from grpo_monitor import train_demo
-
-    require("train-demo", "torch", "torch")
-    try:
-        cfg = train_demo.config_from_args(args, snapshot_dir)
-    except ValueError as exc:
-        print(f"grpo-monitor train-demo: {exc}", file=sys.stderr)
-        return 2
-    every = max(cfg.steps // 10, 1)
-
-    def progress(res) -> None:  # type: ignore[no-untyped-def]
-        m = res.metrics
-        if res.step % every == 0 or res.step == cfg.steps:
-            print(f"step {res.step:5d}  reward {m['reward/mean']:.3f}  acc {m['eval/sample_acc']:.3f}  "
-                  f"kl {m['kl/mean']:.3f}  entropy {m['entropy/mean']:.3f}  "
-                  f"len {m['response/len_mean']:.2f}  zero-std {m['group/zero_std_frac']:.2f}", flush=True)
-
-    start = time.perf_counter()
-    try:
-        train_demo.train(cfg, progress)
-    except ValueError as exc:
-        print(f"grpo-monitor train-demo: {exc}", file=sys.stderr)
-        return 2
-    print(f"trained {cfg.steps} steps in {time.perf_counter() - start:.1f} s; snapshots under "
-          f"{Path(snapshot_dir) / cfg.run}")
-    return 0
+def _no_flags() -> list[Flag]:
+    return []
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    """Offline post-mortem of one run folder (numpy and matplotlib: the report extra). Exit 0,
-    or 2 when the folder has no records."""
-    # report.py imports numpy at module level; check first so that a plain install gets one line.
-    require("report", "report", "numpy", "matplotlib")
-    from grpo_monitor.report import cmd_report as run_report
+# Groups of two-word commands: name -> (help, description).
+COMMAND_GROUPS: dict[str, tuple[str, str]] = {
+    "stack": ("The native stack for machines without Docker.", inspect.getdoc(cmd_stack) or ""),
+}
 
-    return run_report(args)
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    """Print a run's replayed samples: prompts with their G responses, rewards and lengths."""
-    from grpo_monitor.replay import print_replay
-
-    snapshot_dir = args.__dict__["snapshot.dir"]
-    return print_replay(snapshot_dir, args.run, args.step)
+COMMANDS: tuple[Command, ...] = (
+    Command("serve", "Run the exporter: watch the snapshot folder, serve /metrics.",
+            _serve_flags, cmd_serve),
+    Command("schema", "Print the JSON Schema of a snapshot record (contract v1).", _no_flags, cmd_schema),
+    Command("stack up", "Start exporter, Prometheus, Alertmanager (and Grafana).",
+            _stack_up_flags, cmd_stack),
+    Command("demo", "The native stack and a synthetic run that turns sick.", _demo_flags, cmd_demo),
+    Command("replay", "Print a run's logged samples (prompts and responses).", _replay_flags, cmd_replay),
+    Command("report", "Offline post-mortem of one run folder: summary, verdicts, reward-vs-step.csv, "
+            "curves.png, report.html (the report extra).", _report_flags, cmd_report),
+    Command("simulate", "Write a synthetic run (healthy or sick) to a snapshot folder.",
+            _simulate_flags, cmd_simulate),
+    Command("train-demo", "A real tiny GRPO training loop on the CPU (needs torch).",
+            _train_demo_flags, cmd_train_demo),
+    Command("rebaseline", "Make a run's last N steps its new baseline.", _rebaseline_flags,
+            cmd_rebaseline),
+    Command("compose-init", "docker-compose.yml's init service: secrets and snapshot-folder "
+            "permissions before the stack starts (as root).", _compose_init_flags, cmd_compose_init),
+    Command("resume", "Resume a run a red card paused.", _resume_flags, cmd_resume),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -443,115 +791,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grpo-monitor", description="Signal-health monitoring for GRPO / PPO-style RL post-training.")
     parser.add_argument("--version", action="version", version=f"grpo-monitor {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = sub.add_parser("serve", help="Run the exporter: watch the snapshot folder, serve /metrics.",
-                           description=cmd_serve.__doc__ or "Run the exporter.")
-    _add_serve_flags(serve, dir_required=True)
-    serve.set_defaults(func=cmd_serve)
-
-    schema = sub.add_parser("schema", help="Print the JSON Schema of a snapshot record (contract v1).")
-    schema.set_defaults(func=cmd_schema)
-
-    stack = sub.add_parser("stack", help="The native stack for machines without Docker.",
-                           description=cmd_stack.__doc__)
-    stack_sub = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
-    up = stack_sub.add_parser("up", help="Start exporter, Prometheus, Alertmanager (and Grafana).",
-                              description=cmd_stack.__doc__)
-    _add_snapshot_dir(up, "Folder the trainers write snapshots to.", required=True)
-    _add_stack_flags(up, None)
-    up.set_defaults(func=cmd_stack)
-
-    demo = sub.add_parser("demo", help="The native stack and a synthetic run that turns sick.",
-                          description=cmd_demo.__doc__)
-    _add(demo, "--snapshot.dir", "Folder for the run's snapshots (default: a new temporary folder).",
-         type=Path)
-    _add_stack_flags(demo, "5s")
-    demo.add_argument("--run", default="demo", help="Run name (default: demo).")
-    demo.add_argument("--scenario", default="kl_explosion", help="Scenario to play (default: "
-                      "kl_explosion; `grpo-monitor simulate --list` lists them).")
-    demo.add_argument("--steps", type=int, default=700, help="Steps to simulate (default: 700).")
-    demo.add_argument("--onset", type=int, default=300, help="Step the sickness starts (default: 300).")
-    demo.add_argument("--step-seconds", type=float, default=0.5, help="Seconds per step (default: 0.5).")
-    demo.add_argument("--ranks", type=int, default=4, help="Ranks to simulate (default: 4).")
-    demo.add_argument("--exit-after-run", action="store_true", help="Stop when the run is written.")
-    demo.add_argument("--until-card", default=None, metavar="ALERTNAME",
-                      help="Stop (status 0) once this card reaches Alertmanager.")
-    demo.add_argument("--timeout", type=float, default=0.0,
-                      help="With --until-card or --exit-after-run: give up after this many seconds (status 1).")
-    demo.set_defaults(func=cmd_demo)
-
-    rep = sub.add_parser("replay", help="Print a run's logged samples (seed 000 §5.2).",
-                         description=cmd_replay.__doc__)
-    _add_snapshot_dir(rep, "The snapshot folder.", required=True)
-    rep.add_argument("run", help="Run name (its folder under the snapshot folder).")
-    rep.add_argument("--step", type=int, default=None,
-                     help="Step (default: the newest with samples; else the nearest earlier one).")
-    rep.set_defaults(func=cmd_replay)
-
-    report = sub.add_parser("report", help="Offline post-mortem of one run folder: summary, "
-                            "verdicts, reward-vs-step.csv, curves.png, report.html (the report extra).",
-                            description=cmd_report.__doc__)
-    report.add_argument("run_dir", metavar="RUN_DIR", help="The run's folder (<snapshot_dir>/<run>).")
-    report.add_argument("--out", default=None, metavar="DIR",
-                        help="Output folder (default RUN_DIR/.report, which ingest ignores).")
-    report.add_argument("--format", choices=("text", "json", "html"), default="text",
-                        help="What to print: the text report, JSON, or the report.html path.")
-    report.set_defaults(func=cmd_report)
-
-    sim = sub.add_parser("simulate", help="Write a synthetic run (healthy or sick) to a snapshot folder.",
-                         description=cmd_simulate.__doc__)
-    _add(sim, "--snapshot.dir", "Folder to write the run under.", type=Path)
-    sim.add_argument("--scenario", default="healthy", help="Scenario (default: healthy); --list shows all.")
-    sim.add_argument("--list", action="store_true", help="List the scenarios and the cards each raises.")
-    sim.add_argument("--run", default=None, help="Run name (default: the scenario's name).")
-    sim.add_argument("--steps", type=int, default=None, help="Steps (default: the scenario's).")
-    sim.add_argument("--onset", type=int, default=None, help="Step the sickness starts (default: the scenario's).")
-    sim.add_argument("--ranks", type=int, default=4, help="Ranks (default: 4).")
-    sim.add_argument("--step-seconds", type=float, default=5.0,
-                     help="Seconds per step on the records' clock (default: 5).")
-    sim.add_argument("--realtime", action="store_true",
-                     help="Sleep --step-seconds per step and stamp records with the wall clock; "
-                     "default: write as fast as the disk allows on a simulated clock.")
-    sim.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
-    sim.set_defaults(func=cmd_simulate)
-
-    td = sub.add_parser("train-demo", help="A real tiny GRPO training loop on the CPU (needs torch).",
-                        description=cmd_train_demo.__doc__)
-    _add_snapshot_dir(td, "Folder to write the run's snapshots under.", required=True)
-    _add_train_demo_flags(td)
-    td.set_defaults(func=cmd_train_demo)
-
-    reb = sub.add_parser("rebaseline", help="Make a run's last N steps its new baseline.",
-                         description=cmd_rebaseline.__doc__)
-    _add_snapshot_dir(reb, "The exporter's snapshot folder.", required=True)
-    reb.add_argument("run", help="Run name (its folder under the snapshot folder).")
-    reb.add_argument("--steps", type=int, default=200, help="Baseline length in steps (default: 200).")
-    reb.add_argument("--at-step", type=int, default=None,
-                     help="Last step of the new baseline (default: the newest step on disk).")
-    reb.set_defaults(func=cmd_rebaseline)
-
-    init = sub.add_parser("compose-init", help="docker-compose.yml's init service: secrets and "
-                          "snapshot-folder permissions before the stack starts (as root).",
-                          description=cmd_compose_init.__doc__)
-    from grpo_monitor.compose_init import add_arguments as add_init_arguments
-
-    add_init_arguments(init)
-    init.set_defaults(func=cmd_compose_init)
-
-    res = sub.add_parser("resume", help="Resume a run a red card paused.", description=cmd_resume.__doc__)
-    _add_snapshot_dir(res, "The exporter's snapshot folder.", required=True)
-    res.add_argument("run", help="Run name (its folder under the snapshot folder).")
-    choice = res.add_mutually_exclusive_group()
-    choice.add_argument("--rollback-to", type=int, default=None, metavar="STEP",
-                        help="Go on from this step's checkpoint instead of the last healthy one.")
-    choice.add_argument("--no-rollback", action="store_true",
-                        help="Go on from where the run stopped (default: from the last healthy "
-                             "checkpoint, the newest saved before the card's onset).")
-    res.set_defaults(func=cmd_resume)
+    group_actions: dict[str, argparse._SubParsersAction] = {}
+    for command in COMMANDS:
+        group, _, action = command.name.partition(" ")
+        target = sub
+        if action:
+            if group not in group_actions:
+                group_help, description = COMMAND_GROUPS[group]
+                group_parser = sub.add_parser(group, help=group_help, description=description)
+                group_actions[group] = group_parser.add_subparsers(
+                    dest="action", required=True, metavar="ACTION")
+            target = group_actions[group]
+        p = target.add_parser(action or group, help=command.help, description=command.description)
+        register(p, command.flags())
+        p.set_defaults(func=command.handler)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``grpo-monitor`` command: ``main(["report", RUN_DIR])`` runs ``grpo-monitor report``."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

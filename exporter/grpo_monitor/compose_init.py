@@ -161,24 +161,8 @@ def prepare_snapshot_dir(snapshot_dir: Path, owner_uid: int, owner_gid: int,
     return notes
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--snapshot.dir", type=Path, default=Path("/snapshots"),
-                   help="The snapshot folder, mounted read-write (default: /snapshots).")
-    p.add_argument("--webhook-token", type=Path, default=Path("/run/grpo/webhook/webhook-token"),
-                   help="Where the webhook's bearer token lives (default: %(default)s).")
-    p.add_argument("--grafana-password", type=Path,
-                   default=Path("/run/grpo/grafana/admin-password"),
-                   help="Where Grafana's admin password lives (default: %(default)s).")
-    p.add_argument("--owner", default=os.environ.get("GRPO_OWNER", "1000:1000"),
-                   help="UID:GID that owns the snapshot folder when the engine had to create it "
-                        "(default: env GRPO_OWNER, else 1000:1000).")
-    p.add_argument("--alertmanager-gid", type=int, default=65534,
-                   help="Group of Alertmanager's user, which reads the token (default: 65534, nobody).")
-    p.add_argument("--grafana-uid", type=int, default=472,
-                   help="Grafana's uid, which reads the password (default: 472, the image's).")
-
-
 def run(args: argparse.Namespace) -> int:
+    """``grpo-monitor compose-init`` (its flags are in cli.py)."""
     if os.geteuid() != 0:
         print("grpo-monitor compose-init: run as root (docker-compose.yml's init service does)",
               file=sys.stderr)
@@ -195,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{secret.what}: {state} ({secret.path})", flush=True)
     print("Grafana: log in as admin with the password printed by\n"
           f"  docker compose exec grafana cat {args.grafana_password}", flush=True)
-    snapshot_dir = args.__dict__["snapshot.dir"]
+    snapshot_dir = args.snapshot_dir
     for line in prepare_snapshot_dir(snapshot_dir, owner_uid, owner_gid):
         print(line, flush=True)
     return 0

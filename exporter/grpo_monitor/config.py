@@ -1,4 +1,8 @@
-"""Exporter settings and the Prometheus-style value syntaxes of their flags."""
+"""Exporter settings and the Prometheus-style value syntaxes of their flags.
+
+The defaults of ``grpo-monitor serve``'s flags are this model's (and its Limits'): the CLI reads
+them from here. A default that another module enforces is that module's constant, read here.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT
+from grpo_monitor.ingest import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_LINE_BYTES
 from grpo_monitor.store import Limits
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
@@ -39,6 +44,28 @@ def parse_bytes(text: str) -> int:
     return int(m.group(1)) * _BYTE_UNITS[(m.group(2) or "b").lower()]
 
 
+def format_duration(seconds: float) -> str:
+    """The Prometheus duration that parse_duration reads back as ``seconds`` (to the
+    millisecond): ``3600.0`` -> ``1h``, ``9000.0`` -> ``2h30m``, ``0.5`` -> ``500ms``."""
+    left = round(seconds * 1000)
+    parts = []
+    for unit in ("y", "w", "d", "h", "m", "s", "ms"):
+        size = round(_DURATION_UNITS[unit] * 1000)
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts) or "0s"
+
+
+def format_bytes(n: int) -> str:
+    """The largest binary unit that holds ``n`` whole, as parse_bytes reads it: ``16MiB``."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        size = _BYTE_UNITS[unit.lower()]
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
 @dataclass
 class ExporterConfig:
     snapshot_dir: Path
@@ -49,8 +76,8 @@ class ExporterConfig:
     # An hour: ten 6-minute steps of a large run, far beyond the stall alerts' windows, so a
     # stalled run is alerted on long before it leaves /metrics.
     run_timeout: float = 3600.0
-    max_file_bytes: int = 16 * 2**20
-    max_line_bytes: int = 2**20
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     limits: Limits = field(default_factory=Limits)
     # NVML GPU health (collectors/gpu.py): off the scrape path, every gpu_interval seconds.
     gpu_collector: bool = True

@@ -1,4 +1,4 @@
-"""The control record of a run: ``<snapshot_dir>/<run>/.grpo-control.json``.
+"""The pause record of a run: ``<snapshot_dir>/<run>/.grpo-control.json`` (run_layout.PAUSE_RECORD).
 
 Written by the exporter's Alertmanager webhook when a red card fires (state ``paused``) and by
 ``grpo-monitor resume`` (state ``running``); read by the trainer SDK
@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-CONTROL_FILE = ".grpo-control.json"
-# A record is a few hundred bytes; a bigger file is no record, and is not read whole.
-MAX_CONTROL_BYTES = 1 << 16
+from grpo_monitor.run_layout import (
+    MAX_CONTROL_BYTES,
+    PAUSE_RECORD,
+    check_run_name,
+    write_control_file,
+)
+
+# The older name, kept for code that imports it from here.
+CONTROL_FILE = PAUSE_RECORD
 
 
 class ControlRecord(BaseModel):
@@ -50,9 +55,8 @@ def now_rfc3339() -> str:
 
 
 def control_path(snapshot_dir: str | os.PathLike[str], run: str) -> Path:
-    if not run or run in (".", "..") or "/" in run or os.sep in run or "\x00" in run:
-        raise ValueError(f"run must be a plain folder name, got {run!r}")
-    return Path(snapshot_dir) / run / CONTROL_FILE
+    """Where the run's pause record lies; ValueError for a name that cannot name a run."""
+    return Path(snapshot_dir) / check_run_name(run) / PAUSE_RECORD
 
 
 def read_control(snapshot_dir: str | os.PathLike[str], run: str) -> ControlRecord | None:
@@ -73,23 +77,8 @@ def read_control(snapshot_dir: str | os.PathLike[str], run: str) -> ControlRecor
 
 
 def write_control(snapshot_dir: str | os.PathLike[str], run: str, record: ControlRecord) -> Path:
-    """Write atomically: tmp file in the run folder + fsync + os.replace."""
+    """Write atomically (run_layout.write_control_file), readable by the trainer's user."""
     path = control_path(snapshot_dir, run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(record.model_dump(), indent=2) + "\n"
-    # A dotfile ending in .tmp: the ingest ignores it on both counts.
-    fd, tmp = tempfile.mkstemp(prefix=".grpo-control.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # the trainer (another uid, maybe) must be able to read it
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_control_file(path, (json.dumps(record.model_dump(), indent=2) + "\n").encode())
     return path

@@ -1,5 +1,7 @@
-"""The HTTP side: /metrics, /-/healthy, /-/ready, /replay (with --web.enable-replay) and (with a
-token file) the Alertmanager webhook POST /-/alertmanager/webhook, on a threading server.
+"""The HTTP side: /metrics, /-/healthy, /-/ready, the runbook (/docs/runbook.md, where the
+cards' runbook_url points by default, and /docs/background.md, which it links), /replay (with
+--web.enable-replay) and (with a token file) the Alertmanager webhook POST
+/-/alertmanager/webhook, on a threading server.
 
 With ``--web.config.file`` (web_config.py) the server speaks TLS, asks for basic auth on every
 path but the webhook's (Alertmanager sends that one its bearer token, and a request carries one
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from grpo_monitor import runbook
 from grpo_monitor.web_config import BasicAuth, WebConfig, peer_sans
 
 if TYPE_CHECKING:
@@ -52,6 +55,11 @@ DEFAULT_MAX_CONNECTIONS = 64  # a few Prometheus servers, browsers, Alertmanager
 REJECT_REASONS = ("unauthorized", "request_line_too_long", "header_too_large", "too_many_headers",
                   "read_timeout", "write_timeout", "evicted", "connection_limit", "tls_handshake",
                   "tls_client_san")
+
+# The pages the exporter renders (/replay, /docs/*) are self-contained: inline CSS, no scripts,
+# nothing loaded from elsewhere; the browser is told so.
+_PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+                 "X-Content-Type-Options": "nosniff"}
 
 # After an error answer with request bytes still unread, read (and drop) this much for at most
 # this long before closing: closing with unread input sends a TCP reset, which can destroy the
@@ -434,6 +442,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(503, b"replaying snapshots already on disk\n")
         elif path == "/replay":
             self._replay()
+        elif path.startswith("/docs/") and path[len("/docs/"):] in runbook.PAGES:
+            self._doc(path[len("/docs/"):])
         elif path == "/":
             self._send(200, self._landing(), "text/html; charset=utf-8")
         else:
@@ -451,9 +461,14 @@ class _Handler(BaseHTTPRequestHandler):
         status, ctype, body = replay_http(self.server.replay_dir, parse_qs(urlsplit(self.path).query),
                                           self.headers.get("Accept", ""))
         # Sample text is hostile: the page is escaped, loads nothing and runs nothing.
-        self._send(status, body, ctype, extra={
-            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
-            "X-Content-Type-Options": "nosniff"})
+        self._send(status, body, ctype, extra=_PAGE_HEADERS)
+
+    def _doc(self, name: str) -> None:
+        body = runbook.page(name)
+        if body is None:
+            self._send(404, f"this install does not carry docs/{name}\n".encode())
+            return
+        self._send(200, body, "text/html; charset=utf-8", compress=True, extra=_PAGE_HEADERS)
 
     def _landing(self) -> bytes:
         replay = ('<li><a href="replay">/replay?run=RUN&amp;step=STEP</a> (sample replay)</li>'
@@ -461,6 +476,7 @@ class _Handler(BaseHTTPRequestHandler):
                   "<li>/replay (sample replay) is off: <code>--web.enable-replay</code></li>")
         return (f"<!doctype html><html><head><title>grpo-monitor exporter</title></head><body>\n"
                 f'<h1>grpo-monitor exporter</h1><ul><li><a href="metrics">/metrics</a></li>\n'
+                f'<li><a href="{runbook.PATH[1:]}">{runbook.PATH}</a> (the runbook)</li>\n'
                 f'{replay}\n<li><a href="-/healthy">/-/healthy</a></li>'
                 f'<li><a href="-/ready">/-/ready</a></li></ul></body></html>\n').encode()
 

@@ -12,7 +12,6 @@ import errno
 import hashlib
 import logging
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass
@@ -20,20 +19,29 @@ from pathlib import Path
 from typing import BinaryIO
 
 from grpo_monitor.health import ExporterHealth
-from grpo_monitor.rebaseline import CONTROL_NAME, RebaselineRequest
+from grpo_monitor.rebaseline import RebaselineRequest
+from grpo_monitor.run_layout import (
+    MAX_CONTROL_BYTES,
+    REBASELINE_REQUEST,
+    is_hidden,
+    is_snapshot_path,
+    rotation_of,
+)
 from grpo_monitor.snapshot import RecordError, decode_record, identity_from_path, parse_record
 from grpo_monitor.store import RunStore
 
 log = logging.getLogger("grpo_monitor.ingest")
 
-SUFFIXES = (".jsonl", ".json")
 READ_CHUNK = 4 << 20
+# The largest *.json snapshot and the longest *.jsonl line read (--snapshot.max-file-bytes,
+# --snapshot.max-line-bytes); larger ones are counted as oversized and skipped, so a runaway
+# writer cannot make the exporter hold an unbounded record in memory.
+DEFAULT_MAX_FILE_BYTES = 16 << 20
+DEFAULT_MAX_LINE_BYTES = 1 << 20
 TAIL_CHECK = 64
 # JSON's own whitespace: a line of nothing else is no record (and no error). b"".strip() would
 # also drop \x0b and \x0c, which JSON does not allow: such a line is counted as invalid_json.
 JSON_WHITESPACE = b" \t\r"
-# A re-baseline request is a few dozen bytes; a bigger file is no request, and is not read whole.
-MAX_CONTROL_BYTES = 1 << 16
 # How far a file system's timestamps may trail our clock: a coarse tick, or a second or two on
 # some network file systems. So a *.json file's unchanged (size, mtime) says its content is
 # unchanged only when that mtime is older than our last read by more than this (a rewrite within
@@ -42,8 +50,6 @@ MAX_CONTROL_BYTES = 1 << 16
 CLOCK_SLACK_NS = 2_000_000_000
 # Listings of a folder while its writers rotate, to find where a rotated file went (_catch_up).
 CATCH_UP_LISTINGS = 3
-# A rotated segment, as the SDK names it (rank-0.jsonl -> rank-0.000001.jsonl).
-SEGMENT_NAME = re.compile(r"(?P<base>.+)\.(?P<seq>[0-9]+)\.jsonl")
 
 
 @dataclass
@@ -60,26 +66,6 @@ class FileState:
     digest: bytes = b""  # *.json: hash of the content last looked at
 
 
-def rotation_of(name: str) -> tuple[str, int | None]:
-    """A ``*.jsonl`` name's rotation: (base, None) for ``<base>.jsonl``, (base, seq) for its
-    segment ``<base>.<seq>.jsonl``."""
-    m = SEGMENT_NAME.fullmatch(name)
-    if m:
-        return m["base"], int(m["seq"])
-    return name.removesuffix(".jsonl"), None
-
-
-def is_snapshot_path(path: Path, root: Path) -> bool:
-    """Dotfiles, dot-folders and *.tmp are a writer's scratch space, never snapshots."""
-    if path.suffix not in SUFFIXES:
-        return False
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
-        return False
-    return not any(part.startswith(".") for part in rel.parts)
-
-
 class Ingestor:
     def __init__(
         self,
@@ -87,8 +73,8 @@ class Ingestor:
         store: RunStore,
         health: ExporterHealth,
         *,
-        max_file_bytes: int = 16 << 20,
-        max_line_bytes: int = 1 << 20,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
         self.root = root
         self.store = store
@@ -207,10 +193,10 @@ class Ingestor:
                 self.error(folder, "read_error", os.strerror(exc.errno or errno.EIO))
 
         for dirpath, dirnames, filenames in os.walk(self.root, onerror=walk_error, followlinks=False):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
             for name in filenames:
                 path = Path(dirpath, name)
-                if not (is_snapshot_path(path, self.root) or name == CONTROL_NAME):
+                if not (is_snapshot_path(path, self.root) or name == REBASELINE_REQUEST):
                     continue
                 try:
                     st = path.stat()
@@ -257,7 +243,7 @@ class Ingestor:
         ``listed_inode``: the file a scan found under this name. ``history``: a ``*.jsonl``
         name new to us may have rotated before we saw it (an exporter that lags, started late
         on a folder it was told of, or missed events): its older segments are read first."""
-        if path.name == CONTROL_NAME:
+        if path.name == REBASELINE_REQUEST:
             self._control(path)
             return
         if not is_snapshot_path(path, self.root):

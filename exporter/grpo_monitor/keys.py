@@ -1,7 +1,7 @@
 """The canonical signal keys of snapshot contract v1, their aliases and their metric names.
 
 This table is the single source of truth for three public interfaces: the keys a trainer may
-write, the alias names of TRL / verl / OpenRLHF / the seeds that map onto them, and the
+write, the alias names of TRL / verl / OpenRLHF / NeMo-RL / slime that map onto them, and the
 Prometheus series each key becomes. docs/metrics.md is generated from it.
 """
 
@@ -30,7 +30,7 @@ class Signal:
 
 
 SIGNALS: tuple[Signal, ...] = (
-    # Reward feedback (seed 000 §2.2).
+    # Reward feedback (background.md#reward-feedback).
     Signal("reward/mean", "grpo_reward_mean", "Mean reward over the step's rollouts.", "reward",
            ("reward_mean", "reward", "critic/score/mean", "rollout/reward_mean")),
     Signal("reward/std", "grpo_reward_std", "Standard deviation of the step's rewards.", "reward",
@@ -61,7 +61,7 @@ SIGNALS: tuple[Signal, ...] = (
            ("frac_reward_zero_std", "group_zero_std_frac")),
     Signal("adv/mean_abs", "grpo_advantage_abs_mean", "Mean absolute group-normalised advantage.",
            "advantage", ("advantage_mean_abs", "adv_abs_mean")),
-    # Distribution stability (seed 000 §2.3).
+    # Distribution stability (background.md#distribution-stability).
     # Only KL to the reference model. verl's actor/ppo_kl and OpenRLHF's ppo_kl are the KL
     # between the rollout policy and the updated one (the PPO step size) and stay unmapped.
     # verl logs the reference KL as actor/reward_kl_penalty (KL in the reward; critic/kl before
@@ -78,7 +78,7 @@ SIGNALS: tuple[Signal, ...] = (
            "nats", ("kl_p99",), (("quantile", "0.99"),)),
     Signal("kl/max", "grpo_kl_max", "Largest per-sequence KL to the reference.", "nats",
            ("kl_max",)),
-    # Policy behaviour (seed 000 §2.1).
+    # Policy behaviour (background.md#policy-behaviour).
     # verl before June 2025 logged the mean token entropy as actor/entropy_loss: the entropy
     # itself (positive; the loss subtracts coefficient x entropy), not a loss term; recent verl
     # logs the same value under that name next to actor/entropy, which ranks first. A bare
@@ -197,7 +197,7 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("eval/sample_acc", "grpo_sample_accuracy_ratio",
            "Fraction of sampled responses graded correct by a verifier.", "ratio",
            ("sample_acc", "eval/sample_accuracy")),
-    # Cluster health from the trainer's side (seed 000 §2.4, §4.5).
+    # Cluster health from the trainer's side (background.md#cluster-health, background.md#throughput-drops).
     Signal("perf/step_time_s", "grpo_step_duration_seconds", "Wall time of one training step.",
            # timing/step_total: OpenRLHF. Older verl (timing/*, before Jan 2025) logged only the
            # phases of a step, never its total: no alias there.

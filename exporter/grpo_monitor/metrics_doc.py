@@ -39,8 +39,8 @@ whose files have not changed for `--snapshot.run-timeout` (default 1h) leaves `/
 
 ## Training signals
 
-One gauge per canonical snapshot key; the aliases are the names TRL, verl, OpenRLHF and the
-seeds use for the same signal (older names included), and a key is also recognised with wandb's
+One gauge per canonical snapshot key; the aliases are the names TRL, verl and OpenRLHF use for
+the same signal (older names included), and a key is also recognised with wandb's
 `train/` prefix and with spaces around a `/`. When a record carries several names of one key,
 the canonical key wins, then the alias listed first here, then the `train/`-prefixed forms;
 the order of the record's keys does not matter. An alias marked (×f) is logged in another unit
@@ -60,7 +60,7 @@ RUN_FAMILIES = """
 | `{last}` | gauge | run, rank | the record's `time` (trainer clock, unix seconds); the file's mtime when absent |
 | `{world}` | gauge | run, rank | `world_size` as the record states it |
 | `{info}` | gauge | run, rank, host, local_rank, gpu, uuid | constant 1: where the rank runs (the record's `host`, `local_rank`, `gpu`, `gpu_uuid`); join with `grpo_gpu_*` on `uuid` |
-| `{unknown}` | gauge | run, rank, key[, prompt_type] | any other numeric key, under the per-run cap `--metrics.max-unknown-keys` (default 256) |
+| `{unknown}` | gauge | run, rank, key[, prompt_type] | any other numeric key, under the per-run cap `--metrics.max-unknown-keys` (default {max_unknown}) |
 | `{nonfinite}` | counter | run, rank, key | NaN / ±Inf values seen (they are exported as they are, too) |
 | `{events}` | counter | run, rank, type | `events` entries, by `type` (e.g. `checkpoint_save`), capped by `--metrics.max-event-types` |
 | `{dropped}` | counter | run, kind | values a cardinality cap dropped: `unknown_key`, `prompt_type`, `event_type` |
@@ -86,17 +86,18 @@ FEATURES = """
 ## Step-window features
 
 Per (run, rank) and canonical `key`, over the rank's step history (a window counts steps, not
-logged values: a key logged every 10 steps has 5 values in a 50-step window). The alert rules compare them to the thresholds;
-[signals.md](signals.md) explains each and ties it to its seed section.
+logged values: a key logged every 10 steps has 5 values in a 50-step window). The alert rules
+compare them to the thresholds (`grpo:threshold:*`, generated from
+`exporter/grpo_monitor/thresholds.py`); [signals.md](signals.md) explains each.
 
 | metric | labels | meaning |
 |---|---|---|
-| `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default 200) |
+| `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default {baseline}) |
 | `{bmean}` | run, rank, key | mean over the baseline period (present once ready) |
 | `{bstd}` | run, rank, key | sample standard deviation over the baseline period |
 | `{imean}` | run, rank, key | mean over the key's first {init} steps (`--signals.initial-steps`): its initial value, present once those steps are past (training keys) |
 | `{wmean}` | run, rank, key, window_steps, offset_steps | mean of the last `window_steps` values, shifted back by `offset_steps`; training keys: {train_means}; `perf/*`: {perf_means} |
-| `{growth}` | run, rank, key, window_steps, offset_steps | growth of the {gw}-step mean over the {gw} steps before it, both shifted back by `offset_steps` ({goffs}); 0.2 = +20% per {gw} steps (training keys) |
+| `{growth}` | run, rank, key, window_steps, offset_steps | growth of the {gw}-step mean over the {gw} steps before it, both shifted back by `offset_steps` ({goffs}): the ratio of the two means minus 1, positive while the signal grows (training keys) |
 | `{wmin}`, `{wmax}` | run, rank, key, window_steps | min / max of the last `window_steps` values; training keys: {train_ext}; `perf/*`: {perf_ext} |
 | `{p10}`, `{p90}` | run, rank, key, window_steps | 10th / 90th percentile of the last `window_steps` steps' values ({train_pct}; training keys) |
 | `{rmax}`, `{rmin}` | run, rank, key, window_steps | highest / lowest complete {range_w}-step mean since the run started: its working level and its floor (training keys) |
@@ -124,7 +125,7 @@ earlier step keeps the fit. [signals.md](signals.md#the-entropy-reward-law) expl
 No fit is published while the block means of the entropy span less than {spread:.0%} of their largest value: an entropy that sits still gives a line through noise, whatever its R².
 
 `perf/*` values of steps that carry a `checkpoint_save` (or `checkpoint`, `eval`) event are left
-out of windows and baselines: a save stalls the step, and is no drift (seed 000 §4.5).
+out of windows and baselines: a save stalls the step, and is no drift.
 """
 
 EXPORTER = """
@@ -205,9 +206,11 @@ def render() -> str:
         unknown=ex.UNKNOWN_VALUE.name, nonfinite=ex.NONFINITE.name, events=ex.EVENTS.name,
         dropped=ex.CARDINALITY_DROPPED.name, ended=ex.RUN_ENDED.name, paused=ex.RUN_PAUSED.name, last_write=ex.RUN_LAST_WRITE.name,
         step_interval=ex.RUN_STEP_INTERVAL.name, log_interval=ex.RUN_LOG_INTERVAL.name,
-        n=store.INTERVAL_STEPS, retain=store.HUNG_RETAIN_INTERVALS))
+        n=store.INTERVAL_STEPS, retain=store.HUNG_RETAIN_INTERVALS,
+        max_unknown=store.Limits.max_unknown_keys))
     out.append(FEATURES.format(
-        ready=ex.BASELINE_READY.name, bmean=ex.BASELINE_MEAN.name, bstd=ex.BASELINE_STDDEV.name,
+        ready=ex.BASELINE_READY.name, baseline=store.Limits.baseline_steps,
+        bmean=ex.BASELINE_MEAN.name, bstd=ex.BASELINE_STDDEV.name,
         wmean=ex.WINDOW_MEAN.name, growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,
         goffs=", ".join(map(str, sig.GROWTH_OFFSETS)), wmin=ex.WINDOW_MIN.name, wmax=ex.WINDOW_MAX.name,
         rising=ex.RISING.name, nonfinite=ex.WINDOW_NONFINITE.name,

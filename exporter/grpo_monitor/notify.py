@@ -39,7 +39,7 @@ log = logging.getLogger("grpo_monitor.notify")
 
 TIMEOUT_S = 10.0  # per delivery; Alertmanager's own webhook timeout is longer
 
-# Card colours, as the cards are named (DESIGN: red = critical, yellow = warning).
+# Card colours, as the cards are named (docs/background.md#two-colours: red = critical, yellow = warning).
 COLOURS = {"red": "#d7191c", "yellow": "#fdae61", "resolved": "#1a9641", "other": "#7f7f7f"}
 
 

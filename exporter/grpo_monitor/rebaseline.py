@@ -1,21 +1,23 @@
-"""Re-baselining a run (seed 000 §3.3): a control file next to the run's snapshots.
+"""Re-baselining a run (background.md#thresholds): a control file next to the run's snapshots.
 
-``grpo-monitor rebaseline`` writes ``<snapshot_dir>/<run>/.grpo-baseline.json`` =
-``{"at_step": S, "steps": N}``: each rank's N steps up to step S become its new baseline. The
-file stays, so an exporter that restarts and replays the run re-applies it when the replay
-reaches step S — the baseline survives the restart.
+``grpo-monitor rebaseline`` writes ``{"at_step": S, "steps": N}`` to
+``<snapshot_dir>/<run>/.grpo-baseline.json`` (run_layout.REBASELINE_REQUEST): each rank's N
+steps up to step S become its new baseline. The file stays, so an exporter that restarts and
+replays the run re-applies it when the replay reaches step S — the baseline survives the
+restart.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, PositiveInt
 
+from grpo_monitor.run_layout import REBASELINE_REQUEST, check_run_name, run_files, write_control_file
 from grpo_monitor.snapshot import MAX_INT, Count, decode_record
 
-CONTROL_NAME = ".grpo-baseline.json"
+# The older name, kept for code that imports it from here.
+CONTROL_NAME = REBASELINE_REQUEST
 _TAIL_BYTES = 1 << 16
 
 
@@ -25,9 +27,11 @@ class RebaselineRequest(BaseModel):
 
 
 def newest_step(run_dir: Path) -> int | None:
-    """The highest step in the last lines of the run's *.jsonl files."""
+    """The highest step in the last lines of the run's *.jsonl files (run_layout.run_files)."""
     best: int | None = None
-    for path in run_dir.rglob("*.jsonl"):
+    for path in run_files(run_dir):
+        if path.suffix != ".jsonl":  # a *.json file is one record, its step not in a last line
+            continue
         try:
             with open(path, "rb") as fh:
                 fh.seek(max(0, path.stat().st_size - _TAIL_BYTES))
@@ -47,8 +51,9 @@ def newest_step(run_dir: Path) -> int | None:
 
 
 def request_rebaseline(snapshot_dir: Path, run: str, *, steps: int, at_step: int | None) -> tuple[Path, int]:
-    """Write the run's control file atomically; return its path and the step it applies at."""
-    run_dir = snapshot_dir / run
+    """Write the run's re-baseline request atomically; return its path and the step it applies
+    at. ValueError for a run name that names no run folder, or a run without steps."""
+    run_dir = Path(snapshot_dir) / check_run_name(run)
     if not run_dir.is_dir():
         raise ValueError(f"no run folder {run_dir}")
     if at_step is None:
@@ -56,8 +61,6 @@ def request_rebaseline(snapshot_dir: Path, run: str, *, steps: int, at_step: int
         if at_step is None:
             raise ValueError(f"no step found in {run_dir}/*.jsonl; pass --at-step")
     req = RebaselineRequest(at_step=at_step, steps=steps)
-    path = run_dir / CONTROL_NAME
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(req.model_dump_json() + "\n")
-    os.replace(tmp, path)
+    path = run_dir / REBASELINE_REQUEST
+    write_control_file(path, (req.model_dump_json() + "\n").encode())
     return path, at_step

@@ -1,4 +1,4 @@
-"""Sample replay (seed 000 §5.2): the prompts, responses and rewards a trainer logged.
+"""Sample replay (background.md#reading-samples): the prompts, responses and rewards a trainer logged.
 
 Numbers say that something is wrong; the logged samples show what. This module reads a run's
 snapshot files on request (it keeps no state and serves no HTTP itself):
@@ -16,16 +16,14 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from grpo_monitor.ingest import SUFFIXES
+from grpo_monitor.run_layout import DEFAULT_RUN, is_run_name, run_files
 from grpo_monitor.sdk.samples import reward_sort_key
 from grpo_monitor.snapshot import (
-    DEFAULT_RUN,
     RecordError,
     Sample,
     identity_from_path,
@@ -33,48 +31,17 @@ from grpo_monitor.snapshot import (
 )
 
 __all__ = ["available_steps", "find_samples", "print_replay", "render_html", "render_json",
-           "replay_http", "valid_run"]
+           "replay_http"]
 
 MAX_LINE_BYTES = 4 << 20  # a samples line is larger than a metrics line; still bounded
 MAX_JSON_FILE_BYTES = 16 << 20
-MAX_RUN_LENGTH = 128
 _MARK = b'"samples"'  # cheap pre-filter: most lines are metrics only
 
 # (step, rank) -> where the record lies: (path, byte offset or -1 for a whole *.json file)
 _Index = dict[tuple[int, int], tuple[Path, int]]
 
 
-def valid_run(run: object) -> bool:
-    """A run is a folder name: no '/', '\\' or NUL, not empty, not '.', '..' or a dot-folder."""
-    return (isinstance(run, str) and 0 < len(run) <= MAX_RUN_LENGTH and not run.startswith(".")
-            and not any(c in run for c in "/\\\0"))
-
-
 # -- reading --------------------------------------------------------------------------------
-
-
-def _run_files(snapshot_dir: Path, run: str) -> list[Path]:
-    """The run's snapshot files, oldest first (a later record of the same step and rank wins)."""
-    found: list[tuple[float, str, Path]] = []
-
-    def add(path: Path) -> None:
-        if path.suffix in SUFFIXES and not path.name.startswith(".") and path.is_file():
-            try:
-                found.append((path.stat().st_mtime, str(path), path))
-            except OSError:
-                pass
-
-    folder = snapshot_dir / run
-    if folder.is_dir():
-        for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in filenames:
-                add(Path(dirpath, name))
-    if run == DEFAULT_RUN and snapshot_dir.is_dir():  # files directly in the root are run "default"
-        for entry in sorted(snapshot_dir.iterdir()):
-            add(entry)
-    found.sort()
-    return [p for _, _, p in found]
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -118,7 +85,11 @@ def _parse(raw: bytes, path: Path, snapshot_dir: Path, mtime: float) -> tuple[in
 
 def _index(snapshot_dir: Path, run: str) -> _Index:
     index: _Index = {}
-    for path in _run_files(snapshot_dir, run):
+    # In the order written: a later record of the same step and rank replaces an earlier one.
+    files = run_files(snapshot_dir / run)
+    if run == DEFAULT_RUN:  # the loose files of the snapshot folder are run "default" too
+        files += run_files(snapshot_dir, nested=False)
+    for path in files:
         try:
             mtime = path.stat().st_mtime
             if path.suffix == ".json":
@@ -139,7 +110,7 @@ def _index(snapshot_dir: Path, run: str) -> _Index:
 
 def available_steps(snapshot_dir: Path, run: str) -> list[int]:
     """The steps of ``run`` whose records carry samples, ascending; [] for an invalid run."""
-    if not valid_run(run):
+    if not is_run_name(run):
         return []
     return sorted({step for step, _ in _index(Path(snapshot_dir), run)})
 
@@ -152,7 +123,7 @@ def find_samples(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, l
     several ranks logged at that step are joined in rank order. None when there is none (or the
     run name is invalid).
     """
-    if not valid_run(run):
+    if not is_run_name(run):
         return None
     snapshot_dir = Path(snapshot_dir)
     index = _index(snapshot_dir, run)
@@ -266,7 +237,7 @@ def replay_http(snapshot_dir: Path, query: dict[str, list[str]], accept: str) ->
         return values[0] if values else None
 
     run = first("run")
-    if run is None or not valid_run(run):
+    if run is None or not is_run_name(run):
         return 400, _TEXT, b"invalid or missing run: a run is a snapshot folder name\n"
     raw_step = first("step")
     step: int | None = None
@@ -309,7 +280,7 @@ def print_replay(snapshot_dir: Path, run: str, step: int | None, *, file: TextIO
     """Print the samples of ``run`` at ``step`` (None: newest) as text; exit status 0, 1 when
     there are none, 2 for an invalid run name. Errors go to stderr."""
     out = file or sys.stdout
-    if not valid_run(run):
+    if not is_run_name(run):
         print(f"grpo-monitor replay: invalid run name {run!r}", file=sys.stderr)
         return 2
     found = find_samples(Path(snapshot_dir), run, step)

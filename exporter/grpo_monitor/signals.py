@@ -1,7 +1,8 @@
 """Step-window features of each rank's signals: baselines, windows, rising streaks.
 
-The seeds state their cards in steps ("the first 200 steps are the baseline", "below 0.1x for
-50 consecutive steps", "+20% per 100 steps, sustained 300 steps"), while Prometheus' ``for:``
+The cards are stated in steps (docs/background.md: "the first 200 steps are the baseline",
+"below 0.1x for 50 consecutive steps", "+20% per 100 steps, sustained 300 steps"), while
+Prometheus' ``for:``
 counts wall time and a scrape sees one step in many. So the exporter keeps a short per-rank step
 history and publishes features over it; the rule files compare them to the thresholds (which
 live there, never here). A run replayed at 5 s or at 5 min per step yields the same features.
@@ -30,7 +31,7 @@ from grpo_monitor.forecast import BLOCK_STEPS, LawFit, LawSums
 TRAINING_MEANS: tuple[tuple[int, int], ...] = (
     (20, 0), (50, 0), (50, 200), (100, 0), (100, 100), (100, 200), (100, 300), (200, 0))
 TRAINING_EXTREMES: tuple[int, ...] = (50, 100, 200)  # grpo_window_min / grpo_window_max
-# grpo_window_p10 / grpo_window_p90. The 50-step one is the seed's "for 50 consecutive steps";
+# grpo_window_p10 / grpo_window_p90. The 50-step one is the "for 50 consecutive steps" of docs/background.md;
 # the 20-step one lets the early cards act within a few dozen steps of a run's start.
 TRAINING_PERCENTILES: tuple[int, ...] = (20, 50)
 # grpo_run_window_mean_max / _min: the extremes of the signal's RANGE_WINDOW-step mean so far.
@@ -39,6 +40,10 @@ RANGE_WINDOW = 20
 # --signals.initial-steps). Short enough to describe the policy the run started from, long
 # enough to average a few noisy steps when the trainer logs every step.
 INITIAL_STEPS = 10
+# The baseline period: each rank's first BASELINE_STEPS steps (settable with
+# --signals.baseline-steps); the cards that compare with a baseline wait for it. The report's own
+# window (thresholds.py's baseline_steps) has the same length, which tests/test_cli.py keeps.
+BASELINE_STEPS = 200
 # Performance signals are logged by every rank: a smaller menu keeps 1024 ranks affordable.
 PERF_MEANS: tuple[tuple[int, int], ...] = ((50, 0),)
 PERF_EXTREMES: tuple[int, ...] = (50,)
@@ -59,8 +64,9 @@ PROMPT_TYPE_MEANS: tuple[tuple[int, int], ...] = ((50, 0), (50, 200))
 NONFINITE_WINDOW = 50  # grpo_window_nonfinite
 HISTORY = max(w + o for w, o in TRAINING_MEANS)  # values kept per key: 400 steps when logged every step
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
-# stalls the step (seed 000 §4.5: filter the save's IO spike before judging throughput).
-PAUSE_EVENTS = ("checkpoint_save", "checkpoint", "eval")
+# stalls the step (background.md#checkpoint-io: filter the save's IO spike before judging throughput). A stall,
+# not the red-card pause (store.py's "paused" mark), which is a run waiting on purpose.
+STALL_EVENTS = ("checkpoint_save", "checkpoint", "eval")
 
 
 def is_perf(key: str) -> bool:
@@ -237,8 +243,9 @@ class RankSignals:
             h.first_step = self.step
         return h
 
-    def add(self, step: int, values: dict[str, float], paused: bool) -> None:
-        """One step's canonical values; ``paused``: a checkpoint save or the like happened."""
+    def add(self, step: int, values: dict[str, float], stalled: bool) -> None:
+        """One step's canonical values; ``stalled``: a checkpoint save or the like (STALL_EVENTS)
+        held the step up, so its performance values are left out."""
         if self.first_step is None:
             self.first_step = self.baseline_from = step
         elif step < self.step:
@@ -253,7 +260,7 @@ class RankSignals:
             if not math.isfinite(value):
                 h.nonfinite_steps.append(step)
                 continue
-            if paused and is_perf(key):
+            if stalled and is_perf(key):
                 continue
             if h.steps and h.steps[-1] == step:  # a second record for the same step wins
                 h.steps.pop()
@@ -312,7 +319,7 @@ class RankSignals:
         h.block = block
 
     def rebaseline(self, steps: int) -> None:
-        """The last ``steps`` steps become the baseline (seed 000 §3.3: recalibrate at ~2000).
+        """The last ``steps`` steps become the baseline (background.md#thresholds: recalibrate at ~2000).
 
         Only what the history holds can be used: up to HISTORY values per key.
         """

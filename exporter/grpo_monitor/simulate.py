@@ -1,10 +1,10 @@
 """Synthetic GRPO runs written through the real SDK: a healthy run and one per sickness.
 
-The healthy run is shaped as the seeds describe one (seed 000 §2.1-§2.3, table §3.3): reward
+The healthy run is shaped as docs/background.md describes one (#the-four-layers, #healthy-ranges): reward
 rises and its std settles, KL climbs fast then flattens, entropy falls 30-60% and levels off,
 response length stays within ±15%, grad norm oscillates in a band with rare one-step spikes, and
-a checkpoint is saved every 500 steps (a long step on every rank, seed §4.5). Every scenario
-starts healthy and turns sick at ``onset``; each sickness follows the seed's description of it.
+a checkpoint is saved every 500 steps (a long step on every rank, background.md#checkpoint-io). Every scenario
+starts healthy and turns sick at ``onset``; each sickness follows docs/background.md's description of it.
 
 Rank 0 logs the training signals; every rank logs its performance signals. Each record's
 ``time`` follows the simulated step times, so a fast replay carries the same trainer clock as a
@@ -47,8 +47,11 @@ class Step:
 class Scenario:
     name: str
     description: str
-    seed_section: str
+    reference: str  # where the sickness is described: a docs/background.md section, or a paper
     alerts: tuple[str, ...]  # the cards it must raise (after its onset, and none before)
+    # What `grpo-monitor report` names on the scenario's run (its own steps and onset): exactly
+    # these verdicts, the sickness's and those it explains, and nothing else.
+    verdicts: tuple[str, ...]
     steps: int = 1600
     onset: int = 800
     # Steps after the onset by which the first of ``alerts`` must have fired. 50 for a sickness
@@ -82,7 +85,7 @@ def _healthy(sim: Sim, step: int) -> dict[str, float]:
     entropy = 1.5 * (0.55 + 0.45 * math.exp(-step / 600)) * (1 + rng.gauss(0, 0.01))
     length = 300 * (1 + 0.05 * math.sin(step / 200)) + rng.gauss(0, 6)
     grad = 0.9 + 0.1 * math.sin(step / 13) + abs(rng.gauss(0, 0.05))
-    if step % 337 == 0:  # a one-step spike: not a card (table §3.3 wants 50 steps)
+    if step % 337 == 0:  # a one-step spike: not a card (background.md#healthy-ranges wants 50 steps)
         grad *= 8
     return {
         "reward/mean": reward,
@@ -136,15 +139,11 @@ def _healthy_newer(sim: Sim, step: int, m: dict[str, float]) -> None:
     })
 
 
-def _set(m: dict[str, float], **kw: float) -> None:
-    m.update({k.replace("__", "/"): v for k, v in kw.items()})
-
-
 # -- the sicknesses (k = steps since onset) -------------------------------------------------
 
 
 def _nan_loss(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §4.4: an extreme grad-norm peak, then the reward model returns NaN and the loss follows.
+    # background.md#nan-and-loss-spikes: an extreme grad-norm peak, then the reward model returns NaN and the loss follows.
     if 0 <= k < 3:
         m["grad/norm"] *= 40
     if k >= 3:
@@ -153,14 +152,14 @@ def _nan_loss(sim: Sim, k: int, m: dict[str, float]) -> None:
 
 
 def _kl_explosion(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §4.2: KL mean from ~0.3 to 5 within 100 steps and still rising; a few open-ended
+    # background.md#kl-explosion: KL mean from ~0.3 to 5 within 100 steps and still rising; a few open-ended
     # prompts carry it (the p95 stays far below the max).
     kl = m["kl/mean"] * (1 + min(k, 100) / 100 * 16 + k / 400)
-    _set(m, kl__mean=kl, kl__p95=kl * 1.3, kl__max=kl * 6)
+    m.update({"kl/mean": kl, "kl/p95": kl * 1.3, "kl/max": kl * 6})
 
 
 def _entropy_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §4.3: entropy from ~1.5 to 0.05 in under 200 steps, groups turn into near-duplicates,
+    # background.md#entropy-collapse: entropy from ~1.5 to 0.05 in under 200 steps, groups turn into near-duplicates,
     # while reward still creeps up.
     entropy = m["entropy/mean"]
     m["entropy/mean"] = max(0.04, entropy * math.exp(-k / 45)) + abs(sim.rng.gauss(0, 0.003))
@@ -169,7 +168,7 @@ def _entropy_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
 
 
 def _early_entropy_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §4.3 inside the baseline period: the cliff from a run's first steps (a real TRL run went
+    # background.md#entropy-collapse inside the baseline period: the cliff from a run's first steps (a real TRL run went
     # 0.96 -> 0.11 by step 100), with the groups turning into duplicates.
     m["entropy/mean"] = max(0.04, m["entropy/mean"] * math.exp(-k / 15)) + abs(sim.rng.gauss(0, 0.003))
     m["group/zero_std_frac"] = min(0.97, m["group/zero_std_frac"] + k / 150)
@@ -200,7 +199,7 @@ def _reward_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
 
 
 def _dead_signal(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.2 from the first step: a sparse reward the policy almost never earns (a real TRL run
+    # background.md#reward-feedback from the first step: a sparse reward the policy almost never earns (a real TRL run
     # scored 0 at 84 of its 100 steps): the G rewards of nearly every group are equal, so nearly
     # every advantage is 0 and there is nothing to learn from.
     hit = sim.rng.random() < 0.15
@@ -217,24 +216,24 @@ def _dead_signal(sim: Sim, k: int, m: dict[str, float]) -> None:
 
 
 def _early_length_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.1 early in a run: within ten steps the policy retreats to answers a third as long (a
+    # background.md#policy-behaviour early in a run: within ten steps the policy retreats to answers a third as long (a
     # real TRL run went from 53 tokens to 2 by its 20th step).
     m["response/len_mean"] *= 1 - 0.65 * min(k, 10) / 10
 
 
 def _kl_growth(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.3 / table §3.3: KL accelerating, +40% per 100 steps and the increments growing.
+    # background.md#distribution-stability / background.md#healthy-ranges: KL accelerating, +40% per 100 steps and the increments growing.
     kl = m["kl/mean"] * math.exp(k / 300)
-    _set(m, kl__mean=kl, kl__p95=kl * 2.2, kl__max=kl * 3.5)
+    m.update({"kl/mean": kl, "kl/p95": kl * 2.2, "kl/max": kl * 3.5})
 
 
 def _kl_tail(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.3: the mean looks fine, but a few prompts reach several times the p95.
+    # background.md#distribution-stability: the mean looks fine, but a few prompts reach several times the p95.
     m["kl/max"] = m["kl/p95"] * (4 + sim.rng.random())
 
 
 def _reward_hacking(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §4.1: reward 0.2 -> 0.8 within 200 steps while response length goes 300 -> 900 tokens of
+    # background.md#reward-hacking: reward 0.2 -> 0.8 within 200 steps while response length goes 300 -> 900 tokens of
     # polite, well-structured filler.
     ramp = min(k, 200) / 200
     m["reward/mean"] = min(0.97, m["reward/mean"] + 0.3 * ramp)
@@ -252,39 +251,39 @@ def _reward_up_accuracy_flat(sim: Sim, k: int, m: dict[str, float]) -> None:
 
 
 def _length_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.1: after one step the length falls off a cliff: a prompt subset triggers the reward
+    # background.md#policy-behaviour: after one step the length falls off a cliff: a prompt subset triggers the reward
     # model's penalty on verbosity and the policy retreats to short answers.
     m["response/len_mean"] *= 1 - 0.65 * min(k, 50) / 50
 
 
 def _reward_std_rising(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.2 / table §3.3: the spread keeps rising: easy prompts farmed, hard ones abandoned.
+    # background.md#reward-feedback / background.md#healthy-ranges: the spread keeps rising: easy prompts farmed, hard ones abandoned.
     std = m["reward/std"] + 0.02 * k / 100
     m["reward/std"] = std
     m["group/reward_gap"] = 1.2 * std + sim.rng.gauss(0, 0.01)
 
 
 def _quantile_extreme(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §3.3 / §5.3: the lower quantiles fall far below anything the baseline saw.
+    # background.md#thresholds / background.md#two-colours: the lower quantiles fall far below anything the baseline saw.
     drop = 0.5 * min(k, 50) / 50
     m["reward/p25"] = max(0.0, m["reward/p25"] - drop)
     m["reward/p50"] = max(0.0, m["reward/p50"] - drop / 2)
 
 
 def _advantage_vanishing(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.2: groups whose G rewards are equal give no advantage: learning crawls.
+    # background.md#reward-feedback: groups whose G rewards are equal give no advantage: learning crawls.
     share = min(0.85, m["group/zero_std_frac"] + k / 100)
     m["group/zero_std_frac"] = share
     m["adv/mean_abs"] *= 1 - share
 
 
 def _group_dominated(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # §2.2: max - min within a group beyond 2 std: one response dominates the gradient.
+    # background.md#reward-feedback: max - min within a group beyond 2 std: one response dominates the gradient.
     m["group/reward_gap"] = m["reward/std"] * (1.2 + 1.8 * min(k, 50) / 50)
 
 
 def _grad_norm_spike(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # Table §3.3: grad norm over 5x its baseline, and staying there.
+    # background.md#healthy-ranges: grad norm over 5x its baseline, and staying there.
     m["grad/norm"] *= 8
 
 
@@ -329,7 +328,7 @@ def _prompts_too_easy(sim: Sim, k: int, m: dict[str, float]) -> None:
 
 
 def _shortcut(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # Easy prompts gain what hard ones lose (seed 000 §5.2): the policy found a shortcut.
+    # Easy prompts gain what hard ones lose (background.md#reading-samples): the policy found a shortcut.
     sim.state["type_shift"] = 0.25 * min(1.0, k / 100)
 
 
@@ -357,125 +356,173 @@ def _entropy_reward_law(sim: Sim, step: int, m: dict[str, float]) -> None:
 
 
 def _slow_rank(rank: int, factor: float) -> Callable[[Sim, int, int], float]:
-    # §2.4: one slow node; its rank's own step time (compute, before the collective) grows.
+    # background.md#cluster-health: one slow node; its rank's own step time (compute, before the collective) grows.
     return lambda sim, k, r: 1 + (factor - 1) * min(k, 100) / 100 if r == rank else 1.0
 
 
 def _slow_all(factor: float) -> Callable[[Sim, int, int], float]:
-    # §4.5: a flaky NVLink on one node makes the gradient sync retry: every rank waits.
+    # background.md#throughput-drops: a flaky NVLink on one node makes the gradient sync retry: every rank waits.
     return lambda sim, k, rank: 1 + (factor - 1) * min(k, 100) / 100
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("healthy", "A healthy run: nothing to see, including checkpoint saves and one-step "
-             "grad-norm spikes.", "§2, table §3.3", (), steps=3000, onset=3000),
+             "grad-norm spikes.", "background.md#the-four-layers, background.md#healthy-ranges", (),
+             verdicts=("healthy",), steps=3000, onset=3000),
     Scenario("rollout_mismatch", "The rollout engine's token probabilities leave the trainer's: "
              "KL 0.002 -> 0.15, importance weights far from 1.", "rollout vs trainer",
-             ("GRPORolloutMismatch", "GRPORolloutMismatchRising"), steps=1000, sicken=_rollout_mismatch),
+             ("GRPORolloutMismatch", "GRPORolloutMismatchRising"),
+             verdicts=("rollout_mismatch", "rollout_mismatch_rising"), steps=1000,
+             sicken=_rollout_mismatch),
     Scenario("mismatch_rising", "Rollout-trainer KL creeps up 0.002 -> 0.032 over 600 steps.",
-             "rollout vs trainer", ("GRPORolloutMismatchRising",), steps=1400, sicken=_mismatch_rising,
+             "rollout vs trainer", ("GRPORolloutMismatchRising",),
+             verdicts=("rollout_mismatch_rising",), steps=1400, sicken=_mismatch_rising,
              # the card's own rule: 90% of 50 steps over twice the initial value (k ~ 40 + 45)
              caught_within=100),
     Scenario("stale_rollouts", "Async rollouts fall behind: trajectories 1 -> 9 versions old.",
-             "async RL", ("GRPOStaleRollouts",), steps=1000, sicken=_stale_rollouts,
+             "async RL", ("GRPOStaleRollouts",),
+             verdicts=("stale_rollouts",), steps=1000, sicken=_stale_rollouts,
              # the age passes 4 versions 36 steps in, then 90% of 20 steps
              caught_within=60),
-    Scenario("prompts_too_hard", "70% of the groups answer all wrong.", "§2.2",
-             ("GRPOPromptsTooHard", "GRPOAdvantageVanishing"), steps=1000, sicken=_prompts_too_hard),
-    Scenario("prompts_too_easy", "70% of the groups answer all right.", "§2.2",
-             ("GRPOPromptsTooEasy", "GRPOAdvantageVanishing"), steps=1000, sicken=_prompts_too_easy),
+    Scenario("prompts_too_hard", "70% of the groups answer all wrong.", "background.md#reward-feedback",
+             ("GRPOPromptsTooHard", "GRPOAdvantageVanishing"),
+             verdicts=("prompts_too_hard", "advantage_vanishing"), steps=1000,
+             sicken=_prompts_too_hard),
+    Scenario("prompts_too_easy", "70% of the groups answer all right.", "background.md#reward-feedback",
+             ("GRPOPromptsTooEasy", "GRPOAdvantageVanishing"),
+             verdicts=("prompts_too_easy", "advantage_vanishing"), steps=1000,
+             sicken=_prompts_too_easy),
     Scenario("shortcut_learning", "Easy prompt types gain 0.25 while hard ones lose as much.",
-             "§2.2, §5.2", ("GRPOShortcutLearning",), steps=1000, sicken=_shortcut,
+             "background.md#reward-feedback, background.md#shortcut-learning", ("GRPOShortcutLearning",),
+             # The types drift apart while the mean reward rises: the report catches it against
+             # the types' 50-step means 200 steps before, not against their initial values.
+             verdicts=("shortcut_learning",), steps=1000, sicken=_shortcut,
              # the types move 0.05 apart in 20 steps, read as 50-step means against 200 steps
              # before, when the healthy climb (~0.05 per 200 steps on every type) still lifts
              # the hard type's earlier level by as much
              caught_within=80),
     Scenario("covariance_surge", "Cov(log pi, A) jumps to 10x its level while entropy falls 60% "
              "within 50 steps: a collapse under way.",
-             "arXiv 2505.22617", ("GRPOEntropyCovarianceSurge",), steps=1000,
+             "arXiv 2505.22617", ("GRPOEntropyCovarianceSurge",),
+             verdicts=("entropy_covariance_surge",), steps=1000,
              sicken=_covariance_surge),
     Scenario("reward_ceiling", "A run on the entropy-reward law spends its entropy: by step ~540 "
              "less than a tenth of the promised gain is left.", "arXiv 2505.22617",
-             ("GRPORewardCeilingNear",), steps=800, onset=540, sicken=lambda sim, k, m: None,
+             ("GRPORewardCeilingNear",),
+             verdicts=("reward_ceiling_near",), steps=800, onset=540, sicken=lambda sim, k, m: None,
              shape=_entropy_reward_law),
     Scenario("length_bias", "Wrong answers grow 80% longer over 200 steps; right ones do not.",
-             "arXiv 2503.20783", ("GRPOLengthBias",), steps=1100, sicken=_length_bias,
+             "arXiv 2503.20783", ("GRPOLengthBias",),
+             verdicts=("length_bias",), steps=1100, sicken=_length_bias,
              # past +30% (on lengths ~5% under their start at this point of the healthy wave)
              # at k ~ 90, then a 50-step mean
              caught_within=150),
-    Scenario("nan_loss", "A grad-norm peak, then NaN loss and an infinite reward.", "§4.4",
-             ("GRPONonFiniteValues",), sicken=_nan_loss),
+    Scenario("nan_loss", "A grad-norm peak, then NaN loss and an infinite reward.", "background.md#nan-and-loss-spikes",
+             ("GRPONonFiniteValues",),
+             verdicts=("nonfinite",), sicken=_nan_loss),
     Scenario("kl_explosion", "KL mean 0.3 -> 5 within 100 steps, carried by a few prompts.",
-             "§4.2", ("GRPOKLExplosion", "GRPOKLTailOutliers", "GRPOKLGrowthAccelerating"),
+             "background.md#kl-explosion", ("GRPOKLExplosion", "GRPOKLTailOutliers", "GRPOKLGrowthAccelerating"),
+             verdicts=("kl_explosion", "kl_tail_outliers", "kl_growth_accelerating"),
              sicken=_kl_explosion),
     Scenario("entropy_collapse", "Entropy 1.5 -> 0.05 within 200 steps; groups become duplicates.",
              # The forecast card comes first: by the law fitted on the 800 healthy steps, an
              # entropy under 0.3 leaves less than a tenth of the promised reward; it goes quiet
              # when the red card's own test holds.
-             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing", "GRPORewardCeilingNear"),
+             "background.md#entropy-collapse", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing", "GRPORewardCeilingNear"),
+             # The groups turn into duplicates as entropy falls: the dead-signal branch of the
+             # vanishing card fires too, once nine groups in ten are. Its reward rose as its entropy
+             # fell, along the entropy-reward law (R² 0.84): the ceiling card sees the entropy spent
+             # (from step 882, before the collapse card at 903).
+             verdicts=("entropy_collapse", "advantage_vanishing", "dead_learning_signal",
+                       "reward_ceiling_near"),
              sicken=_entropy_collapse,
              # the fall (exp(-k/45) from ~1.0) takes ~85 steps to pass 0.1x the initial entropy
              caught_within=110),
     Scenario("early_entropy_collapse", "Entropy 1.5 -> 0.05 within 50 steps of a run's start.",
-             "§4.3", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"), steps=500, onset=40,
+             "background.md#entropy-collapse", ("GRPOEntropyCollapse", "GRPOAdvantageVanishing"),
+             # Sick inside the baseline period, caught from the first steps. The ceiling card
+             # stays quiet: entropy crosses into the red card's collapse before its 50-step mean
+             # leaves under a tenth of the promised reward.
+             verdicts=("entropy_collapse", "dead_learning_signal", "advantage_vanishing"),
+             steps=500, onset=40,
              sicken=_early_entropy_collapse,
              # the cliff (exp(-k/15)) takes 35 steps to pass 0.1x the initial entropy
              caught_within=60),
     Scenario("entropy_explosion", "Entropy x30, every answer truncated, reward to 0 at step 140.",
-             "§2.1", ("GRPOEntropyExplosion", "GRPORewardCollapse", "GRPOCompletionsTruncated",
-                      "GRPOResponseLengthShift"), steps=450, onset=140, sicken=_entropy_explosion),
-    Scenario("reward_collapse", "Reward falls back to 0 within 5 steps at step 160.", "seed 001",
-             ("GRPORewardCollapse",), steps=450, onset=160, sicken=_reward_collapse),
+             "background.md#policy-behaviour", ("GRPOEntropyExplosion", "GRPORewardCollapse", "GRPOCompletionsTruncated",
+                      "GRPOResponseLengthShift"),
+             verdicts=("entropy_explosion", "reward_collapse", "completions_truncated",
+                       "length_shift"), steps=450, onset=140, sicken=_entropy_explosion),
+    Scenario("reward_collapse", "Reward falls back to 0 within 5 steps at step 160.", "background.md#the-three-curves",
+             ("GRPORewardCollapse",),
+             verdicts=("reward_collapse",), steps=450, onset=160, sicken=_reward_collapse),
     Scenario("dead_signal", "A sparse reward earned at 15% of the steps: nothing to learn from.",
-             "§2.2", ("GRPOAdvantageVanishing",), steps=300, onset=1, sicken=_dead_signal),
-    Scenario("early_length_collapse", "Response length falls by two thirds at step 60.", "§2.1",
-             ("GRPOResponseLengthShift",), steps=400, onset=60, sicken=_early_length_collapse),
-    Scenario("rank_stalled", "Rank 2 stops reporting while the others go on.", "§2.4",
-             ("GRPORankStalled",), stalled_rank=2),
-    Scenario("kl_growth", "KL grows 40% per 100 steps and faster each time.", "§2.3, table §3.3",
-             ("GRPOKLGrowthAccelerating",), steps=1700, sicken=_kl_growth,
+             "background.md#reward-feedback", ("GRPOAdvantageVanishing",),
+             verdicts=("dead_learning_signal", "advantage_vanishing"), steps=300, onset=1,
+             sicken=_dead_signal),
+    Scenario("early_length_collapse", "Response length falls by two thirds at step 60.", "background.md#policy-behaviour",
+             ("GRPOResponseLengthShift",),
+             verdicts=("length_shift",), steps=400, onset=60, sicken=_early_length_collapse),
+    Scenario("rank_stalled", "Rank 2 stops reporting while the others go on.", "background.md#cluster-health",
+             ("GRPORankStalled",),
+             verdicts=("rank_stalled",), stalled_rank=2),
+    Scenario("kl_growth", "KL grows 40% per 100 steps and faster each time.", "background.md#distribution-stability, background.md#healthy-ranges",
+             ("GRPOKLGrowthAccelerating",),
+             verdicts=("kl_growth_accelerating",), steps=1700, sicken=_kl_growth,
              # the card's own rule: three 100-step windows each growing, 300 steps
              caught_within=320),
-    Scenario("kl_tail", "A few prompts reach 4-5x the KL p95.", "§2.3", ("GRPOKLTailOutliers",),
-             sicken=_kl_tail),
-    Scenario("reward_hacking", "Reward 0.2 -> 0.8 while length goes 300 -> 900 tokens.", "§4.1",
-             ("GRPORewardHackingSuspected", "GRPOResponseLengthShift"), sicken=_reward_hacking,
+    Scenario("kl_tail", "A few prompts reach 4-5x the KL p95.", "background.md#distribution-stability", ("GRPOKLTailOutliers",),
+             verdicts=("kl_tail_outliers",), sicken=_kl_tail),
+    Scenario("reward_hacking", "Reward 0.2 -> 0.8 while length goes 300 -> 900 tokens.", "background.md#reward-hacking",
+             ("GRPORewardHackingSuspected", "GRPOResponseLengthShift"),
+             # The length surge is the hacking verdict's evidence, not a verdict of its own.
+             verdicts=("reward_hacking",), sicken=_reward_hacking,
              # length passes +50% 50 steps into its 200-step ramp, then a 50-step mean
              caught_within=100),
     Scenario("reward_up_accuracy_flat", "Reward climbs while sample accuracy stays flat.",
-             "seed 001", ("GRPORewardHackingSuspected",), sicken=_reward_up_accuracy_flat,
+             "background.md#the-three-curves", ("GRPORewardHackingSuspected",),
+             verdicts=("reward_hacking",), sicken=_reward_up_accuracy_flat,
              # a 3-sigma reward rise within 200 steps takes ~200 steps
              caught_within=220),
-    Scenario("length_collapse", "Response length falls by two thirds within 50 steps.", "§2.1",
-             ("GRPOResponseLengthShift",), sicken=_length_collapse,
+    Scenario("length_collapse", "Response length falls by two thirds within 50 steps.", "background.md#policy-behaviour",
+             ("GRPOResponseLengthShift",),
+             verdicts=("length_shift",), sicken=_length_collapse,
              # length passes -50% 38 steps into its 50-step ramp, then a 50-step mean
              caught_within=80),
     Scenario("reward_std_rising", "reward/std rises steadily for over 1000 steps.",
-             "§2.2, table §3.3", ("GRPORewardStdRising",), steps=2400, sicken=_reward_std_rising,
+             "background.md#reward-feedback, background.md#healthy-ranges", ("GRPORewardStdRising",),
+             verdicts=("reward_std_rising",), steps=2400, sicken=_reward_std_rising,
              # the card's own rule: ten rising 100-step windows
              caught_within=1000),
     Scenario("reward_quantile_extreme", "The lower reward quantiles fall far below baseline.",
-             "§3.3, §5.3", ("GRPORewardQuantileExtreme",), sicken=_quantile_extreme),
-    Scenario("advantage_vanishing", "Most groups have equal rewards; advantages vanish.", "§2.2",
-             ("GRPOAdvantageVanishing",), sicken=_advantage_vanishing,
+             "background.md#thresholds, background.md#two-colours", ("GRPORewardQuantileExtreme",),
+             verdicts=("reward_quantile_extreme",), sicken=_quantile_extreme),
+    Scenario("advantage_vanishing", "Most groups have equal rewards; advantages vanish.", "background.md#reward-feedback",
+             ("GRPOAdvantageVanishing",),
+             verdicts=("advantage_vanishing",), sicken=_advantage_vanishing,
              # the share passes 0.5 42 steps in, then 90% of 50 steps
              caught_within=100),
-    Scenario("group_dominated", "Within-group gaps beyond 2 reward stddevs.", "§2.2",
-             ("GRPOGroupDominated",), sicken=_group_dominated,
+    Scenario("group_dominated", "Within-group gaps beyond 2 reward stddevs.", "background.md#reward-feedback",
+             ("GRPOGroupDominated",),
+             verdicts=("group_dominated",), sicken=_group_dominated,
              # the gap ramps over 50 steps, read as a 50-step mean
              caught_within=60),
     Scenario("grad_norm_spike", "Grad norm at 8x its baseline for hundreds of steps.",
-             "table §3.3", ("GRPOGradNormSpike",), sicken=_grad_norm_spike),
-    Scenario("step_time_drift", "Every rank's step time 35% longer.", "§2.4",
-             ("GRPOStepTimeDrift",), slow=_slow_all(1.35),
+             "background.md#healthy-ranges", ("GRPOGradNormSpike",),
+             verdicts=("grad_norm_spike",), sicken=_grad_norm_spike),
+    Scenario("step_time_drift", "Every rank's step time 35% longer.", "background.md#cluster-health",
+             ("GRPOStepTimeDrift",),
+             verdicts=("step_time_drift",), slow=_slow_all(1.35),
              # step time ramps over 100 steps, passes +20% at 57, then a 50-step mean
              caught_within=100),
-    Scenario("straggler", "Rank 3 computes 30% slower than the others.", "§2.4",
-             ("GRPORankStraggler", "GRPOStepTimeDrift"), slow=_slow_rank(3, 1.3),
+    Scenario("straggler", "Rank 3 computes 30% slower than the others.", "background.md#cluster-health",
+             ("GRPORankStraggler", "GRPOStepTimeDrift"),
+             verdicts=("rank_straggler", "step_time_drift"), slow=_slow_rank(3, 1.3),
              # rank 3 slows over 100 steps
              caught_within=120),
-    Scenario("throughput_drop", "samples/s from 1.8 to 1.0 per rank: a flaky NVLink.", "§4.5",
-             ("GRPOThroughputDrop", "GRPOStepTimeDrift"), slow=_slow_all(1.8),
+    Scenario("throughput_drop", "samples/s from 1.8 to 1.0 per rank: a flaky NVLink.", "background.md#throughput-drops",
+             ("GRPOThroughputDrop", "GRPOStepTimeDrift"),
+             verdicts=("throughput_drop", "step_time_drift"), slow=_slow_all(1.8),
              # throughput ramps down over 100 steps, then a 50-step mean
              caught_within=100),
 )}

@@ -64,7 +64,7 @@ class SampleResponse(BaseModel):
 
 
 class Sample(BaseModel):
-    """A prompt with its group of responses, logged for replay (seed 000 §5.2)."""
+    """A prompt with its group of responses, logged for replay (background.md#reading-samples)."""
 
     model_config = ConfigDict(extra="allow")
     prompt: str
@@ -358,7 +358,7 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
         assert isinstance(verl, VerlRecord)
         metrics, unknown = normalize_metrics(verl.data, problems)
         # verl lines carry no events; its checkpoint timing marks a save step, which the step
-        # time cards must leave out (seed 000 §4.5).
+        # time cards must leave out (background.md#checkpoint-io).
         events = [Event(type="checkpoint_save")] if "timing_s/save_checkpoint" in verl.data else []
         return Snapshot(run=run, rank=rank, step=verl.step, time=mtime, shape=shape,
                         metrics=metrics, unknown=unknown, events=events, problems=problems)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,10 +85,65 @@ def find_binary(*names: str) -> str | None:
 
 @dataclass
 class Child:
+    """A child process, its stdout and stderr appended to ``log``; ``url`` is where it serves."""
+
     name: str
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
+
+    @classmethod
+    def start(cls, name: str, argv: Sequence[str], log: Path, cwd: Path, *, url: str = "",
+              env: Mapping[str, str] | None = None) -> Child:
+        """Start ``argv`` in ``cwd`` with exactly ``env`` (None: this process' environment)."""
+        with log.open("ab") as fh:
+            # Its own session: a Ctrl-C in the terminal reaches the parent, which stops its
+            # children in order, instead of every child at once.
+            proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True,
+                                    env=None if env is None else dict(env))
+        return cls(name, url, proc, log)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, and SIGKILL if it has not exited ``timeout`` seconds later."""
+        stop_children([self], timeout)
+
+    def wait_ready(self, url: str, timeout: float) -> None:
+        """Until GET ``url`` answers 200: RuntimeError if the process exits first, TimeoutError
+        if ``timeout`` seconds pass first."""
+        import requests
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with status {self.proc.returncode}; "
+                                   f"see {self.log}")
+            try:
+                if requests.get(url, timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} not ready after {timeout:.0f} s; see {self.log}")
+            time.sleep(0.2)
+
+
+def stop_children(children: Sequence[Child], timeout: float = 10.0) -> None:
+    """SIGTERM to every child at once, then SIGKILL to those still running ``timeout`` seconds
+    later."""
+    for ch in children:
+        if ch.alive():
+            ch.proc.terminate()
+    deadline = time.monotonic() + timeout
+    for ch in children:
+        try:
+            ch.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            ch.proc.kill()
+            ch.proc.wait()
 
 
 @dataclass
@@ -116,15 +171,8 @@ class NativeStack:
         return port or free_port()
 
     def _spawn(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None) -> Child:
-        log = self.config.state_dir / f"{name}.log"
-        fh = log.open("ab")
-        # Own sessions: a Ctrl-C in the terminal reaches the stack, which stops the children in
-        # order, instead of every child at once.
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.config.state_dir, start_new_session=True,
-                                env=None if env is None else {**os.environ, **env})
-        fh.close()
-        child = Child(name, url, proc, log)
+        child = Child.start(name, argv, self.config.state_dir / f"{name}.log", self.config.state_dir,
+                            url=url, env=None if env is None else {**os.environ, **env})
         self.children.append(child)
         return child
 
@@ -193,24 +241,15 @@ class NativeStack:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every child answers its readiness endpoint; RuntimeError if one dies first."""
-        import requests
-
         ready_path = {"exporter": "/-/ready", "prometheus": "/-/ready", "alertmanager": "/-/ready",
                       "grafana": "/api/health"}
         deadline = time.monotonic() + timeout
         for ch in self.children:
-            base = ch.url.removesuffix("/metrics")
-            while True:
-                if ch.proc.poll() is not None:
-                    raise RuntimeError(f"{ch.name} exited with status {ch.proc.returncode}; see {ch.log}")
-                try:
-                    if requests.get(base + ready_path[ch.name], timeout=2).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{ch.name} not ready after {timeout:.0f} s; see {ch.log}")
-                time.sleep(0.2)
+            try:
+                ch.wait_ready(ch.url.removesuffix("/metrics") + ready_path[ch.name],
+                              max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise RuntimeError(f"{ch.name} not ready after {timeout:.0f} s; see {ch.log}") from None
 
     def wait(self, tick: Callable[[], bool] | None = None) -> int:
         """Block until a signal, a child's death, or ``tick()`` returning True (called every
@@ -222,7 +261,7 @@ class NativeStack:
             signal.signal(sig, on_signal)
         dead: Child | None = None
         while not self._stop.wait(0.5):
-            dead = next((ch for ch in self.children if ch.proc.poll() is not None), None)
+            dead = next((ch for ch in self.children if not ch.alive()), None)
             if dead is not None:
                 print(f"grpo-monitor stack: {dead.name} exited with status {dead.proc.returncode}; "
                       f"stopping the others (its log: {dead.log})", file=sys.stderr, flush=True)
@@ -233,13 +272,4 @@ class NativeStack:
         return 0 if dead is None else 1
 
     def stop(self, timeout: float = 10.0) -> None:
-        for ch in self.children:
-            if ch.proc.poll() is None:
-                ch.proc.terminate()
-        deadline = time.monotonic() + timeout
-        for ch in self.children:
-            try:
-                ch.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                ch.proc.kill()
-                ch.proc.wait()
+        stop_children(self.children, timeout)

@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 from grpo_monitor import exposition as ex
 from grpo_monitor.keys import SIGNALS
 from grpo_monitor.signals import (
+    BASELINE_STEPS,
     GROWTH_WINDOW,
     INITIAL_STEPS,
     NONFINITE_WINDOW,
-    PAUSE_EVENTS,
     PROMPT_TYPE_KEYS,
     PROMPT_TYPE_MEANS,
     RANGE_WINDOW,
     RISING_WINDOW,
+    STALL_EVENTS,
     RankSignals,
 )
 from grpo_monitor.snapshot import Snapshot
@@ -57,9 +58,9 @@ class Limits:
     max_unknown_keys: int = 256
     max_prompt_types: int = 32
     max_event_types: int = 32
-    # Not limits but the signal settings: the baseline period of seed 000 §3.3, and the initial
+    # Not limits but the signal settings: the baseline period of background.md#thresholds, and the initial
     # period whose mean the early cards compare with.
-    baseline_steps: int = 200
+    baseline_steps: int = BASELINE_STEPS
     initial_steps: int = INITIAL_STEPS
 
 
@@ -77,7 +78,7 @@ class RankState:
     unknown: dict[tuple[str, str], float] = field(default_factory=dict)
     nonfinite: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    signals: RankSignals = field(default_factory=lambda: RankSignals(200))
+    signals: RankSignals = field(default_factory=lambda: RankSignals(BASELINE_STEPS))
     # The step history of each prompt type's PROMPT_TYPE_KEYS (types under the run's cap).
     type_signals: dict[str, RankSignals] = field(default_factory=dict)
     # A re-baseline asked for a step this rank has not reached yet: (at_step, steps).
@@ -318,8 +319,8 @@ class RunStore:
                     pending_rebaseline=run.rebaseline)
             rank.step, rank.time = snap.step, snap.time
             rank.note_pace(snap.step, snap.time)
-            paused = any(e.type in PAUSE_EVENTS for e in snap.events)
-            rank.signals.add(snap.step, snap.metrics, paused)
+            stalled = any(e.type in STALL_EVENTS for e in snap.events)
+            rank.signals.add(snap.step, snap.metrics, stalled)
             if rank.pending_rebaseline and snap.step >= rank.pending_rebaseline[0]:
                 rank.rebaseline(rank.pending_rebaseline[1])
                 rank.pending_rebaseline = None
@@ -343,7 +344,7 @@ class RunStore:
                     history = rank.type_signals.get(ptype)
                     if history is None:
                         history = rank.type_signals[ptype] = RankSignals(lim.baseline_steps, lim.initial_steps)
-                    history.add(snap.step, followed, paused=False)
+                    history.add(snap.step, followed, stalled=False)
                 self._count_nonfinite(rank, typed, snap.step)
                 for name, value in snap.by_type_unknown.get(ptype, {}).items():
                     if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):

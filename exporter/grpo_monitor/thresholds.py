@@ -67,8 +67,8 @@ TABLE: tuple[Threshold, ...] = (
         Entropy below this fraction of its initial value (the mean of its first steps) in 90% of
         the last 20 steps: the policy has stopped exploring and gives the same answer every
         time. A healthy run loses 30-60% of its entropy and settles; losing 90% is a collapse.
-        Judged against the initial value, not the baseline, so that a run that collapses inside
-        its first 200 steps is caught."""),
+        Judged against the initial value, not the baseline, so that a run that collapses before
+        its baseline period ends is caught."""),
     Threshold("entropy_explosion_ratio", 5, "red", """
         Entropy above this multiple of its initial value in 90% of the last 20 steps: the policy
         turning to noise, its answers rambling until the length limit cuts them. Healthy runs
@@ -234,6 +234,10 @@ TABLE: tuple[Threshold, ...] = (
         A rank's 50-step step time above the run's median rank by more than this fraction: a
         straggler, which every other rank waits for at each gradient sync. Needs ranks that log
         their own compute time."""),
+    Threshold("straggler_min_ranks", 3, "cluster", """
+        ... in a run of at least this many ranks reporting their step time: the fewest whose
+        median makes a fair yardstick for a straggler; with two, each is as far from the median
+        as the other."""),
     Threshold("gpu_temperature_celsius", 85, "cluster", """
         GPU temperature above which a GPU throttles or fails sooner (data-centre parts start
         slowing down around 87-90 °C; 85 leaves room to act)."""),
@@ -276,9 +280,6 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("rising_window_steps", 100, "report", """
         The window whose means must keep rising, reward_std_rising_windows times in a row, for
         the rising-spread verdict."""),
-    Threshold("straggler_min_ranks", 3, "report", """
-        The fewest ranks whose median makes a fair yardstick for a straggler: with two, each is
-        as far from the median as the other."""),
     Threshold("reward_rise_min", 0.05, "report", """
         Reward should rise: a gain below this (reward units, rewards in [0, 1]) between the
         reference and the last window is a plateau, and the least gain that counts as "reward
@@ -344,9 +345,9 @@ HEADER = f"""\
 #
 # Generated from exporter/grpo_monitor/thresholds.py by `make docs`
 # (`python -m grpo_monitor.thresholds > {RULE_FILE}`); do not edit by hand.
-# To change a threshold, edit its entry in that table and run `make docs`: the rules and
-# `grpo-monitor report` follow. Window lengths (50, 100, 200 steps) are chosen in the alert
-# expressions from the exporter's feature menu.
+# To change a threshold, edit its entry in that table and run `make docs`: the rules, the alert
+# descriptions, the dashboards' lines and `grpo-monitor report` follow. Window lengths are chosen
+# in the alert expressions from the exporter's feature menu (grpo_monitor/signals.py).
 groups:
   - name: grpo-thresholds
     rules:

@@ -7,11 +7,11 @@ answers per prompt, group-normalised advantages, the PPO/GRPO clipped surrogate 
 trainer's own log-probs of the samples, a k3 KL penalty to a frozen reference copy, and every
 step's signals logged with ``grpo_stats`` + ``SnapshotWriter``. A rollout side samples the
 answers and keeps its own log-probs, as vLLM or SGLang do, so that the rollout/trainer mismatch
-and the rollouts' staleness are measured, not assumed. The knobs make the seeds' sicknesses
-happen for real, in the training dynamics, never by editing the logged numbers:
+and the rollouts' staleness are measured, not assumed. The knobs make the sicknesses of
+docs/background.md happen for real, in the training dynamics, never by editing the logged numbers:
 
 * ``--grader loose``: the reward also pays for every generated token, whether or not the answer
-  is right -> reward hacking with a length surge, sample accuracy flat or falling (seed 4.1).
+  is right -> reward hacking with a length surge, sample accuracy flat or falling (background.md#reward-hacking).
 * ``--beta 0 --lr 0.03``: no KL anchor and a too-large step -> KL to the reference blows up.
 * ``--group-size 2`` / ``--temperature 0.3``: groups of identical answers (zero-std groups) and
   entropy collapse.
@@ -57,7 +57,7 @@ from grpo_monitor.sdk.writer import SnapshotWriter
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Config", "StepResult", "add_arguments", "config_from_args", "train"]
+__all__ = ["Config", "StepResult", "config_from_args", "train"]
 
 # Vocabulary: digits 0-9, "+", "=", EOS.
 PLUS, EQUALS, EOS = 10, 11, 12
@@ -401,68 +401,155 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
     return results
 
 
+@dataclass(frozen=True)
+class _Knobs:
+    """One step's settings: the sickness knobs apply from ``cfg.onset``, the defaults before."""
+
+    sick: bool
+    beta: float
+    lr: float
+    temperature: float
+    group: int
+    grader: str
+    difficulty: str
+    length_penalty: float
+    loss_agg: str
+    rollout_temperature: float
+
+    @classmethod
+    def at(cls, cfg: Config, step: int) -> _Knobs:
+        sick = step >= cfg.onset
+
+        def knob(sick_value: Any, default: Any) -> Any:
+            return sick_value if sick and sick_value is not None else default
+
+        temperature = knob(cfg.sick_temperature, cfg.temperature)
+        return cls(sick=sick, beta=knob(cfg.sick_beta, cfg.beta), lr=knob(cfg.sick_lr, cfg.lr),
+                   temperature=temperature, group=knob(cfg.sick_group_size, cfg.group_size),
+                   grader=cfg.grader if sick else "strict",
+                   difficulty=cfg.difficulty if sick else "mixed",
+                   length_penalty=cfg.length_penalty if sick else 0.0,
+                   loss_agg=cfg.loss_agg if sick else "token-mean",
+                   rollout_temperature=knob(cfg.rollout_temperature, temperature))
+
+
+@dataclass(frozen=True)
+class _Rollouts:
+    """The step's samples: P prompts (operands ``a`` + ``b``), each repeated G times in
+    ``prompts``, the answers the rollout side sampled and its own log-probs of them."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    prompts: torch.Tensor
+    resp: torch.Tensor
+    mask: torch.Tensor
+    logp: torch.Tensor
+    age: int  # of the rollout side's weights, in policy versions
+
+
+@dataclass(frozen=True)
+class _Grades:
+    score: torch.Tensor  # the verifier's, per sample
+    correct: torch.Tensor
+    rewards: torch.Tensor  # the training reward, (P, G)
+    adv: torch.Tensor  # group-normalised, (P * G, 1)
+
+
+@dataclass(frozen=True)
+class _Update:
+    """What the optimisation measured: loss, grad norm and per-token KL and entropy of its first
+    pass, the clip fraction of its last, and the trainer's log-probs of the samples."""
+
+    loss: float
+    grad_norm: float
+    clip_frac: float
+    kl_tok: torch.Tensor
+    ent_tok: torch.Tensor
+    old_logp: torch.Tensor
+    tokens: float
+    skipped: bool  # a NaN / Inf gradient: no optimizer step
+
+
 def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimizer,
           gen: torch.Generator, rollout: _RolloutSide) -> StepResult:
-    import torch
-
-    from grpo_monitor.sdk.torch import grpo_stats
-
     t0 = time.perf_counter()
-    sick = step >= cfg.onset
-    beta = cfg.sick_beta if sick and cfg.sick_beta is not None else cfg.beta
-    lr = cfg.sick_lr if sick and cfg.sick_lr is not None else cfg.lr
-    temperature = cfg.sick_temperature if sick and cfg.sick_temperature is not None else cfg.temperature
-    group = cfg.sick_group_size if sick and cfg.sick_group_size is not None else cfg.group_size
-    grader = cfg.grader if sick else "strict"
-    difficulty = cfg.difficulty if sick else "mixed"
-    length_penalty = cfg.length_penalty if sick else 0.0
-    loss_agg = cfg.loss_agg if sick else "token-mean"
-    rollout_temperature = (cfg.rollout_temperature if sick and cfg.rollout_temperature is not None
-                           else temperature)
-    for g in opt.param_groups:
-        g["lr"] = lr
+    knobs = _Knobs.at(cfg, step)
+    samples = _roll_out(cfg, step, knobs, rollout, gen)
+    grades = _grade_rollouts(cfg, step, knobs, samples)
+    update = _update(cfg, knobs, policy, ref, opt, samples, grades)
+    if not update.skipped:
+        rollout.updated()
+    events: list[dict[str, object]] = []
+    if update.skipped:
+        events.append({"type": "skipped_step", "step": step, "reason": "nonfinite_grad"})
+    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+        events.append(_checkpoint(cfg, step, policy, opt))
+    metrics = _metrics(cfg, knobs, samples, grades, update, t0)
+    return StepResult(step, metrics, events, _by_type(samples.a, samples.b, knobs.difficulty,
+                                                      knobs.group, grades.score, grades.correct))
 
-    # Rollout: P prompts, G samples each, by the rollout side's copy of the policy.
-    P = cfg.prompts
-    prompt, a, b = _make_prompts(P, difficulty, gen)
-    prompts = prompt.repeat_interleave(group, dim=0)
-    sampler, age = rollout.sampler(_lag_at(cfg, step), low_precision=sick)
-    resp, mask, rollout_logp = _sample(sampler, prompts, cfg.max_new_tokens, rollout_temperature, gen)
-    answers, ans_len = _answers(a.repeat_interleave(group), b.repeat_interleave(group), cfg.max_new_tokens)
-    score, correct = _grade(resp, mask, answers, ans_len, grader, cfg.length_bonus)
+
+def _roll_out(cfg: Config, step: int, knobs: _Knobs, rollout: _RolloutSide,
+              gen: torch.Generator) -> _Rollouts:
+    """P prompts, G samples each, by the rollout side's copy of the policy."""
+    prompt, a, b = _make_prompts(cfg.prompts, knobs.difficulty, gen)
+    prompts = prompt.repeat_interleave(knobs.group, dim=0)
+    sampler, age = rollout.sampler(_lag_at(cfg, step), low_precision=knobs.sick)
+    resp, mask, logp = _sample(sampler, prompts, cfg.max_new_tokens, knobs.rollout_temperature, gen)
+    return _Rollouts(a, b, prompts, resp, mask, logp, age)
+
+
+def _grade_rollouts(cfg: Config, step: int, knobs: _Knobs, samples: _Rollouts) -> _Grades:
+    """The verifier's score, the training reward and the group-normalised advantages."""
+    group = knobs.group
+    answers, ans_len = _answers(samples.a.repeat_interleave(group),
+                                samples.b.repeat_interleave(group), cfg.max_new_tokens)
+    score, correct = _grade(samples.resp, samples.mask, answers, ans_len, knobs.grader,
+                            cfg.length_bonus)
     # An overlong penalty (DAPO's reward shaping, here with a budget too tight for two-digit
     # answers) shapes the training reward; the verifier's score is what the task asks.
-    overlong = (_answer_tokens(resp, mask) - cfg.length_budget).clamp(min=0)
-    reward = score - length_penalty * overlong
+    overlong = (_answer_tokens(samples.resp, samples.mask) - cfg.length_budget).clamp(min=0)
+    reward = score - knobs.length_penalty * overlong
     if cfg.nan_reward_at is not None and step == cfg.nan_reward_at:
         reward[0] = float("nan")  # the verifier crashed on one sample and returned NaN
-    rewards = reward.view(P, group)
+    rewards = reward.view(cfg.prompts, group)
     mean = rewards.mean(1, keepdim=True)
     std = rewards.std(1, keepdim=True)
     adv = ((rewards - mean) / (std + cfg.eps)).reshape(-1, 1)
-    maskf = mask.float()
+    return _Grades(score, correct, rewards, adv)
+
+
+def _update(cfg: Config, knobs: _Knobs, policy: Any, ref: Any, opt: torch.optim.Optimizer,
+            samples: _Rollouts, grades: _Grades) -> _Update:
+    """The clipped surrogate with a k3 KL penalty, ``cfg.inner_epochs`` passes over the batch,
+    aggregated per token (token-mean) or per response then over responses
+    (seq-mean-token-mean, Dr. GRPO's length bias)."""
+    import torch
+
+    for g in opt.param_groups:
+        g["lr"] = knobs.lr
+    prompts, resp, adv = samples.prompts, samples.resp, grades.adv
+    maskf = samples.mask.float()
     ntok = maskf.sum()
     seq_tokens = maskf.sum(-1).clamp(min=1)
 
     with torch.no_grad():
         # The trainer recomputes the samples' log-probs with its own weights and temperature
         # (verl's old_log_prob): the ratio's denominator, and one side of the mismatch.
-        old_logp = _token_logprobs(policy, prompts, resp, temperature)
-        ref_logp = _token_logprobs(ref, prompts, resp, temperature)
+        old_logp = _token_logprobs(policy, prompts, resp, knobs.temperature)
+        ref_logp = _token_logprobs(ref, prompts, resp, knobs.temperature)
 
-    # Optimisation: the clipped surrogate with a k3 KL penalty, aggregated per token (token-mean)
-    # or per response then over responses (seq-mean-token-mean, Dr. GRPO's length bias).
     loss_v = grad_norm = clip_frac = 0.0
     kl_tok = ent_tok = None
     skipped = False
     for epoch in range(cfg.inner_epochs):
-        logp, entropy = _token_logprobs(policy, prompts, resp, temperature, with_entropy=True)
+        logp, entropy = _token_logprobs(policy, prompts, resp, knobs.temperature, with_entropy=True)
         ratio = torch.exp(logp - old_logp)
         surr = torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
         d = ref_logp - logp
         k3 = torch.exp(d) - d - 1
-        per_tok = (-surr + beta * k3) * maskf
-        if loss_agg == "token-mean":
+        per_tok = (-surr + knobs.beta * k3) * maskf
+        if knobs.loss_agg == "token-mean":
             loss = per_tok.sum() / ntok
         else:
             loss = (per_tok.sum(-1) / seq_tokens).mean()
@@ -481,42 +568,53 @@ def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimi
             opt.zero_grad(set_to_none=True)
             break
         opt.step()
-    if not skipped:
-        rollout.updated()
-
-    events: list[dict[str, object]] = []
-    if skipped:
-        events.append({"type": "skipped_step", "step": step, "reason": "nonfinite_grad"})
-    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-        t_ckpt = time.perf_counter()
-        if cfg.checkpoint_dir is not None:
-            os.makedirs(cfg.checkpoint_dir, exist_ok=True)
-            torch.save({"step": step, "model": policy.state_dict(), "optim": opt.state_dict()},
-                       Path(cfg.checkpoint_dir) / f"{cfg.run}-step-{step}.pt")
-        else:
-            torch.save({"step": step, "model": policy.state_dict(), "optim": opt.state_dict()},
-                       io.BytesIO())
-        events.append({"type": "checkpoint_save", "step": step,
-                       "duration_s": time.perf_counter() - t_ckpt})
-
     assert kl_tok is not None and ent_tok is not None
-    metrics = grpo_stats(rewards, kl=kl_tok, entropy=ent_tok, mask=mask,
-                         max_length=cfg.max_new_tokens, eps=cfg.eps, logprobs=old_logp,
-                         advantages=adv, rollout_logprobs=rollout_logp,
-                         correct=correct.view(P, group),
-                         trajectory_age=torch.full((P * group,), float(age)))
+    return _Update(loss_v, grad_norm, clip_frac, kl_tok, ent_tok, old_logp, float(ntok), skipped)
+
+
+def _checkpoint(cfg: Config, step: int, policy: Any,
+                opt: torch.optim.Optimizer) -> dict[str, object]:
+    """Save the policy and optimizer (to ``cfg.checkpoint_dir``, else to memory: a save still
+    takes its time); the checkpoint_save event."""
+    import torch
+
+    t_ckpt = time.perf_counter()
+    state = {"step": step, "model": policy.state_dict(), "optim": opt.state_dict()}
+    if cfg.checkpoint_dir is not None:
+        os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+        torch.save(state, Path(cfg.checkpoint_dir) / f"{cfg.run}-step-{step}.pt")
+    else:
+        torch.save(state, io.BytesIO())
+    return {"type": "checkpoint_save", "step": step, "duration_s": time.perf_counter() - t_ckpt}
+
+
+def _metrics(cfg: Config, knobs: _Knobs, samples: _Rollouts, grades: _Grades, update: _Update,
+             t0: float) -> dict[str, float]:
+    """The step's logged signals: grpo_stats of the batch, then the update's, the accuracy and
+    the step's performance, timed from ``t0``."""
+    import torch
+
+    from grpo_monitor.sdk.torch import grpo_stats
+
+    n = cfg.prompts * knobs.group
+    metrics = grpo_stats(grades.rewards, kl=update.kl_tok, entropy=update.ent_tok,
+                         mask=samples.mask, max_length=cfg.max_new_tokens, eps=cfg.eps,
+                         logprobs=update.old_logp, advantages=grades.adv,
+                         rollout_logprobs=samples.logp,
+                         correct=grades.correct.view(cfg.prompts, knobs.group),
+                         trajectory_age=torch.full((n,), float(samples.age)))
     step_time = time.perf_counter() - t0
     metrics.update({
-        "loss": loss_v,
-        "grad/norm": grad_norm,
-        "train/lr": lr,
-        "policy/clip_frac": clip_frac,
-        "eval/sample_acc": float(correct.mean()),
+        "loss": update.loss,
+        "grad/norm": update.grad_norm,
+        "train/lr": knobs.lr,
+        "policy/clip_frac": update.clip_frac,
+        "eval/sample_acc": float(grades.correct.mean()),
         "perf/step_time_s": step_time,
-        "perf/samples_per_s": P * group / step_time,
-        "perf/tokens_per_s": float(ntok) / step_time,
+        "perf/samples_per_s": n / step_time,
+        "perf/tokens_per_s": update.tokens / step_time,
     })
-    return StepResult(step, metrics, events, _by_type(a, b, difficulty, group, score, correct))
+    return metrics
 
 
 def _by_type(a: torch.Tensor, b: torch.Tensor, difficulty: str, group: int, score: torch.Tensor,
@@ -534,78 +632,10 @@ def _by_type(a: torch.Tensor, b: torch.Tensor, difficulty: str, group: int, scor
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``train-demo`` flags (also used by ``grpo-monitor train-demo``)."""
-    d = Config(snapshot_dir=Path("."))
-    p.add_argument("--run", default=d.run, help=f"Run name (default: {d.run}).")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"Training steps (default: {d.steps}).")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"Random seed (default: {d.seed}).")
-    p.add_argument("--prompts", type=int, default=d.prompts, help=f"Prompts per step (default: {d.prompts}).")
-    p.add_argument("--group-size", type=int, default=d.group_size,
-                   help=f"G, sampled answers per prompt; 2 starves the advantage (default: {d.group_size}).")
-    p.add_argument("--temperature", type=float, default=d.temperature,
-                   help=f"Sampling temperature; 0.3 collapses entropy (default: {d.temperature}).")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default: {d.lr}).")
-    p.add_argument("--beta", type=float, default=d.beta,
-                   help=f"KL coefficient; 0 with a high --lr blows KL up (default: {d.beta}).")
-    p.add_argument("--inner-epochs", type=int, default=d.inner_epochs,
-                   help=f"Optimisation passes per batch (default: {d.inner_epochs}).")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
-                   help=f"Generation length limit (default: {d.max_new_tokens}).")
-    p.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps,
-                   help=f"Supervised warm-start steps before RL; 0 starts from a random policy "
-                   f"(default: {d.pretrain_steps}).")
-    p.add_argument("--grader", choices=("strict", "loose"), default=d.grader,
-                   help="strict: pays for the right answer; loose: also pays per generated token "
-                   "(reward hacking with a length surge) (default: strict).")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, metavar="X",
-                   help="Charge X reward per answer token beyond --length-budget; 1.2 makes a right "
-                   "two-digit (carry) answer cost more than it earns: shortcut learning by prompt "
-                   "type (default: 0).")
-    p.add_argument("--length-budget", type=int, default=d.length_budget, metavar="N",
-                   help=f"Answer tokens free of --length-penalty (default: {d.length_budget}).")
-    p.add_argument("--difficulty", choices=DIFFICULTIES, default=d.difficulty,
-                   help="mixed: a+b= with one-digit operands; hard: two-digit operands the policy "
-                   "cannot solve; easy: a+0=, which it has solved (default: mixed).")
-    p.add_argument("--loss-agg", choices=LOSS_AGGREGATIONS, default=d.loss_agg,
-                   help="token-mean over the batch's tokens, or seq-mean-token-mean: each response "
-                   "normalised by its own length, Dr. GRPO's length bias (default: token-mean).")
-    p.add_argument("--rollout-precision", choices=ROLLOUT_PRECISIONS, default=d.rollout_precision,
-                   help="The rollout side's precision; the trainer stays fp32 (default: fp32).")
-    p.add_argument("--rollout-temperature", type=float, default=None, metavar="T",
-                   help="The rollout side samples and scores at T while the trainer uses "
-                   "--temperature: a rollout/trainer mismatch (default: the same).")
-    p.add_argument("--rollout-lag", type=int, default=d.rollout_lag, metavar="K",
-                   help="Rollouts from the policy K updates old, as an asynchronous rollout side "
-                   "(default: 0).")
-    p.add_argument("--rollout-lag-growth", type=int, default=d.rollout_lag_growth, metavar="N",
-                   help="The lag grows by one every N steps: a rollout side falling behind "
-                   "(default: 0, no growth).")
-    p.add_argument("--nan-reward-at", type=int, default=None, metavar="STEP",
-                   help="The verifier returns NaN for one sample at this step.")
-    p.add_argument("--onset", type=int, default=d.onset, metavar="STEP",
-                   help="Apply the sickness knobs (--grader, --beta, --lr, --temperature, "
-                   "--group-size, --difficulty, --length-penalty, --loss-agg, --rollout-*, "
-                   "--slow-rank) only from this step; before it the defaults train "
-                   "(default: 0, sick from the start).")
-    p.add_argument("--slow-rank", action="store_true",
-                   help="Log extra ranks' perf signals (simulated from rank 0's step time), the last "
-                   "one slowed by --slow-factor.")
-    p.add_argument("--ranks", type=int, default=d.ranks,
-                   help="Ranks logged with --slow-rank, at least 2; 3+ lets GRPORankStraggler compare "
-                   "(default: 2 with --slow-rank).")
-    p.add_argument("--slow-factor", type=float, default=d.slow_factor,
-                   help=f"Step-time factor of the slow rank (default: {d.slow_factor}).")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                   help=f"Save a checkpoint (and log a checkpoint_save event) every N steps (default: {d.checkpoint_every}).")
-    p.add_argument("--checkpoint-dir", type=Path, default=None,
-                   help="Where checkpoints go (default: serialised in memory only).")
-    p.add_argument("--threads", type=int, default=d.threads, help=f"torch threads (default: {d.threads}).")
-
-
 def config_from_args(args: argparse.Namespace, snapshot_dir: Path) -> Config:
-    """Turn the parsed flags into a Config. A flag that differs from the healthy default is a
-    sickness knob: with ``--onset`` it applies only from that step."""
+    """Turn the parsed flags (``grpo-monitor train-demo``'s, in cli.py, each with its Config
+    field as dest) into a Config. A flag that differs from the healthy default is a sickness
+    knob: with ``--onset`` it applies only from that step."""
     d = Config(snapshot_dir=snapshot_dir)
     onset = args.onset
     cfg = Config(

@@ -7,8 +7,9 @@
 Every ``on_log`` of the world's main process becomes one record of
 ``<snapshot_dir>/<run>/rank-0.jsonl`` at ``state.global_step``. TRL's keys whose meaning is
 clear are written under their canonical names (``reward`` -> ``reward/mean``, ``kl`` ->
-``kl/mean``, ...), so the files describe themselves; every other numeric key (per reward
-function ``rewards/<name>/mean``, ``clip_ratio/low_mean``, ...) is written as it is and exported
+``kl/mean``, ...: ``TRL_KEYS``, translated by grpo_monitor.keys), so the files describe
+themselves; every other numeric key (per reward function ``rewards/<name>/mean``,
+``clip_ratio/low_mean``, ...) is written as it is, and the exporter maps or exports it
 generically. A checkpoint save is logged as a ``checkpoint_save`` event. Nothing here ever
 raises into training.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -33,32 +33,34 @@ from transformers import (
 )
 
 from grpo_monitor.control import read_control
+from grpo_monitor.keys import canonical_key
+from grpo_monitor.run_layout import ROLLBACK_TARGET, run_name_from, write_control_file
 from grpo_monitor.sdk.pause import PauseGate, rollback_mode
 from grpo_monitor.sdk.writer import SnapshotWriter
 
-ROLLBACK_FILE = ".grpo-rollback.json"  # the last healthy checkpoint, once a red card fired
+# The older name, kept for code that imports it from here.
+ROLLBACK_FILE = ROLLBACK_TARGET
 
 __all__ = ["TRL_KEYS", "GRPOMonitorCallback", "map_trl_logs", "rollback_checkpoint"]
 
 _log = logging.getLogger("grpo_monitor.integrations.trl")
 
-# TRL GRPOTrainer / transformers Trainer log key -> canonical key (grpo_monitor.keys). Only
-# keys whose meaning is the canonical one; the rest are written as they are.
-TRL_KEYS: dict[str, str] = {
-    "reward": "reward/mean",
-    "reward_std": "reward/std",
-    "frac_reward_zero_std": "group/zero_std_frac",
-    "kl": "kl/mean",
-    "entropy": "entropy/mean",
-    "completions/mean_length": "response/len_mean",
-    "completions/max_length": "response/len_max",
-    "completions/clipped_ratio": "response/clip_ratio",
-    "clip_ratio/region_mean": "policy/clip_frac",
-    "step_time": "perf/step_time_s",
-    "grad_norm": "grad/norm",
-    "learning_rate": "train/lr",
-    "loss": "loss",
-}
+
+def _canonical(name: str) -> str:
+    key = canonical_key(name)
+    if key is None:
+        raise AssertionError(f"keys.py does not know TRL's {name!r}")
+    return key
+
+
+# The names a TRL GRPOTrainer (and the transformers Trainer under it) logs at every step whose
+# meaning is clear, and the canonical key each becomes: keys.py's translation, the exporter's.
+# Only these are renamed in the file; other names (vLLM's sampling/*, per reward function
+# rewards/*) are written as TRL logged them, so the file describes TRL's run.
+TRL_KEYS: dict[str, str] = {name: _canonical(name) for name in (
+    "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "completions/mean_length",
+    "completions/max_length", "completions/clipped_ratio", "clip_ratio/region_mean", "step_time",
+    "grad_norm", "learning_rate", "loss")}
 # Bookkeeping of the Trainer, not training signals.
 _SKIP = frozenset({"epoch", "step", "total_flos"})
 # The Trainer's last on_log is a summary of the whole run, not a step.
@@ -83,9 +85,10 @@ def _number(value: Any) -> float | None:
 
 
 def map_trl_logs(logs: Mapping[str, Any]) -> dict[str, float]:
-    """TRL's ``on_log`` dict as snapshot metrics: canonical keys where the meaning is clear,
-    other numeric keys as they are; non-numeric values and ``None`` (TRL's "no valid value this
-    step") are left out. NaN and +-Inf pass through: they are signals."""
+    """TRL's ``on_log`` dict as snapshot metrics: the names of ``TRL_KEYS`` under their
+    canonical keys, other numeric names as they are (the exporter maps those keys.py knows when
+    it reads them); non-numeric values and ``None`` (TRL's "no valid value this step") are left
+    out. NaN and +-Inf pass through: they are signals."""
     out: dict[str, float] = {}
     passthrough: dict[str, float] = {}
     for name, raw in logs.items():
@@ -105,23 +108,17 @@ def map_trl_logs(logs: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _run_name(args: TrainingArguments) -> str:
-    name = getattr(args, "run_name", None) or os.path.basename(
-        os.path.normpath(str(getattr(args, "output_dir", None) or ""))) or "default"
-    name = re.sub(r"[/\\]+", "-", str(name)).strip()
-    if name in ("", ".", ".."):
-        name = "default"
-    return name[:128]
+    return run_name_from(str(getattr(args, "run_name", None) or os.path.basename(
+        os.path.normpath(str(getattr(args, "output_dir", None) or "")))))
 
 
 def write_rollback(snapshot_dir: str, run: str, step: int, path: str, alertname: str | None,
                    healthy_before: float) -> None:
     """``<run>/.grpo-rollback.json``: where to roll back to after this red card (atomic)."""
-    target = Path(snapshot_dir) / run / ROLLBACK_FILE
-    tmp = target.with_name(ROLLBACK_FILE + ".tmp")
     when = datetime.fromtimestamp(healthy_before, timezone.utc).isoformat(timespec="milliseconds")
-    tmp.write_text(json.dumps({"step": step, "checkpoint": path, "alertname": alertname,
-                               "healthy_before": when.replace("+00:00", "Z")}) + "\n")
-    os.replace(tmp, target)
+    write_control_file(Path(snapshot_dir) / run / ROLLBACK_TARGET, (json.dumps(
+        {"step": step, "checkpoint": path, "alertname": alertname,
+         "healthy_before": when.replace("+00:00", "Z")}) + "\n").encode())
 
 
 def rollback_checkpoint(snapshot_dir: str | os.PathLike[str], run: str) -> str | None:
@@ -139,7 +136,7 @@ def rollback_checkpoint(snapshot_dir: str | os.PathLike[str], run: str) -> str |
                            f"`grpo-monitor resume {run}` first")
     mode = rollback_mode(record.model_dump())
     try:
-        saved = json.loads((Path(snapshot_dir) / run / ROLLBACK_FILE).read_text())
+        saved = json.loads((Path(snapshot_dir) / run / ROLLBACK_TARGET).read_text())
     except FileNotFoundError:
         saved = None
     if mode < 0:  # "none", or the last healthy checkpoint

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from grpo_monitor.run_layout import MAX_CONTROL_BYTES, PAUSE_RECORD
+
 if TYPE_CHECKING:
     from grpo_monitor.sdk.writer import SnapshotWriter
 
@@ -52,8 +54,6 @@ __all__ = ["Checkpoint", "ControlWatcher", "GroupState", "PauseGate", "ResumeDec
 
 _log = logging.getLogger("grpo_monitor.sdk")
 
-CONTROL_FILE = ".grpo-control.json"  # grpo_monitor.control.CONTROL_FILE; the SDK imports no pydantic
-MAX_CONTROL_BYTES = 1 << 16  # grpo_monitor.control.MAX_CONTROL_BYTES: a bigger file is no record
 
 # The resume record's rollback choice, as one number so that it can ride the all-reduce.
 _ROLLBACK_NONE = -2.0
@@ -111,7 +111,7 @@ class ControlWatcher:
     Never raises: an unreadable or malformed record counts as none (warned once)."""
 
     def __init__(self, run_dir: str) -> None:
-        self.path: str = os.path.join(run_dir, CONTROL_FILE)
+        self.path: str = os.path.join(run_dir, PAUSE_RECORD)
         self.record: dict[str, Any] | None = None
         self.mtime: float = 0.0
         self._sig: tuple[int, int, int] | None = None

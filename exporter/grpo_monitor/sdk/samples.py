@@ -1,4 +1,4 @@
-"""Build the snapshot contract's ``samples`` list from a step's rollouts (seed 000 §5.2).
+"""Build the snapshot contract's ``samples`` list from a step's rollouts (background.md#reading-samples).
 
 Every few hundred steps a trainer logs a handful of prompts with their G responses and
 rewards; replaying them (``grpo-monitor replay``, ``/replay``) is the most direct way to see

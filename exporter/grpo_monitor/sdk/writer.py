@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import sys
 import threading
@@ -36,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from grpo_monitor.run_layout import check_run_name, rank_file, rotation_of, segment_file
 from grpo_monitor.sdk.pause import Checkpoint, ControlWatcher
 
 __all__ = ["SnapshotWriter"]
@@ -147,8 +147,7 @@ class SnapshotWriter:
         max_bytes: int = 64 * 2**20,
         keep_segments: int = 16,
     ) -> None:
-        if not run or run in (".", "..") or "/" in run or os.sep in run:
-            raise ValueError(f"run must be a plain folder name, got {run!r}")
+        check_run_name(run)
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         if keep_segments < 0:
@@ -170,7 +169,7 @@ class SnapshotWriter:
         # Which GPU: joins a straggling rank with its GPU's NVML series (grpo_rank_info).
         self.gpu, self.gpu_uuid = _gpu_identity(self.local_rank)
         self.dir: str = os.path.join(os.fspath(snapshot_dir), run)
-        self.path: str = os.path.join(self.dir, f"rank-{self.rank}.jsonl")
+        self.path: str = os.path.join(self.dir, rank_file(self.rank))
         self.max_bytes: int = max_bytes
         self.keep_segments: int = keep_segments
         self.write_errors: int = 0
@@ -182,7 +181,6 @@ class SnapshotWriter:
             "gpu_uuid": self.gpu_uuid,
         })
         self._prefix: bytes = header[:-1] + b',"step":'
-        self._segment_re = re.compile(rf"^rank-{self.rank}\.(\d{{6,}})\.jsonl$")
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._size = 0
@@ -428,7 +426,7 @@ class SnapshotWriter:
             # Continue after the highest segment on disk, or in memory when keep_segments=0
             # left none there: a name is never reused while an exporter may still track it.
             self._seq = max(self._seq, segments[-1][0] if segments else 0) + 1
-            name = f"rank-{self.rank}.{self._seq:06d}.jsonl"
+            name = segment_file(self.rank, self._seq)
             os.rename(self.path, os.path.join(self.dir, name))
             segments.append((self._seq, name))
             for _, old in segments[: max(len(segments) - self.keep_segments, 0)]:
@@ -445,9 +443,10 @@ class SnapshotWriter:
         found = []
         with os.scandir(self.dir) as entries:
             for entry in entries:
-                match = self._segment_re.match(entry.name)
-                if match:
-                    found.append((int(match.group(1)), entry.name))
+                _, seq = rotation_of(entry.name)
+                # Only the names this writer gives: pruning never deletes another program's file.
+                if seq is not None and entry.name == segment_file(self.rank, seq):
+                    found.append((seq, entry.name))
         found.sort()
         return found
 

@@ -1,6 +1,7 @@
-"""The alerting path on real processes: Prometheus -> Alertmanager -> a webhook listener.
+"""Prometheus and Alertmanager as real processes for the tests, and the alerting path on them:
+Prometheus -> Alertmanager -> a webhook listener.
 
-Shared by tests/test_alerting_e2e.py and bench/bench_alert_latency.py (which puts tests/ on
+Shared by the tests that run the servers and bench/bench_alert_latency.py (which puts tests/ on
 sys.path). Everything listens on 127.0.0.1 on ports picked by binding to port 0; every file
 (configs, TSDB, Alertmanager state, logs, the token) lives in one working folder.
 
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,8 +26,12 @@ from typing import Any
 
 import requests
 import yaml
+from polling import wait_for
+from processes import log_tail, start_listening
 
 from grpo_monitor import stack as native
+from grpo_monitor.config import parse_duration
+from grpo_monitor.stack import Child
 
 REPO = Path(__file__).resolve().parent.parent
 PROMETHEUS_DIR = REPO / "prometheus"
@@ -39,36 +43,12 @@ PROMETHEUS_BIN = "prometheus"
 ALERTMANAGER_BIN = "prometheus-alertmanager"  # Debian's name; upstream calls it alertmanager
 
 
-free_port = native.free_port  # a loopback port that was free a moment ago
-
-
 def find_binary(*names: str) -> str:
     path = native.find_binary(*names)
     if path:
         return path
     raise RuntimeError(f"none of {names} on PATH: install Debian's prometheus and "
                        "prometheus-alertmanager packages (make system-deps)")
-
-
-def poll(predicate: Callable[[], Any], timeout: float, interval: float = 0.05,
-         what: str = "condition", diagnose: Callable[[], str] | None = None,
-         retry_on: tuple[type[BaseException], ...] = (requests.RequestException, OSError)) -> Any:
-    """Poll until ``predicate()`` is truthy; on timeout raise with ``diagnose()``'s report.
-    An exception of ``retry_on`` counts as "not yet" (and is shown as the last result)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = predicate()
-        except retry_on as e:
-            last = e
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            extra = f"\n{diagnose()}" if diagnose else ""
-            raise AssertionError(f"{what} not met within {timeout}s (last: {last!r}){extra}")
-        time.sleep(interval)
 
 
 # --- webhook listener ----------------------------------------------------------------------
@@ -174,68 +154,11 @@ def prometheus_config(exporter_target: str, alertmanager_target: str, interval: 
     return native.prometheus_config(source, exporter_target, alertmanager_target, interval)
 
 
-# --- processes -----------------------------------------------------------------------------
-
-
-class Process:
-    """A subprocess with stdout+stderr in a log file; stop() terminates, then kills."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, cwd: Path,
-                 env: Mapping[str, str] | None = None) -> None:
-        self.name = name
-        self.log = log
-        self._log_fh = log.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log_fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=cwd,
-                                     env=None if env is None else dict(env))
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log_fh.close()
-
-
-def start_listening(stack: ExitStack, name: str, argv: Callable[[int], list[str]], workdir: Path,
-                    attempts: int = 3, env: Mapping[str, str] | None = None
-                    ) -> tuple[Process, int]:
-    """Start ``argv(port)`` on a free port and wait until /-/ready answers.
-
-    A port found free can be taken by someone else before the process binds it: a process
-    that exits with "address already in use" is started again on another port."""
-    for attempt in range(1, attempts + 1):
-        port = free_port()
-        process = Process(name, argv(port), workdir / f"{name}.log", workdir, env)
-        stack.callback(process.stop)
-        try:
-            wait_ready(process, f"http://127.0.0.1:{port}")
-        except AssertionError:
-            # lower(): Go says "bind: address already in use", Python "Address already in use".
-            if (attempt < attempts and not process.alive()
-                    and "address already in use" in process.log_tail().lower()):
-                process.log.rename(process.log.with_suffix(f".log.{attempt}"))
-                continue
-            raise
-        return process, port
-    raise AssertionError("unreachable")
+# --- the servers ---------------------------------------------------------------------------
 
 
 def start_alertmanager(stack: ExitStack, workdir: Path, webhook_url: str, token_file: Path
-                       ) -> tuple[Process, str, dict[str, Any]]:
+                       ) -> tuple[Child, str, dict[str, Any]]:
     """Alertmanager from the committed config, its grpo-webhook receiver posting to
     ``webhook_url`` with ``token_file``, on loopback, no cluster; ``stack`` stops it. Returns
     the process, its URL and the config it runs."""
@@ -251,7 +174,7 @@ def start_alertmanager(stack: ExitStack, workdir: Path, webhook_url: str, token_
 
 
 def start_prometheus(stack: ExitStack, workdir: Path, config: dict[str, Any],
-                     name: str = "prometheus", flags: Sequence[str] = ()) -> tuple[Process, str]:
+                     name: str = "prometheus", flags: Sequence[str] = ()) -> tuple[Child, str]:
     """Prometheus running ``config`` (written to ``workdir/<name>.yml``, its data in
     ``workdir/<name>-data``) on loopback; ``stack`` stops it. Returns the process and its URL."""
     config_file = workdir / f"{name}.yml"
@@ -263,22 +186,7 @@ def start_prometheus(stack: ExitStack, workdir: Path, config: dict[str, Any],
     return prom, f"http://127.0.0.1:{port}"
 
 
-def wait_ready(process: Process, url: str, timeout: float = 30.0) -> None:
-    """Poll ``url``/-/ready until 200; fail at once with the log if the process died."""
-    def ready() -> bool:
-        if not process.alive():
-            raise AssertionError(f"{process.name} exited with {process.proc.returncode}:\n"
-                                 f"{process.log_tail()}")
-        try:
-            return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    poll(ready, timeout, what=f"{process.name} ready at {url}",
-         diagnose=lambda: f"--- {process.name} log ---\n{process.log_tail()}")
-
-
-# --- the stack -----------------------------------------------------------------------------
+# --- the alerting path ---------------------------------------------------------------------
 
 
 @dataclass
@@ -286,16 +194,16 @@ class AlertStack:
     workdir: Path
     token: str
     listener: WebhookListener
-    alertmanager: Process
-    prometheus: Process
+    alertmanager: Child
+    prometheus: Child
     am_url: str
     prom_url: str
     interval_s: float
     group_wait_s: float
-    processes: list[Process] = field(default_factory=list)
+    processes: list[Child] = field(default_factory=list)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name} log ({p.log}) ---\n{p.log_tail()}" for p in self.processes)
+        return "\n".join(f"--- {p.name} log ({p.log}) ---\n{log_tail(p)}" for p in self.processes)
 
     def query(self, promql: str) -> Any:
         resp = requests.get(f"{self.prom_url}/api/v1/query", params={"query": promql}, timeout=5)
@@ -323,9 +231,9 @@ class AlertStack:
             active = targets["data"]["activeTargets"]
             return bool(active) and all(t["health"] == "up" for t in active)
 
-        poll(targets_up, timeout, what="exporter target up", diagnose=self.diagnose)
-        poll(lambda: alertmanager_known(self.prom_url), timeout, what="Alertmanager discovered",
-             diagnose=self.diagnose)
+        wait_for(targets_up, timeout, what="exporter target up", diagnose=self.diagnose)
+        wait_for(lambda: alertmanager_known(self.prom_url), timeout,
+                 what="Alertmanager discovered", diagnose=self.diagnose)
 
     def wait_post(self, timeout: float, **labels: str) -> tuple[Post, dict[str, Any]]:
         """The first firing notification carrying an alert with ``labels``."""
@@ -336,9 +244,9 @@ class AlertStack:
                     return post, alert
             return None
 
-        return poll(found, timeout, interval=0.01, what=f"firing webhook POST with {labels}",
-                    diagnose=lambda: self.diagnose(
-                        ("grpo_window_nonfinite", "grpo_nonfinite_values_total")))
+        return wait_for(found, timeout, interval=0.01, what=f"firing webhook POST with {labels}",
+                        diagnose=lambda: self.diagnose(
+                            ("grpo_window_nonfinite", "grpo_nonfinite_values_total")))
 
 
 def server_state(prom_url: str, am_url: str, promql: Sequence[str] = ()) -> list[str]:
@@ -373,27 +281,6 @@ def _group_wait_seconds(am_config: dict[str, Any], severity: str) -> float:
         if f'severity="{severity}"' in route.get("matchers", []):
             return parse_duration(route.get("group_wait", am_config["route"]["group_wait"]))
     return parse_duration(am_config["route"]["group_wait"])
-
-
-def parse_duration(text: str) -> float:
-    """A Prometheus duration (``5s``, ``1m``, ``4h``, ``1h30m``) in seconds."""
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-    total, num, i = 0.0, "", 0
-    while i < len(text):
-        c = text[i]
-        if c.isdigit():
-            num += c
-            i += 1
-            continue
-        unit = "ms" if text.startswith("ms", i) else c
-        if unit not in units or not num:
-            raise ValueError(f"bad duration {text!r}")
-        total += int(num) * units[unit]
-        num = ""
-        i += len(unit)
-    if num:
-        raise ValueError(f"bad duration {text!r}")
-    return total
 
 
 @contextmanager

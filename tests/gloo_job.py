@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.stack import free_port
-from stack import Process, poll
+from polling import wait_for
+from processes import log_tail
+
+from grpo_monitor.stack import Child, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plain_pytorch.py"
@@ -64,7 +66,7 @@ class GlooJob:
         self.world_size = world_size
         self.placement = [r * len(self.snapshot_dirs) // world_size for r in range(world_size)]
         port = str(free_port())
-        self.processes: list[Process] = []
+        self.processes: list[Child] = []
         for r, folder in enumerate(self.placement):
             env = clean_env(
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(r),
@@ -76,8 +78,8 @@ class GlooJob:
                 CUDA_VISIBLE_DEVICES="")
             argv = [sys.executable, str(script), "--snapshot-dir", str(self.snapshot_dir(r)),
                     "--run", run, *args]
-            self.processes.append(Process(f"{run}-rank-{r}", argv, log_dir / f"{run}-rank-{r}.log",
-                                          cwd, env=env))
+            self.processes.append(Child.start(f"{run}-rank-{r}", argv,
+                                              log_dir / f"{run}-rank-{r}.log", cwd, env=env))
 
     def snapshot_dir(self, rank: int) -> Path:
         return self.snapshot_dirs[self.placement[rank]]
@@ -101,12 +103,12 @@ class GlooJob:
         return [r for r, p in enumerate(self.processes) if p.alive()]
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name} ({p.log}) ---\n{p.log_tail(20)}" for p in self.processes)
+        return "\n".join(f"--- {p.name} ({p.log}) ---\n{log_tail(p, 20)}" for p in self.processes)
 
     def wait(self, timeout: float) -> None:
         """Until every rank has exited; fail unless all exited with 0."""
-        poll(lambda: not self.alive(), timeout, interval=0.2,
-             what=f"every rank of {self.run} exited", diagnose=self.logs)
+        wait_for(lambda: not self.alive(), timeout, interval=0.2,
+                 what=f"every rank of {self.run} exited", diagnose=self.logs)
         failed = {r: p.proc.returncode for r, p in enumerate(self.processes)
                   if p.proc.returncode != 0}
         assert not failed, f"ranks of {self.run} failed {failed}:\n{self.logs()}"

@@ -1,0 +1,226 @@
+"""What a run looks like on disk: ``<snapshot_dir>/<run>/``, its names, its files, their order.
+
+One place for the facts that the trainer side (the SDK, the TRL callback) and the exporter side
+(ingest, report, replay, rebaseline, the red-card pause) must agree on:
+
+* which text may name a run (``check_run_name``), and how to make one from any text
+  (``run_name_from``);
+* the snapshot files of a rank (``rank_file``, ``segment_file``, ``rotation_of``) and every
+  snapshot file of a run in the order it was written (``run_files``);
+* the control files next to them (``PAUSE_RECORD``, ``REBASELINE_REQUEST``, ``ROLLBACK_TARGET``)
+  and how they are written (``write_control_file``).
+
+Standard library only: the SDK imports it inside the training loop's process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES",
+    "PAUSE_RECORD", "REBASELINE_REQUEST", "REPORT_FOLDER", "ROLLBACK_TARGET", "SNAPSHOT_SUFFIXES",
+    "check_run_name", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
+    "rotation_of", "run_files", "run_name_from", "run_name_problem", "segment_file",
+    "write_control_file",
+]
+
+# -- run names --------------------------------------------------------------------------------
+
+# Files directly in the snapshot folder, in no run folder, belong to this run.
+DEFAULT_RUN = "default"
+# A run name is one folder name, and a file system holds at most 255 bytes in one (NAME_MAX).
+MAX_RUN_NAME_BYTES = 255
+# A name made from other text (run_name_from) is cut at this many characters first: what the TRL
+# callback has always done, so a relaunch of an existing run finds its folder again.
+DERIVED_RUN_NAME_CHARS = 128
+# "/" separates folders on every system, "\" on Windows (and in a path a shared snapshot volume
+# shows there); no file name can hold NUL.
+_FORBIDDEN = ("/", "\\", "\0")
+_SEPARATORS = re.compile(r"[/\\\0]+")
+
+
+def run_name_problem(run: object) -> str | None:
+    """Why ``run`` cannot name a run, or None when it can.
+
+    A run name becomes a folder of the snapshot folder and the ``run`` label of every series.
+    Prometheus takes any UTF-8 text as a label value, so the folder decides:
+
+    * not empty, and not starting with "." -- which also rules out "." and "..": the ingest
+      skips dot folders (a writer's scratch space), so a run in one would never be monitored,
+      and the red-card pause ignores them for the same reason;
+    * no "/", "\\" or NUL: the name must be one folder, the same on every system that reads
+      the folder, never a path that leads elsewhere;
+    * UTF-8 text (no lone surrogate, the mark of bytes that are not UTF-8): the label a
+      Prometheus series carries must be the name the trainer chose, so that
+      ``grpo-monitor resume <run>`` finds its folder;
+    * at most ``MAX_RUN_NAME_BYTES`` bytes in UTF-8: longer cannot be a folder.
+
+    Everything else is allowed, spaces and non-ASCII letters included.
+    """
+    if not isinstance(run, str):
+        return "not text"
+    if not run:
+        return "empty"
+    if run.startswith("."):
+        return "starts with '.': the exporter skips dot folders"
+    if any(c in run for c in _FORBIDDEN):
+        return "holds '/', '\\' or NUL"
+    try:
+        size = len(run.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "not UTF-8 text"
+    if size > MAX_RUN_NAME_BYTES:
+        return f"over {MAX_RUN_NAME_BYTES} bytes"
+    return None
+
+
+def is_run_name(run: object) -> bool:
+    """Whether ``run`` may name a run (see ``run_name_problem``)."""
+    return run_name_problem(run) is None
+
+
+def check_run_name(run: object) -> str:
+    """``run`` itself when it may name a run; ValueError saying why not otherwise."""
+    problem = run_name_problem(run)
+    if problem is not None:
+        raise ValueError(f"run must be a plain folder name ({problem}), got {run!r}")
+    return run  # type: ignore[return-value]  # run_name_problem checked it is a str
+
+
+def run_name_from(text: str) -> str:
+    """A run name made from any text (a trainer's run_name, an output folder's name): separators
+    become "-", surrounding spaces and leading dots go, text that is not UTF-8 becomes "?", and
+    the name is cut to ``DERIVED_RUN_NAME_CHARS`` characters and ``MAX_RUN_NAME_BYTES`` bytes.
+    ``DEFAULT_RUN`` when nothing is left."""
+    name = str(text).encode("utf-8", "replace").decode("utf-8")
+    name = _SEPARATORS.sub("-", name).strip().lstrip(".")[:DERIVED_RUN_NAME_CHARS]
+    # A cut inside a character drops that character.
+    name = name.encode("utf-8")[:MAX_RUN_NAME_BYTES].decode("utf-8", "ignore")
+    return name if is_run_name(name) else DEFAULT_RUN
+
+
+# -- snapshot files ---------------------------------------------------------------------------
+
+SNAPSHOT_SUFFIXES = (".jsonl", ".json")
+# A rotated segment: <base>.<seq>.jsonl, the sequence growing (rank-0.jsonl -> rank-0.000001.jsonl).
+_SEGMENT = re.compile(r"(?P<base>.+)\.(?P<seq>[0-9]+)\.jsonl")
+# The SDK's segments carry at least this many digits, so that they also sort by name.
+_SEGMENT_DIGITS = 6
+
+
+def rank_file(rank: int) -> str:
+    """The file a rank appends its records to: ``rank-<N>.jsonl``."""
+    return f"rank-{int(rank)}.jsonl"
+
+
+def segment_file(rank: int, seq: int) -> str:
+    """The name ``rank_file(rank)`` takes when it is rotated away as segment ``seq`` (1, 2, ...):
+    it keeps the ``rank-<N>`` prefix and ``.jsonl`` suffix, so it is still read as history."""
+    return f"rank-{int(rank)}.{int(seq):0{_SEGMENT_DIGITS}d}.jsonl"
+
+
+def rotation_of(name: str) -> tuple[str, int | None]:
+    """A ``*.jsonl`` name's place in its rotation: (base, None) for the file being written,
+    ``<base>.jsonl``, and (base, seq) for its segment ``<base>.<seq>.jsonl``. Any file of that
+    shape counts, not only the SDK's: other writers rotate the same way."""
+    m = _SEGMENT.fullmatch(name)
+    if m:
+        return m["base"], int(m["seq"])
+    return name.removesuffix(".jsonl"), None
+
+
+def is_hidden(name: str) -> bool:
+    """Dotfiles and dot folders are a writer's scratch space (control files, temporary files,
+    a report's output), never snapshots."""
+    return name.startswith(".")
+
+
+def is_snapshot_path(path: Path, root: Path) -> bool:
+    """Whether ``path`` under ``root`` names a snapshot file: a ``*.jsonl`` or ``*.json`` file
+    not hidden, and in no hidden folder below ``root``."""
+    if path.suffix not in SNAPSHOT_SUFFIXES:
+        return False
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return False
+    return not any(is_hidden(part) for part in rel.parts)
+
+
+def _written_order(path: Path, root: Path) -> tuple[tuple[str, ...], str, int, int, str]:
+    # Per folder, per rotation: the segments by sequence, then the file still written to (a
+    # *.json file, rewritten whole, is a rotation of its own with no segments).
+    name = path.name
+    if name.endswith(".jsonl"):
+        base, seq = rotation_of(name)
+    else:
+        base, seq = name.removesuffix(".json"), None
+    return (path.parent.relative_to(root).parts, base, 0 if seq is not None else 1, seq or 0, name)
+
+
+def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True) -> list[Path]:
+    """The snapshot files of the run folder ``run_dir``, in the order they were written.
+
+    Every ``*.jsonl`` and ``*.json`` regular file (a link to one included), in ``run_dir`` and,
+    with ``nested``, in its folders (links to folders not followed), skipping dotfiles and dot
+    folders. Ordered folder by folder and, within one, rotation by rotation (by base name): a
+    rotation's segments by sequence number, then the file still being written, so that a later
+    record of a step replaces an earlier one when read in this order. The order comes from the
+    names alone, never from modification times, which a copy or a coarse clock reorders.
+    ``nested=False`` lists the loose files of a snapshot folder, which are run ``DEFAULT_RUN``.
+    An unreadable or missing folder lists nothing.
+    """
+    root = Path(run_dir)
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = [d for d in dirnames if nested and not is_hidden(d)]
+        for name in filenames:
+            path = Path(dirpath, name)
+            if name.endswith(SNAPSHOT_SUFFIXES) and not is_hidden(name) and path.is_file():
+                found.append(path)
+    found.sort(key=lambda p: _written_order(p, root))
+    return found
+
+
+# -- control files ----------------------------------------------------------------------------
+# Dotfiles in the run folder: the ingest never reads them as snapshots.
+
+# The red-card pause: written by the exporter when a red card fires (state "paused") and by
+# `grpo-monitor resume` (state "running"); read by the trainer (SnapshotWriter, PauseGate).
+PAUSE_RECORD = ".grpo-control.json"
+# `grpo-monitor rebaseline`'s request: {"at_step": S, "steps": N}; read by the ingest.
+REBASELINE_REQUEST = ".grpo-baseline.json"
+# Where a run stopped by a red card goes on from (the TRL callback): the last healthy checkpoint.
+ROLLBACK_TARGET = ".grpo-rollback.json"
+# `grpo-monitor report RUN_DIR` writes here unless told otherwise.
+REPORT_FOLDER = ".report"
+# A control file is a few hundred bytes; a bigger one is no control file, and is not read whole.
+MAX_CONTROL_BYTES = 1 << 16
+
+
+def write_control_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a reader sees the old content or the new, never
+    half of one. The temporary file lies in the same folder (``os.replace`` stays on one file
+    system), is a dotfile ending in ``.tmp`` (never a snapshot) of its own name (two writers never
+    share one), and is flushed to disk before it takes the name. The result is readable by all:
+    the trainer and the exporter may run as different users."""
+    path = os.fspath(path)
+    folder, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name.lstrip('.')}.", suffix=".tmp", dir=folder or ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

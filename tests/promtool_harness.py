@@ -1,0 +1,285 @@
+"""Runs played through the exporter and the real rules, with promtool as the evaluator.
+
+A run (a simulated scenario here, ``play``; a real run in real_runs.py; the training demo) is
+written step by step into real files; the exporter's ingest and store read them; every so many
+steps the exposition is "scraped" (rendered and parsed) into one sample of each series
+(``Recorder``). Those samples become a promtool unit test whose evaluation interval stands for
+one scrape, and promtool evaluates the project's rule files on them (``promtool_test``). Which
+cards fired, and when, is read back from the ALERTS series: asserted (``check_cards``) or
+reported (``fired_at``, ``fired``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from grpo_monitor.config import parse_duration
+from grpo_monitor.exposition import format_value
+from grpo_monitor.health import ExporterHealth
+from grpo_monitor.ingest import Ingestor
+from grpo_monitor.sdk.writer import SnapshotWriter
+from grpo_monitor.simulate import generate
+from grpo_monitor.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[1]
+RULE_FILES = [str(ROOT / "prometheus" / "rules" / f) for f in
+              ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml", "grpo-cluster.yml")]
+# The series the rules read; the rest of a scrape only slows promtool down.
+RULE_INPUTS = ("grpo_step{", "grpo_kl_mean{", "grpo_baseline_", "grpo_initial_", "grpo_window_",
+               "grpo_run_window_", "grpo_rising_windows{", "grpo_forecast_", "grpo_prompt_type_")
+
+
+@dataclass
+class Played:
+    series: dict[str, list[str]]  # series -> one value per scrape ("_" when absent)
+    scrape_steps: list[int]  # the step of rank 0 at each scrape
+
+
+class Recorder:
+    """The exporter's ingest and store over a snapshot folder; each scrape is one sample of every
+    series the rules read."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = RunStore()
+        self.ingestor = Ingestor(root, self.store, ExporterHealth())
+        self.series: dict[str, list[str]] = {}
+        self.steps: list[int] = []
+
+    def scrape(self, step: int, paths: list[Path]) -> None:
+        """Read what is new in ``paths``, then take one sample of the exposition."""
+        for path in paths:
+            self.ingestor.process(path)
+        self.store.flush()
+        self.add("".join(self.store.render()), step)
+
+    def add(self, exposition: str, step: int) -> None:
+        """One sample from exposition text (a real scrape's body, or the store's rendering)."""
+        index = len(self.steps)
+        self.steps.append(step)
+        for line in exposition.splitlines():
+            if line.startswith("#") or not line.startswith(RULE_INPUTS):
+                continue
+            name, _, value = line.rpartition(" ")
+            values = self.series.setdefault(name, ["_"] * index)
+            values.extend(["_"] * (index - len(values)))
+            values.append(format_value(float(value)))
+
+    def played(self) -> Played:
+        for values in self.series.values():
+            values.extend(["_"] * (len(self.steps) - len(values)))
+        return Played(self.series, self.steps)
+
+
+def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: int = 4,
+         step_seconds: float = 5.0, log_every: int = 1) -> Played:
+    """A simulated scenario, scraped every ``scrape_every`` steps. ``log_every``: the trainer
+    logs every k-th step only (TRL's ``logging_steps``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        recorder = Recorder(root)
+        writers = [SnapshotWriter(root, scenario, rank=r, world_size=ranks) for r in range(ranks)]
+        for st in generate(scenario, steps=steps, ranks=ranks, step_seconds=step_seconds):
+            if st.step % log_every:
+                continue
+            for rec in st.records:
+                writers[rec.rank].log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
+                                      timestamp=rec.timestamp)
+            if st.step % scrape_every == 0:
+                recorder.scrape(st.step, [Path(w.path) for w in writers])
+        for w in writers:
+            w.close()
+    return recorder.played()
+
+
+FIRED = 'group by (alertname, severity) (max_over_time(ALERTS{{alertstate="firing"{only}}}[{minutes}m]))'
+FIRING_NOW = 'group by (alertname, severity) (ALERTS{{alertstate="firing"{only}}})'
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation: exactly ``cards`` at scrape ``at``. ``now``: the cards firing at that
+    scrape, rather than at any scrape up to it; ``only``: extra label matchers for ALERTS
+    (e.g. ``,severity="critical"``)."""
+
+    at: int
+    cards: set[str]
+    now: bool = False
+    only: str = ""
+
+    def test(self) -> dict[str, object]:
+        return {
+            "expr": (FIRING_NOW if self.now else FIRED).format(minutes=self.at + 1, only=self.only),
+            "eval_time": f"{self.at}m",
+            "exp_samples": [{"labels": f'{{alertname="{a}",severity="{SEVERITIES[a]}"}}', "value": 1}
+                            for a in sorted(self.cards)],
+        }
+
+
+def promtool_test(played: Played, expr_tests: list[dict[str, object]], path: Path, *,
+                  stale_markers: bool = False, timeout: float = 300
+                  ) -> subprocess.CompletedProcess[str]:
+    """promtool's unit test of the rule files on ``played``, one scrape a minute, with
+    ``expr_tests`` (its promql_expr_test entries), written to ``path``.
+
+    ``stale_markers``: a series missing from a scrape after being present gets a staleness
+    marker, as the real Prometheus writes one; with a bare gap promtool keeps its last value for
+    5 minutes, and a card would seem to fire for five scrapes after its signal went away."""
+    def values(samples: list[str]) -> str:
+        if stale_markers:
+            samples = ["stale" if v == "_" and i and samples[i - 1] != "_" else v
+                       for i, v in enumerate(samples)]
+        return " ".join(samples)
+
+    test = {
+        "rule_files": RULE_FILES,
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": values(samples)}
+                             for name, samples in played.series.items()],
+            "promql_expr_test": expr_tests,
+        }],
+    }
+    path.write_text(json.dumps(test))
+    return subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def check_cards(played: Played, checks: list[tuple[int, set[str]] | Check], tmp: Path, *,
+                now: bool = False, only: str = "") -> None:
+    """Assert with promtool that exactly the given cards had fired by each given scrape.
+
+    ``checks`` holds (scrape index, expected card names) pairs, which take ``now`` and ``only``
+    (see Check), or Checks of their own; each scrape is one minute of promtool's clock. One
+    promtool run evaluates them all. Raises AssertionError with promtool's report, which names
+    the cards that did fire, when a set differs.
+    """
+    checks = [c if isinstance(c, Check) else Check(c[0], c[1], now, only) for c in checks]
+    proc = promtool_test(played, [c.test() for c in checks], tmp / "scenario.test.json")
+    if proc.returncode != 0:
+        raise AssertionError(f"cards differ from {checks}:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+
+
+# -- which cards fired, asked of promtool --------------------------------------------------------
+
+FIRING = FIRING_NOW.format(only="")
+Intervals = dict[str, list[tuple[int, int]]]
+
+
+def fired_at(played: Played, tmp: Path, *, stale_markers: bool = True
+             ) -> list[set[tuple[str, str]]]:
+    """For each scrape, the (alertname, severity) pairs firing then, per the real promtool
+    (``stale_markers``: see promtool_test)."""
+    n = len(played.scrape_steps)
+    # promtool only asserts: expecting nothing at every scrape makes it print what was there
+    # instead, wherever something was.
+    proc = promtool_test(played, [{"expr": FIRING, "eval_time": f"{i}m", "exp_samples": []}
+                                  for i in range(n)],
+                         tmp / "fired.test.json", stale_markers=stale_markers, timeout=900)
+    by_minute = parse_promtool_report(proc.stdout + proc.stderr, proc.returncode, FIRING)
+    if any(m >= n for m in by_minute):
+        raise ValueError(f"promtool reported minute {max(by_minute)} of a {n}-scrape play")
+    return [by_minute.get(i, set()) for i in range(n)]
+
+
+_EXPR = re.compile(r'^    expr: (".*"), time: ([0-9a-z]+),$')
+_GOT_ITEM = re.compile(r'\{alertname="([^"\\]+)", severity="([^"\\]*)"\} 1E\+00')
+
+
+def _minutes(text: str) -> int:
+    """A promtool evaluation time (``1h5m``) in whole minutes."""
+    minutes, rest = divmod(parse_duration(text), 60)
+    if rest:
+        raise ValueError(f"promtool time {text!r} is not a whole minute")
+    return int(minutes)
+
+
+def parse_promtool_report(output: str, returncode: int, expr: str) -> dict[int, set[tuple[str, str]]]:
+    """minute -> (alertname, severity) pairs, from ``promtool test rules`` output whose every
+    expression test expected nothing.
+
+    Strict on purpose: a line that is not part of the known report shape (another promtool
+    version, a rule file error, an expression test that failed for another reason) raises
+    ValueError instead of reading as "nothing fired".
+    """
+    lines = output.splitlines()
+    meaningful = [ln for ln in lines if ln.strip()]
+    if returncode == 0:
+        if not any(ln.strip() == "SUCCESS" for ln in meaningful):
+            raise ValueError(f"promtool exited 0 without SUCCESS:\n{output[-2000:]}")
+        return {}
+    if returncode != 1:
+        raise ValueError(f"promtool exited {returncode}:\n{output[-3000:]}")
+    try:
+        start = next(i for i, ln in enumerate(meaningful) if ln.strip().endswith("FAILED:"))
+    except StopIteration:
+        raise ValueError(f"promtool failed without a FAILED: report:\n{output[-3000:]}") from None
+    if not all(ln.startswith("Unit Testing:") for ln in meaningful[:start]):
+        raise ValueError(f"unexpected promtool output before its report:\n{output[-3000:]}")
+    body = meaningful[start + 1:]
+    if not body or len(body) % 3:
+        raise ValueError(f"promtool's report is not made of (expr, exp, got) triples:\n{output[-3000:]}")
+    out: dict[int, set[tuple[str, str]]] = {}
+    for i in range(0, len(body), 3):
+        head, exp, got = body[i:i + 3]
+        m = _EXPR.match(head)
+        if not m or json.loads(m.group(1)) != expr:
+            raise ValueError(f"unexpected promtool report line: {head!r}")
+        if exp.strip() != "exp: nil" or not got.strip().startswith("got: "):
+            raise ValueError(f"unexpected promtool report lines: {exp!r}, {got!r}")
+        items = got.strip()[len("got: "):]
+        pairs = _GOT_ITEM.findall(items)
+        if ", ".join(f'{{alertname="{a}", severity="{s}"}} 1E+00' for a, s in pairs) != items:
+            raise ValueError(f"cannot read promtool's got: list: {items!r}")
+        minute = _minutes(m.group(2))
+        if minute in out:
+            raise ValueError(f"promtool reported minute {minute} twice")
+        out[minute] = set(pairs)
+    return out
+
+
+def intervals(scrape_steps: list[int], at: list[set[tuple[str, str]]]) -> Intervals:
+    """alertname -> (first step, last step) of each unbroken run of scrapes that saw it firing."""
+    out: Intervals = {}
+    for i, firing in enumerate(at):
+        for alert in sorted({a for a, _ in firing}):
+            spans = out.setdefault(alert, [])
+            step = scrape_steps[i]
+            if spans and alert in {a for a, _ in at[i - 1]}:
+                spans[-1] = (spans[-1][0], step)
+            else:
+                spans.append((step, step))
+    return out
+
+
+def fired(played: Played, tmp: Path) -> Intervals:
+    """For each alert that fired, the intervals of logged steps during which it was firing:
+    (step of the first scrape that saw it firing, step of the last), in play order."""
+    return intervals(played.scrape_steps, fired_at(played, tmp))
+
+
+def _severities() -> dict[str, str]:
+    return {r["alert"]: r["labels"]["severity"] for f in RULE_FILES
+            for g in yaml.safe_load(Path(f).read_text())["groups"] for r in g["rules"] if "alert" in r}
+
+
+SEVERITIES = _severities()  # alert name -> severity, from the rule files
+
+
+def scrape_index_before(played: Played, step: int) -> int:
+    """The last scrape taken before ``step``."""
+    return max(i for i, s in enumerate(played.scrape_steps) if s < step)
+
+
+def scrape_index_at(played: Played, step: int) -> int:
+    """The last scrape taken at or before ``step``."""
+    return max(i for i, s in enumerate(played.scrape_steps) if s <= step)
+
+
