@@ -27,7 +27,7 @@ def test_synthetic_run_reaches_metrics(exporter: Running, snapshot_dir: Path) ->
 def test_healthy_run_has_the_seed_shape() -> None:
     steps = [st.records[0] for st in generate("healthy", steps=3000, ranks=1)]
     first, last = steps[0].metrics, steps[-1].metrics
-    # Seed 000 §2.3 and table §3.3: reward rises, KL climbs then flattens, entropy falls
+    # background.md#distribution-stability and #healthy-ranges: reward rises, KL climbs then flattens, entropy falls
     # 30-60% and settles, length within ±15%.
     assert last["reward/mean"] > first["reward/mean"] + 0.3
     kl = [s.metrics["kl/mean"] for s in steps]

@@ -1,4 +1,4 @@
-"""Sample replay (seed 000 §5.2): SDK helper, lookup, rendering, HTTP contract, CLI text."""
+"""Sample replay (docs/background.md#reading-samples): SDK helper, lookup, rendering, HTTP contract, CLI text."""
 
 from __future__ import annotations
 

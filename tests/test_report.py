@@ -78,7 +78,7 @@ def test_csv_one_row_per_logged_step(healthy: dict) -> None:
 
 
 def test_percentiles_linear_interpolation() -> None:
-    xs = [0.2, 0.3, 0.4, 0.5, 0.9]  # seed 001 §2's hand calculation
+    xs = [0.2, 0.3, 0.4, 0.5, 0.9]  # background.md#quantiles-and-spread, by hand
     assert report.percentile(xs, 95) == pytest.approx(0.82)
     assert report.percentile(xs, 50) == pytest.approx(0.4)
     assert report.percentile([3.0], 99) == 3.0
@@ -88,7 +88,7 @@ def test_percentiles_linear_interpolation() -> None:
     for p in (5, 25, 50, 95, 99):
         assert report.percentile(ys, p) == pytest.approx(np.percentile(ys, p))
     d = report.describe([0.40, 0.42, 0.44, 0.46, 0.48])
-    assert d["stddev"] == pytest.approx(0.0316, abs=1e-3)  # seed 001 §2: smooth rise
+    assert d["stddev"] == pytest.approx(0.0316, abs=1e-3)  # background.md#quantiles-and-spread: smooth rise
     assert report.describe([0.40, 0.60, 0.35, 0.62, 0.38])["stddev"] == pytest.approx(0.13, abs=0.01)
 
 

@@ -193,7 +193,7 @@ def _reward_to_floor(sim: Sim, ramp: float, m: dict[str, float]) -> None:
 
 
 def _reward_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # Seed 001's "reward suddenly turns down", all the way: within 5 steps the reward falls
+    # background.md#falls-and-saw-teeth, "reward suddenly turns down", all the way: within 5 steps the reward falls
     # back to where the run started and below, while the policy's other signals look normal.
     _reward_to_floor(sim, min(k, 5) / 5, m)
 
@@ -244,7 +244,7 @@ def _reward_hacking(sim: Sim, k: int, m: dict[str, float]) -> None:
 
 
 def _reward_up_accuracy_flat(sim: Sim, k: int, m: dict[str, float]) -> None:
-    # Seed 001: reward climbs while verified sample accuracy does not move.
+    # background.md#the-three-curves: reward climbs while verified sample accuracy does not move.
     frozen = sim.state.setdefault("acc", m["eval/sample_acc"])
     m["reward/mean"] = min(0.97, m["reward/mean"] + 0.25 * min(k, 200) / 200)
     m["eval/sample_acc"] = frozen + sim.rng.gauss(0, 0.01)
