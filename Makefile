@@ -73,8 +73,8 @@ bench: deps system-deps
 	$(PY) bench/bench_forecast.py
 
 docs: deps
-	$(PY) -m grpo_monitor.metrics_doc > docs/metrics.md
-	$(PY) -m grpo_monitor.thresholds > prometheus/rules/grpo-thresholds.yml
+	$(PY) -m grpo_monitor.tools.metrics_doc > docs/metrics.md
+	$(PY) -m grpo_monitor.contract.thresholds > prometheus/rules/grpo-thresholds.yml
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from prometheus_harness import alert_stack, latency_report, write_nonfinite_loss  # noqa: E402
 
-from grpo_monitor.app import Exporter  # noqa: E402
-from grpo_monitor.config import ExporterConfig  # noqa: E402
+from grpo_monitor.runtime.app import Exporter  # noqa: E402
+from grpo_monitor.runtime.config import ExporterConfig  # noqa: E402
 from results_io import machine, write_result
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "alert_latency.json"

@@ -8,10 +8,10 @@ exporter fits it online (grpo_forecast_*) and GRPORewardCeilingNear reads its ce
 script measures how well a fit on a run's first steps predicts the run's later reward.
 
 Method. For every run, the steps that logged both entropy/mean and reward/mean (names mapped as
-the exporter maps them: grpo_monitor.snapshot.parse_record) are averaged in 10-step blocks
-(grpo_monitor.forecast.block_means, the exporter's blocks). For each cut N (25% and 50% of the
+the exporter maps them: grpo_monitor.contract.snapshot.parse_record) are averaged in 10-step blocks
+(grpo_monitor.runtime.forecast.block_means, the exporter's blocks). For each cut N (25% and 50% of the
 run's last step, and the fixed cuts 50 and 100 steps, each rounded down to a block boundary),
-grpo_monitor.forecast.fit_law fits the blocks before N. The fit then predicts each later block's
+grpo_monitor.runtime.forecast.fit_law fits the blocks before N. The fit then predicts each later block's
 reward from that block's *observed* mean entropy -- the law's claim is the exchange rate, not
 when the entropy will fall -- and is scored on those later blocks:
 
@@ -25,7 +25,7 @@ when the entropy will fall -- and is scored on those later blocks:
 A cut is skipped when fewer than forecast.MIN_BLOCKS blocks precede it (the exporter does not
 publish such a fit either) or fewer than 2 blocks follow it.
 
-Runs: the train demo (grpo_monitor.train_demo, real GRPO on the CPU), healthy for --demo-steps
+Runs: the train demo (grpo_monitor.tools.train_demo, real GRPO on the CPU), healthy for --demo-steps
 (600) steps per seed (the first 300 steps of each are, exactly, the 300-step run of that seed:
 the loop is deterministic and nothing in it depends on the run's length), and the entropy
 collapse of docs/train-demo.md (--group-size 2 --temperature 0.15 from step 200, 300 steps); and
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.forecast import BLOCK_STEPS, MIN_BLOCKS, block_means, fit_law
-from grpo_monitor.snapshot import parse_record
+from grpo_monitor.contract.snapshot import parse_record
+from grpo_monitor.runtime.forecast import BLOCK_STEPS, MIN_BLOCKS, block_means, fit_law
 from results_io import machine, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +145,7 @@ def _read_demo(path: Path) -> list[tuple[int, dict[str, float]]]:
 
 
 def demo_runs(folder: Path, steps: int, seeds: Sequence[int]) -> list[Run]:
-    from grpo_monitor.train_demo import Config, train
+    from grpo_monitor.tools.train_demo import Config, train
 
     runs: list[Run] = []
     for name, what, kw in _demo_configs(steps, seeds):

@@ -5,7 +5,7 @@ Usage: python bench/bench_latency.py [--out PATH] [-n N] [--poll-n N] [--poll-in
 
 Method. An Exporter runs in this process on a fresh temporary folder (listen 127.0.0.1:0). A
 SnapshotWriter (run "bench", rank 0) logs records carrying every canonical key of
-``grpo_monitor.keys.SIGNALS`` (random floats) with increasing steps, one at a time:
+``grpo_monitor.contract.keys.SIGNALS`` (random floats) with increasing steps, one at a time:
 
   t0 = perf_counter() right before writer.log(); then /metrics is scraped over real HTTP
   (requests, one keep-alive Session, ``Accept-Encoding: identity``) back to back, with no sleep,
@@ -46,9 +46,9 @@ from pathlib import Path
 
 import requests
 
-from grpo_monitor.app import Exporter
-from grpo_monitor.config import ExporterConfig
-from grpo_monitor.keys import SIGNALS
+from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.sdk.writer import SnapshotWriter
 from results_io import machine, write_result
 

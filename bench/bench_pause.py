@@ -32,7 +32,7 @@ def worker(n: int, out: Path, run_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from grpo_monitor.control import ControlRecord, now_rfc3339, write_control
+    from grpo_monitor.contract.control import ControlRecord, now_rfc3339, write_control
     from grpo_monitor.sdk.pause import PauseGate
 
     dist.init_process_group("gloo")
@@ -60,7 +60,7 @@ def worker(n: int, out: Path, run_dir: str) -> None:
 
 
 def run_job(world: int, n: int) -> dict[str, dict[str, float]]:
-    from grpo_monitor.stack import free_port
+    from grpo_monitor.tools.stack import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "bench")

@@ -5,7 +5,7 @@ Usage: python bench/bench_scrape.py [--out PATH] [--ranks N] [-n N] [--node-n N]
 Method.
 1. A temporary snapshot folder gets ``<dir>/bench/rank-<N>.jsonl`` for N in 0..ranks-1, each one
    native record (run "bench", world_size = ranks) with every canonical key of
-   ``grpo_monitor.keys.SIGNALS`` set to a random float (seeded), written directly as JSON lines.
+   ``grpo_monitor.contract.keys.SIGNALS`` set to a random float (seeded), written directly as JSON lines.
 2. Cold start: perf_counter() right before ``Exporter(config).start()`` to the moment the
    watcher is ready and ``grpo_snapshots_ingested_total`` (read in-process from the health
    registry every 2 ms) has reached the number of ranks: the replay (parse + pre-render) of
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import requests
 
-from grpo_monitor import exposition as ex
-from grpo_monitor.app import Exporter
-from grpo_monitor.config import ExporterConfig
-from grpo_monitor.keys import SIGNALS
+from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.runtime import exposition as ex
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
 from results_io import machine, write_result
 
 RUN = "bench"

@@ -9,7 +9,7 @@ Method (the harness is tests/soak.py, shared with tests/test_soak.py, which runs
 - the exporter runs as `python -m grpo_monitor.cli serve --snapshot.dir DIR --web.listen-address
   127.0.0.1:PORT --no-collector.gpu`, a subprocess; `prometheus` scrapes it every second (the
   committed prometheus.yml and rule files, intervals 1 s, no Alertmanager);
-- --ranks ranks (default 64) write grpo_monitor.simulate's healthy run through the real
+- --ranks ranks (default 64) write grpo_monitor.tools.simulate's healthy run through the real
   SnapshotWriter, --rate records/s each (default 10) for --duration seconds (default 600): rank 0
   every training key, its by_type breakdown and the perf keys, the others their perf keys. A
   rank is no process of its own (64 would swamp 2 cores): each of --writer-processes processes

@@ -12,8 +12,8 @@ import requests
 from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from grpo_monitor.app import Exporter
-from grpo_monitor.config import ExporterConfig
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

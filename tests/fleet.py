@@ -50,10 +50,10 @@ from prometheus_harness import (
     uncomment_example,
 )
 
-from grpo_monitor import stack as native
 from grpo_monitor.cli import ENV_PREFIX
-from grpo_monitor.config import parse_duration
-from grpo_monitor.stack import Child
+from grpo_monitor.runtime.config import parse_duration
+from grpo_monitor.tools import stack as native
+from grpo_monitor.tools.stack import Child
 
 FLEET_YML = PROMETHEUS_DIR / "prometheus-fleet.yml"
 NODE_NAMES = ("node-a", "node-b")

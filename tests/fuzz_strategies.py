@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from grpo_monitor.snapshot import MAX_INT
+from grpo_monitor.contract.snapshot import MAX_INT
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -20,7 +20,7 @@ from typing import Any
 from polling import wait_for
 from processes import log_tail
 
-from grpo_monitor.stack import Child, free_port
+from grpo_monitor.tools.stack import Child, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plain_pytorch.py"

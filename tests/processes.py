@@ -1,4 +1,4 @@
-"""Child processes for the tests: grpo_monitor.stack's Child (started, stopped and waited on as
+"""Child processes for the tests: grpo_monitor.tools.stack's Child (started, stopped and waited on as
 the native stack does it), started on a free loopback port, and their logs for failure messages.
 
 Every child writes stdout and stderr to a log file in a working folder; a test's ExitStack stops
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
-from grpo_monitor.stack import Child, free_port
+from grpo_monitor.tools.stack import Child, free_port
 
 
 def log_tail(child: Child, lines: int = 40) -> str:

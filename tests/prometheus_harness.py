@@ -29,9 +29,9 @@ import yaml
 from polling import wait_for
 from processes import log_tail, start_listening
 
-from grpo_monitor import stack as native
-from grpo_monitor.config import parse_duration
-from grpo_monitor.stack import Child
+from grpo_monitor.runtime.config import parse_duration
+from grpo_monitor.tools import stack as native
+from grpo_monitor.tools.stack import Child
 
 REPO = Path(__file__).resolve().parent.parent
 PROMETHEUS_DIR = REPO / "prometheus"

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import yaml
 
-from grpo_monitor.config import parse_duration
-from grpo_monitor.exposition import format_value
-from grpo_monitor.health import ExporterHealth
-from grpo_monitor.ingest import Ingestor
+from grpo_monitor.runtime.config import parse_duration
+from grpo_monitor.runtime.exposition import format_value
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.store import RunStore
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.simulate import generate
-from grpo_monitor.store import RunStore
+from grpo_monitor.tools.simulate import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_FILES = [str(ROOT / "prometheus" / "rules" / f) for f in

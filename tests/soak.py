@@ -10,7 +10,7 @@ included, while the real Prometheus scrapes the exporter.
 Shared by tests/test_soak.py (short) and bench/bench_soak.py (long; it puts tests/ on
 sys.path), which check the same properties (``problems``); the benchmark adds the memory slope.
 
-The ranks: ``grpo_monitor.simulate``'s healthy run (rank 0 logs every training key, its
+The ranks: ``grpo_monitor.tools.simulate``'s healthy run (rank 0 logs every training key, its
 ``by_type`` breakdown and the perf keys; every other rank its perf keys; a ``checkpoint_save``
 event every 500 steps), one record per step, spread over a few writer processes (this file run
 as a script) that each pace their ranks at RATE steps per second on the wall clock. Every record
@@ -44,10 +44,10 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from grpo_monitor.health import ERROR_REASONS
+from grpo_monitor.runtime.health import ERROR_REASONS
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.simulate import Step, generate
-from grpo_monitor.stack import Child
+from grpo_monitor.tools.simulate import Step, generate
+from grpo_monitor.tools.stack import Child
 from polling import wait_for
 from processes import log_tail, start_child, start_listening
 from prometheus_harness import prometheus_config, start_prometheus

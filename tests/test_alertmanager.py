@@ -17,7 +17,7 @@ import yaml
 
 from prometheus_harness import ALERTMANAGER_YML, REPO, find_binary
 
-from grpo_monitor.config import parse_duration
+from grpo_monitor.runtime.config import parse_duration
 
 RED = {"alertname": "GRPONonFiniteValues", "severity": "critical", "card": "red", "run": "exp-42",
        "rank": "0", "key": "loss"}

@@ -13,8 +13,8 @@ from conftest import Running, value
 from polling import wait_for
 from prometheus_harness import start_alertmanager
 
-from grpo_monitor.control import read_control, write_control
-from grpo_monitor.stack import free_port
+from grpo_monitor.contract.control import read_control, write_control
+from grpo_monitor.tools.stack import free_port
 
 
 def _card(run: str, severity: str = "critical", alertname: str = "GRPONonFiniteValues") -> dict[str, Any]:

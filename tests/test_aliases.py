@@ -1,7 +1,7 @@
 """Aliases of older and other frameworks: what each name means, its unit, and which name wins.
 
 Each alias is checked against what the framework's source logs under that name (the comments in
-exporter/grpo_monitor/keys.py say where); the shared real runs show them in the wild
+exporter/grpo_monitor/contract/keys.py say where); the shared real runs show them in the wild
 (tests/test_real_runs.py).
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from grpo_monitor.keys import canonical_key, match_key
-from grpo_monitor.snapshot import parse_record
+from grpo_monitor.contract.keys import canonical_key, match_key
+from grpo_monitor.contract.snapshot import parse_record
 
 
 def metrics(**logged: Any) -> dict[str, float]:

@@ -20,13 +20,14 @@ import requests
 
 from conftest import scrape, value
 from polling import wait_for
-from grpo_monitor import thresholds, train_demo
 from grpo_monitor.cli import COMMANDS, ENV_PREFIX, _config, build_parser, env_name, main
-from grpo_monitor.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
-from grpo_monitor.signals import BASELINE_STEPS
-from grpo_monitor.simulate import write_run
-from grpo_monitor.stack import StackConfig
-from grpo_monitor.store import Limits
+from grpo_monitor.contract import thresholds
+from grpo_monitor.runtime.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
+from grpo_monitor.runtime.signals import BASELINE_STEPS
+from grpo_monitor.runtime.store import Limits
+from grpo_monitor.tools import train_demo
+from grpo_monitor.tools.simulate import write_run
+from grpo_monitor.tools.stack import StackConfig
 
 CLI = [sys.executable, "-m", "grpo_monitor.cli"]
 
@@ -152,7 +153,7 @@ def test_simulate_writes_the_same_run_under_either_spelling(tmp_path: Path) -> N
 
 
 def test_main_runs_a_command_from_its_argv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m grpo_monitor.report` is `main(["report", ...])`."""
+    """`python -m grpo_monitor.tools.report` is `main(["report", ...])`."""
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
 

@@ -406,8 +406,8 @@ def test_fleet_config_matches_the_single_node_one() -> None:
 # --- docs/scaling.md: the cardinality it states is the exporter's ----------------------------------
 
 def _series_by_rank(tmp: Path) -> dict[str, int]:
-    from grpo_monitor.app import Exporter
-    from grpo_monitor.config import ExporterConfig
+    from grpo_monitor.runtime.app import Exporter
+    from grpo_monitor.runtime.config import ExporterConfig
 
     snap = tmp / "snapshots"
     subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "simulate", "--snapshot.dir",
@@ -441,7 +441,7 @@ def test_scaling_doc_cardinality_matches_the_exporter(tmp_path: Path) -> None:
 
 def _series_per_gpu(nvlink_links: int) -> int:
     from fake_pynvml import FakeDevice, FakeNVML
-    from grpo_monitor.collectors.gpu import GPUCollector
+    from grpo_monitor.runtime.collectors.gpu import GPUCollector
     from prometheus_client import CollectorRegistry, generate_latest
 
     devices = [FakeDevice(uuid=f"GPU-{i:04d}", nvlink_links=nvlink_links,

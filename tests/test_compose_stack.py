@@ -39,8 +39,8 @@ import containers
 from conftest import scrape, value
 from containers import ANY_ERROR, Podman
 from polling import wait_for
-from grpo_monitor.compose_init import EXPORTER_UID, user_has_acl
-from grpo_monitor.stack import free_port
+from grpo_monitor.tools.compose_init import EXPORTER_UID, user_has_acl
+from grpo_monitor.tools.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

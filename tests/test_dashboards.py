@@ -10,7 +10,7 @@ two ways that matter without one:
    datasources.
 2. Data: every PromQL expression of every panel, annotation and variable, with Grafana's
    variables substituted, is executed against a REAL Prometheus (the project's own rule files)
-   that scrapes the REAL exporter fed by `grpo_monitor.simulate` (a KL-explosion run and a
+   that scrapes the REAL exporter fed by `grpo_monitor.tools.simulate` (a KL-explosion run and a
    straggler run) with the fake NVML of tests/fake_pynvml.py, and must return at least one
    series. A misspelt metric, label or recording rule returns nothing, and fails here with the
    dashboard, the panel and the query named.
@@ -34,10 +34,10 @@ import pytest
 import requests
 import yaml
 from fake_pynvml import FakeDevice, FakeNVML
-from grpo_monitor.app import Exporter
-from grpo_monitor.config import ExporterConfig
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.simulate import generate, write_run
+from grpo_monitor.tools.simulate import generate, write_run
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from polling import wait_for
 from prometheus_harness import alert_stack
@@ -600,7 +600,7 @@ U1 = "GPU-c81e4d07-92ab-4f3c-b5d6-0e7f18a29c44"
 
 
 def unsimulated_signals(rng: random.Random) -> dict[str, float]:
-    """Rollout-vs-trainer signals grpo_monitor.simulate does not log, at healthy levels, so that
+    """Rollout-vs-trainer signals grpo_monitor.tools.simulate does not log, at healthy levels, so that
     their panels have data too: the largest |log-prob| gap, the probability gaps and the
     smallest and largest importance weight."""
     return {

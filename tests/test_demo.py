@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import Running, value
-from grpo_monitor.simulate import generate, write_run
+from grpo_monitor.tools.simulate import generate, write_run
 
 
 def test_synthetic_run_reaches_metrics(exporter: Running, snapshot_dir: Path) -> None:

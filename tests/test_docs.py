@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor import metrics_doc
-from grpo_monitor.exposition import RANK_FAMILIES, RUN_FAMILIES
-from grpo_monitor.keys import SIGNALS
-from grpo_monitor.runbook import anchors
+from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.runtime.exposition import RANK_FAMILIES, RUN_FAMILIES
+from grpo_monitor.runtime.runbook import anchors
+from grpo_monitor.tools import metrics_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),

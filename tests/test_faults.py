@@ -36,10 +36,10 @@ from processes import log_tail, start_child, start_listening, wait_ready
 from prometheus_harness import prometheus_config, server_state, start_alertmanager, start_prometheus
 from test_integration_verl import FileLogger, verl_metrics
 
-from grpo_monitor.control import read_control
-from grpo_monitor.health import ERROR_REASONS
+from grpo_monitor.contract.control import read_control
+from grpo_monitor.runtime.health import ERROR_REASONS
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.stack import Child
+from grpo_monitor.tools.stack import Child
 
 SERVE = [sys.executable, "-m", "grpo_monitor.cli", "serve"]
 INGESTED = "grpo_snapshots_ingested_total"

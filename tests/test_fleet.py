@@ -36,8 +36,8 @@ from polling import holds_for, wait_for
 from prometheus_harness import PROMETHEUS_DIR, REPO
 from test_dashboards import queries, substitute
 
-from grpo_monitor.config import parse_duration
-from grpo_monitor.thresholds import TABLE
+from grpo_monitor.contract.thresholds import TABLE
+from grpo_monitor.runtime.config import parse_duration
 
 EXAMPLE = REPO / "examples" / "plain_pytorch.py"
 TRAINER = Path(__file__).with_name("fleet_trainer.py")

@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from conftest import Running, value
-from grpo_monitor.forecast import BLOCK_STEPS, MIN_BLOCKS, block_means, fit_law
-from grpo_monitor.signals import RankSignals
+from grpo_monitor.runtime.forecast import BLOCK_STEPS, MIN_BLOCKS, block_means, fit_law
+from grpo_monitor.runtime.signals import RankSignals
 
 
 def law(h: float, a: float = 0.4, b: float = 1.5) -> float:

@@ -21,14 +21,14 @@ from fuzz_strategies import (dates, encode, fuzz, json_object, json_text, lines,
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_monitor.control import CONTROL_FILE, MAX_CONTROL_BYTES, ControlRecord, read_control
-from grpo_monitor.health import ExporterHealth
-from grpo_monitor.ingest import Ingestor
-from grpo_monitor.rebaseline import CONTROL_NAME, RebaselineRequest, newest_step
+from grpo_monitor.contract.control import CONTROL_FILE, MAX_CONTROL_BYTES, ControlRecord, read_control
+from grpo_monitor.contract.snapshot import MAX_INT
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.rebaseline import CONTROL_NAME, RebaselineRequest, newest_step
+from grpo_monitor.runtime.store import RunStore
 from grpo_monitor.sdk.pause import GroupState, PauseGate, ResumeDecision
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.snapshot import MAX_INT
-from grpo_monitor.store import RunStore
 
 def control_records(state: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     """A control record's JSON, its fields usually of the right type."""

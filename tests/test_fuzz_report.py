@@ -23,7 +23,7 @@ from fuzz_strategies import fuzz, lines
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_monitor import report
+from grpo_monitor.tools import report
 
 # The report's core signals (its CSV columns) and keys that only its verdicts read.
 KEYS = (*(key for _, key in report.CSV_COLUMNS), "kl/max", "reward/p95", "group/reward_gap",

@@ -22,12 +22,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from polling import wait_for
 
-from grpo_monitor.app import Exporter
-from grpo_monitor.config import ExporterConfig
-from grpo_monitor.health import ERROR_REASONS, SHAPES
-from grpo_monitor.ingest import JSON_WHITESPACE
-from grpo_monitor.signals import NONFINITE_WINDOW
-from grpo_monitor.snapshot import MAX_INT, RecordError, decode_record, is_text, parse_record
+from grpo_monitor.contract.snapshot import MAX_INT, RecordError, decode_record, is_text, parse_record
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
+from grpo_monitor.runtime.health import ERROR_REASONS, SHAPES
+from grpo_monitor.runtime.ingest import JSON_WHITESPACE
+from grpo_monitor.runtime.signals import NONFINITE_WINDOW
 
 # The reasons that cost a whole record; the others cost a part of one (a value, a key, the
 # samples) and come beside an ingested record.

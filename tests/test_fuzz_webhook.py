@@ -23,12 +23,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from grpo_monitor.card_pause import CardPauser
-from grpo_monitor.control import CONTROL_FILE, read_control
-from grpo_monitor.notify import Message, Notifier, Sink
-from grpo_monitor.snapshot import is_text
-from grpo_monitor.store import RunStore
-from grpo_monitor.webhook import OUTCOMES, PATH, WebhookHandler
+from grpo_monitor.contract.control import CONTROL_FILE, read_control
+from grpo_monitor.contract.snapshot import is_text
+from grpo_monitor.runtime.card_pause import CardPauser
+from grpo_monitor.runtime.notify import Message, Notifier, Sink
+from grpo_monitor.runtime.store import RunStore
+from grpo_monitor.runtime.webhook import OUTCOMES, PATH, WebhookHandler
 
 TOKEN = "fuzz-token-0123456789abcdef"
 KNOWN = ("exp-1", "exp-2")  # run folders of this exporter

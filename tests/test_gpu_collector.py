@@ -20,8 +20,8 @@ from conftest import Running, Samples, parse_samples, value
 from fake_pynvml import FakeDevice, FakeNVML
 from polling import wait_for
 from grpo_monitor.cli import _config, build_parser
-from grpo_monitor.collectors.gpu import CLOCK_EVENT_REASONS, GPU_FAMILIES, HEALTH_FAMILIES, GPUCollector
-from grpo_monitor.config import ExporterConfig
+from grpo_monitor.runtime.collectors.gpu import CLOCK_EVENT_REASONS, GPU_FAMILIES, HEALTH_FAMILIES, GPUCollector
+from grpo_monitor.runtime.config import ExporterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "fixtures" / "gpu_exposition.prom"

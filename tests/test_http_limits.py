@@ -13,7 +13,7 @@ import requests
 
 from conftest import Running, Samples, parse_samples, value
 from polling import wait_for
-from grpo_monitor.http import MAX_HEADER_BYTES, MAX_HEADERS, MAX_REQUEST_LINE_BYTES
+from grpo_monitor.runtime.http import MAX_HEADER_BYTES, MAX_HEADERS, MAX_REQUEST_LINE_BYTES
 
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n"  # no blank line: never complete
 

@@ -274,7 +274,7 @@ def test_nan_and_inf_exported_and_counted(exporter: Running, snapshot_dir: Path)
 
 
 def test_unknown_keys_capped_per_run(start_exporter: Callable[..., Running], snapshot_dir: Path) -> None:
-    from grpo_monitor.store import Limits
+    from grpo_monitor.runtime.store import Limits
 
     exporter = start_exporter(limits=Limits(max_unknown_keys=3, max_prompt_types=1))
     rec = native(1, **{f"custom/{i}": float(i) for i in range(5)})

@@ -10,7 +10,7 @@ import pytest
 from conftest import Running, value
 from gloo_job import EXAMPLE, ROOT, clean_env, records, wait_all
 
-from grpo_monitor.stack import free_port
+from grpo_monitor.tools.stack import free_port
 
 STEPS = 10
 

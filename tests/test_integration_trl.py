@@ -133,7 +133,7 @@ def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_monitor.control import ControlRecord, now_rfc3339, write_control
+    from grpo_monitor.contract.control import ControlRecord, now_rfc3339, write_control
     from grpo_monitor.integrations.trl import ROLLBACK_FILE
 
     calls = {"n": 0}
@@ -201,7 +201,7 @@ def test_two_processes_stop_at_one_step_when_one_folder_holds_the_card(tmp_path:
 
     from gloo_job import clean_env
 
-    from grpo_monitor.stack import free_port
+    from grpo_monitor.tools.stack import free_port
 
     tiny_model_dir(tmp_path)
     proc = subprocess.run(

@@ -20,8 +20,8 @@ import pytest
 import requests
 
 from conftest import Running, scrape, value
-from grpo_monitor import notify
-from grpo_monitor.compose_init import Secret, ensure_secret, prepare_snapshot_dir, user_has_acl
+from grpo_monitor.runtime import notify
+from grpo_monitor.tools.compose_init import Secret, ensure_secret, prepare_snapshot_dir, user_has_acl
 from prometheus_harness import WebhookListener
 
 TOKEN = "notify-test-token-0123456789abcdef"
@@ -137,7 +137,7 @@ def test_a_failed_relay_answers_502_and_the_retry_pauses_once(
         start_exporter: Callable[..., Running], tmp_path: Path, snapshot_dir: Path) -> None:
     token = tmp_path / "token"
     token.write_text(TOKEN)
-    from grpo_monitor.stack import free_port
+    from grpo_monitor.tools.stack import free_port
 
     dead = f"ntfy+http://127.0.0.1:{free_port()}/topic"  # nothing listens there
     ex = start_exporter(webhook_token_file=token, gpu_collector=False, notify_url=dead)
@@ -153,8 +153,8 @@ def test_a_failed_relay_answers_502_and_the_retry_pauses_once(
 
 
 def test_notify_url_without_the_webhook_is_refused(tmp_path: Path) -> None:
-    from grpo_monitor.app import Exporter
-    from grpo_monitor.config import ExporterConfig
+    from grpo_monitor.runtime.app import Exporter
+    from grpo_monitor.runtime.config import ExporterConfig
 
     with pytest.raises(ValueError, match="webhook-token-file"):
         Exporter(ExporterConfig(snapshot_dir=tmp_path, listen_address="127.0.0.1:0",

@@ -18,7 +18,7 @@ from pathlib import Path
 from gloo_job import GlooJob
 from polling import holds_for, wait_for
 
-from grpo_monitor.control import ControlRecord, now_rfc3339, write_control
+from grpo_monitor.contract.control import ControlRecord, now_rfc3339, write_control
 
 RUN = "gloo-pause"
 TIMEOUT_S = 3.0  # the job's collective timeout: the pause must outlast it

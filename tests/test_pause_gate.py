@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from polling import wait_for
-from grpo_monitor.card_pause import ScrapePace, healthy_before
-from grpo_monitor.control import CONTROL_FILE, ControlRecord, write_control
+from grpo_monitor.contract.control import CONTROL_FILE, ControlRecord, write_control
+from grpo_monitor.runtime.card_pause import ScrapePace, healthy_before
 from grpo_monitor.sdk.pause import PauseGate, ResumeDecision
 from grpo_monitor.sdk.writer import SnapshotWriter
 

@@ -24,7 +24,7 @@ import pytest
 import requests
 from conftest import Running, value
 from polling import wait_for
-from grpo_monitor.control import (
+from grpo_monitor.contract.control import (
     CONTROL_FILE,
     ControlRecord,
     read_control,

@@ -25,7 +25,7 @@ import pytest
 from conftest import scrape, value
 from polling import wait_for
 from grpo_monitor.cli import build_parser
-from grpo_monitor.stack import Child
+from grpo_monitor.tools.stack import Child
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = ("numpy", "matplotlib", "torch", "trl", "transformers", "pytest")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.snapshot import parse_record
+from grpo_monitor.contract.snapshot import parse_record
 from promtool_harness import Played, fired, parse_promtool_report
 from real_runs import (
     STEP_SECONDS,

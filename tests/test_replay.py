@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
-from grpo_monitor.replay import (
+from grpo_monitor.runtime.replay import (
     available_steps,
     find_samples,
     print_replay,
@@ -21,8 +21,8 @@ from grpo_monitor.sdk.samples import (
     replay_samples,
     should_log_samples,
 )
+from grpo_monitor.contract.snapshot import Sample
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.snapshot import Sample
 
 HOSTILE = "<script>alert(1)</script> \"quoted\" 'single' & amp"
 
@@ -263,8 +263,8 @@ def test_replay_is_served_by_the_exporter_and_the_cli(tmp_path: Path) -> None:
 
     import requests
 
-    from grpo_monitor.app import Exporter
-    from grpo_monitor.config import ExporterConfig
+    from grpo_monitor.runtime.app import Exporter
+    from grpo_monitor.runtime.config import ExporterConfig
     from grpo_monitor.sdk.samples import replay_samples
     from grpo_monitor.sdk.writer import SnapshotWriter
 

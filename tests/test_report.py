@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_monitor import report
-from grpo_monitor import thresholds as th
-from grpo_monitor.signals import SLOPE_WINDOWS
-from grpo_monitor.simulate import SCENARIOS, write_run
+from grpo_monitor.contract import thresholds as th
+from grpo_monitor.runtime.signals import SLOPE_WINDOWS
+from grpo_monitor.tools import report
+from grpo_monitor.tools.simulate import SCENARIOS, write_run
 
 # A shorter run, sick from its step 600: the scenarios that turn sick on a healthy run after its
 # baseline period, and are caught within 600 steps.
@@ -190,7 +190,7 @@ def test_cli_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_python_m_report_is_the_cli_command(tmp_path: Path) -> None:
     write_run(tmp_path, "run", "healthy", steps=30, ranks=1)
-    res = subprocess.run([sys.executable, "-m", "grpo_monitor.report", str(tmp_path / "run"),
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.tools.report", str(tmp_path / "run"),
                           "--out", str(tmp_path / "out"), "--format", "json"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -199,7 +199,7 @@ def test_python_m_report_is_the_cli_command(tmp_path: Path) -> None:
     assert printed["verdicts"] == report.build_report(tmp_path / "run", tmp_path / "again",
                                                       plots=False)["verdicts"]
     # A flag the command does not have is the CLI's own error: one parser, the CLI's.
-    res = subprocess.run([sys.executable, "-m", "grpo_monitor.report", str(tmp_path / "run"),
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.tools.report", str(tmp_path / "run"),
                           "--steps", "3"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
     assert "grpo-monitor: error: unrecognized arguments: --steps 3" in res.stderr
@@ -210,7 +210,7 @@ def test_python_m_report_without_the_extra_says_so_in_one_line(tmp_path: Path) -
     # modules on first use, so the command is reached and names the extra, with no traceback.
     write_run(tmp_path, "run", "healthy", steps=5, ranks=1)
     code = ("import runpy, sys; sys.modules.update(numpy=None, matplotlib=None); "
-            "runpy.run_module('grpo_monitor.report', run_name='__main__', alter_sys=True)")
+            "runpy.run_module('grpo_monitor.tools.report', run_name='__main__', alter_sys=True)")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
@@ -221,7 +221,7 @@ def test_python_m_report_without_the_extra_says_so_in_one_line(tmp_path: Path) -
 
 def test_train_demo_loose_grader_is_reward_hacking(tmp_path: Path) -> None:
     # A real tiny GRPO run (about 15 s here) whose grader pays for length from step 200.
-    from grpo_monitor.train_demo import Config, train
+    from grpo_monitor.tools.train_demo import Config, train
     train(Config(snapshot_dir=tmp_path, run="td", steps=300, grader="loose", onset=200))
     res = report.build_report(tmp_path / "td", tmp_path / "out", plots=False)
     assert "reward_hacking" in _ids(res), res["text"]
@@ -239,7 +239,7 @@ def test_every_scenario_is_named(scenario: str, tmp_path: Path) -> None:
 def test_card_windows_are_the_exporters() -> None:
     # The report's step windows, initial and baseline means against the exporter's own features
     # (signals.RankSignals) on one irregularly logged signal: the same numbers at every step.
-    from grpo_monitor.signals import RankSignals
+    from grpo_monitor.runtime.signals import RankSignals
 
     rng = random.Random(3)
     steps = sorted(rng.sample(range(1, 700), 400))
@@ -276,7 +276,7 @@ def test_card_windows_are_the_exporters() -> None:
 def test_the_short_window_is_the_exporters() -> None:
     # The early cards read the exporter's 20-step percentiles and 20-step range; the report
     # reads the table's early_window_steps, which must stay that length.
-    from grpo_monitor import signals
+    from grpo_monitor.runtime import signals
 
     assert th.count("early_window_steps") in signals.TRAINING_PERCENTILES
     assert th.count("early_window_steps") == signals.RANGE_WINDOW
@@ -522,7 +522,7 @@ def test_entropy_reward_law_predicts_the_second_half_and_sees_the_ceiling(tmp_pa
         100 * pred["mean_abs_error"] / pred["reward_range"], rel=1e-3)
     assert pred["flat_mean_abs_error"] > pred["mean_abs_error"]
     # The whole-run fit is the exporter's: the same block means, the last (open) block left out.
-    from grpo_monitor.signals import RankSignals
+    from grpo_monitor.runtime.signals import RankSignals
     sig = RankSignals(th.count("baseline_steps"))
     for st in res["data"].steps:
         sig.add(st, res["data"].train[st], stalled=False)
@@ -651,7 +651,7 @@ def test_new_verdicts_follow_the_table(scenario: str, name: str, patched: float,
                                        tmp_path_factory: pytest.TempPathFactory) -> None:
     from dataclasses import replace
 
-    from grpo_monitor.thresholds import THRESHOLDS
+    from grpo_monitor.contract.thresholds import THRESHOLDS
 
     if scenario not in _LOADED:
         root = tmp_path_factory.mktemp(scenario)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from grpo_monitor import report
+from grpo_monitor.tools import report
 from promtool_harness import fired
 from real_runs import load, play_real, write_snapshots
 

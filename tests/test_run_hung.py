@@ -31,9 +31,9 @@ from processes import log_tail, start_listening
 from prometheus_harness import prometheus_config, start_prometheus
 
 import grpo_monitor
-from grpo_monitor.snapshot import parse_record
-from grpo_monitor.stack import Child
-from grpo_monitor.store import HUNG_RETAIN_INTERVALS, RunStore
+from grpo_monitor.contract.snapshot import parse_record
+from grpo_monitor.runtime.store import HUNG_RETAIN_INTERVALS, RunStore
+from grpo_monitor.tools.stack import Child
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "prometheus" / "rules"
@@ -142,7 +142,7 @@ def test_a_flat_record_carries_the_end_mark() -> None:
 
 
 def test_a_run_that_waits_on_purpose_is_paused_until_it_goes_on(tmp_path: Path) -> None:
-    from grpo_monitor.control import ControlRecord, write_control
+    from grpo_monitor.contract.control import ControlRecord, write_control
     from grpo_monitor.sdk.writer import SnapshotWriter
 
     # The SDK announces the wait of a red card's pause, and its end.

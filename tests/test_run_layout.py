@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpo_monitor
-from grpo_monitor import run_layout
-from grpo_monitor.control import ControlRecord, control_path, write_control
-from grpo_monitor.health import ExporterHealth
-from grpo_monitor.ingest import Ingestor
-from grpo_monitor.rebaseline import newest_step, request_rebaseline
-from grpo_monitor.replay import find_samples, replay_http
-from grpo_monitor.run_layout import (
+from grpo_monitor.contract import run_layout
+from grpo_monitor.contract.control import ControlRecord, control_path, write_control
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.rebaseline import newest_step, request_rebaseline
+from grpo_monitor.runtime.replay import find_samples, replay_http
+from grpo_monitor.contract.run_layout import (
     DEFAULT_RUN,
     MAX_RUN_NAME_BYTES,
     PAUSE_RECORD,
@@ -293,7 +293,7 @@ def test_control_file_names_are_spelt_in_the_run_layout_alone() -> None:
     spelt = {path.relative_to(package).as_posix()
              for path in package.rglob("*.py")
              for text in _string_constants(path) if any(name in text for name in names)}
-    assert spelt == {"run_layout.py"}
+    assert spelt == {"contract/run_layout.py"}
 
 
 def test_the_sdk_side_of_the_layout_is_standard_library_only() -> None:

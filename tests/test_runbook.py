@@ -26,11 +26,11 @@ from fake_pynvml import FakeDevice, FakeNVML
 from polling import wait_for
 from prometheus_harness import alert_stack, find_binary
 
-from grpo_monitor import runbook
-from grpo_monitor.app import Exporter
 from grpo_monitor.cli import build_parser
-from grpo_monitor.config import ExporterConfig
-from grpo_monitor.simulate import write_run
+from grpo_monitor.runtime import runbook
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
+from grpo_monitor.tools.simulate import write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -143,7 +143,7 @@ def test_the_exporter_serves_the_runbook_where_the_cards_point(exporter: Running
 
 
 def test_the_wheel_carries_the_runbook(tmp_path: Path) -> None:
-    """What `pip install .` and the image install: grpo_monitor/runbook.md and background.md,
+    """What `pip install .` and the image install: grpo_monitor/runtime/runbook.md and background.md,
     symbolic links in the checkout, are in the wheel as the text of the docs they link."""
     src = tmp_path / "src"
     for name in ("pyproject.toml", "README.md", "docs/runbook.md", "docs/background.md"):
@@ -151,7 +151,7 @@ def test_the_wheel_carries_the_runbook(tmp_path: Path) -> None:
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "exporter", src / "exporter", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    assert (src / "exporter" / "grpo_monitor" / "runbook.md").is_symlink()
+    assert (src / "exporter" / "grpo_monitor" / "runtime" / "runbook.md").is_symlink()
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                           "--no-build-isolation", "--disable-pip-version-check",
                           "-w", str(tmp_path / "dist"), str(src)],
@@ -160,7 +160,7 @@ def test_the_wheel_carries_the_runbook(tmp_path: Path) -> None:
     [wheel] = (tmp_path / "dist").glob("grpo_monitor-*.whl")
     with zipfile.ZipFile(wheel) as z:
         for name in runbook.PAGES:
-            assert z.read(f"grpo_monitor/{name}").decode() == (ROOT / "docs" / name).read_text()
+            assert z.read(f"grpo_monitor/runtime/{name}").decode() == (ROOT / "docs" / name).read_text()
 
 
 def test_the_page_escapes_and_renders_the_markdown_it_uses() -> None:

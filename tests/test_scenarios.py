@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.simulate import SCENARIOS
+from grpo_monitor.tools.simulate import SCENARIOS
 from promtool_harness import (SEVERITIES, Check, Played, check_cards, play, scrape_index_at,
                               scrape_index_before)
 

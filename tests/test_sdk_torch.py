@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from grpo_monitor.keys import SIGNALS_BY_KEY
+from grpo_monitor.contract.keys import SIGNALS_BY_KEY
 from grpo_monitor.sdk.torch import grpo_stats
 
 EPS = 1e-4

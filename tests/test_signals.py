@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Running, value
-from grpo_monitor.signals import RankSignals
+from grpo_monitor.runtime.signals import RankSignals
 
 
 def feed(sig: RankSignals, steps: range, fn: Callable[[int], dict[str, float]], stalled: set[int] = frozenset()) -> None:  # type: ignore[assignment]

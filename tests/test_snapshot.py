@@ -7,8 +7,8 @@ from pathlib import PurePath
 
 import pytest
 
-from grpo_monitor.keys import ALIASES, SIGNALS, canonical_key
-from grpo_monitor.snapshot import RecordError, identity_from_path, parse_number, parse_record
+from grpo_monitor.contract.keys import ALIASES, SIGNALS, canonical_key
+from grpo_monitor.contract.snapshot import RecordError, identity_from_path, parse_number, parse_record
 
 ROOT = PurePath("/snap")
 

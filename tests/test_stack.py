@@ -12,7 +12,7 @@ from pathlib import Path
 import requests
 from polling import wait_for
 
-from grpo_monitor.stack import Child
+from grpo_monitor.tools.stack import Child
 
 CLI = [sys.executable, "-m", "grpo_monitor.cli"]
 FREE_PORTS = ["--exporter.port", "0", "--prometheus.port", "0", "--alertmanager.port", "0",

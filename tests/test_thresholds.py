@@ -1,4 +1,4 @@
-"""One source of thresholds: the table in grpo_monitor.thresholds writes the rule file, matches
+"""One source of thresholds: the table in grpo_monitor.contract.thresholds writes the rule file, matches
 every threshold the rules record or read, and is what the report compares with.
 
 A threshold's number lives in its table entry alone. The alert expressions and the dashboards'
@@ -6,7 +6,7 @@ lines read its ``grpo:threshold:*`` series, the alert descriptions quote that se
 report calls ``th.value``; every other text (summaries, comments, panel titles, descriptions and
 legends, docs/dashboards.md, docs/metrics.md) names a threshold or says what it means, never its
 value, so that one edit of the table and ``make docs`` move everything. The window lengths the
-rules select are the exporter's (grpo_monitor.signals' menus), and the prose around them names
+rules select are the exporter's (grpo_monitor.runtime.signals' menus), and the prose around them names
 only windows its expression reads.
 """
 
@@ -26,10 +26,12 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_monitor import forecast, metrics_doc, signals
-from grpo_monitor import thresholds as th
-from grpo_monitor.store import INTERVAL_STEPS, Limits
-from grpo_monitor.thresholds import THRESHOLDS, Threshold
+from grpo_monitor.runtime import forecast, signals
+
+from grpo_monitor.contract import thresholds as th
+from grpo_monitor.contract.thresholds import THRESHOLDS, Threshold
+from grpo_monitor.runtime.store import INTERVAL_STEPS, Limits
+from grpo_monitor.tools import metrics_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "prometheus" / "rules"
@@ -164,7 +166,7 @@ def test_promql_numbers_read_back_exactly(v: float, text: str) -> None:
 
 def report_sources() -> dict[str, str]:
     """The report's modules, a single report.py or a report/ package: path -> source."""
-    report = importlib.import_module("grpo_monitor.report")
+    report = importlib.import_module("grpo_monitor.tools.report")
     main = Path(report.__file__)
     files = sorted(main.parent.rglob("*.py")) if main.name == "__init__.py" else [main]
     return {str(f.relative_to(ROOT)): f.read_text() for f in files}
@@ -189,7 +191,7 @@ def test_report_keeps_no_numbers_of_its_own() -> None:
         own = [ast.unparse(n) for n in ast.parse(source).body
                if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None
                and numeric(n.value)]
-        assert not own, f"{path} keeps its own numbers; put them in grpo_monitor.thresholds: {own}"
+        assert not own, f"{path} keeps its own numbers; put them in grpo_monitor.contract.thresholds: {own}"
 
 
 def test_report_reads_the_table_by_name() -> None:
@@ -209,8 +211,8 @@ _RUNS: dict[str, Any] = {}
 
 
 def _run(scenario: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from grpo_monitor import report
-    from grpo_monitor.simulate import write_run
+    from grpo_monitor.tools import report
+    from grpo_monitor.tools.simulate import write_run
 
     if scenario not in _RUNS:
         root = tmp_path_factory.mktemp(scenario)
@@ -246,7 +248,7 @@ REPORT_READS = [
 def test_report_follows_the_table(scenario: str, name: str, patched: float, verdict: str,
                                   monkeypatch: pytest.MonkeyPatch,
                                   tmp_path_factory: pytest.TempPathFactory) -> None:
-    from grpo_monitor import report
+    from grpo_monitor.tools import report
 
     data = _run(scenario, tmp_path_factory)
     before = {v["id"] for v in report.diagnose(data)}
@@ -375,7 +377,7 @@ def durations(rule: Rule) -> set[int]:
     return {int(n) for n in found}
 
 
-# The exporter's menus (grpo_monitor.signals): the only windows a query may select.
+# The exporter's menus (grpo_monitor.runtime.signals): the only windows a query may select.
 MENUS: dict[str, set[tuple[int, int | None]]] = {
     "grpo_window_mean": {*signals.TRAINING_MEANS, *signals.PERF_MEANS},
     "grpo_window_p10": {(w, None) for w in signals.TRAINING_PERCENTILES},
@@ -740,7 +742,7 @@ def test_one_edit_of_the_table_moves_rule_description_dashboard_and_report(
     (a run at 0.6 of its groups all wrong no longer fires, one at 0.85 still does), the number
     its description quotes, the dashboard line (a query of the series) and the report's verdict
     all follow; the committed rule file is then stale, which the first test of this file says."""
-    from grpo_monitor import report
+    from grpo_monitor.tools import report
 
     name, old, new = "dead_group_cause_ratio", THRESHOLDS["dead_group_cause_ratio"].value, 0.8
     assert old == 0.5, "the inputs below straddle the old and the new value: adjust them"

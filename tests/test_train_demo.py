@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from promtool_harness import SEVERITIES, Played, Recorder, fired_at
 
-from grpo_monitor.train_demo import Config, StepResult, train
+from grpo_monitor.tools.train_demo import Config, StepResult, train
 
 SCRAPE_EVERY = 10
 # Cards the healthy toy run may raise for reasons that are real but not a training sickness:

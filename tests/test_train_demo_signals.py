@@ -20,9 +20,9 @@ import pytest
 from promtool_harness import Played, fired_at
 from test_train_demo import train_recorded
 
-from grpo_monitor import thresholds
-from grpo_monitor.forecast import block_means, fit_law
-from grpo_monitor.train_demo import Config, StepResult, train
+from grpo_monitor.contract import thresholds
+from grpo_monitor.runtime.forecast import block_means, fit_law
+from grpo_monitor.tools.train_demo import Config, StepResult, train
 
 ONSET = 50
 # Steps between the onset and the card that every test allows: two 20-step windows of the

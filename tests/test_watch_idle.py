@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from polling import wait_for
-from grpo_monitor.health import ExporterHealth
-from grpo_monitor.ingest import Ingestor
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.store import RunStore
+from grpo_monitor.runtime.watch import SnapshotWatcher
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.store import RunStore
-from grpo_monitor.watch import SnapshotWatcher
 
 
 class CountingIngestor(Ingestor):

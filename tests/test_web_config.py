@@ -26,9 +26,9 @@ from prometheus_harness import start_prometheus
 
 from conftest import Running, parse_samples, value
 from grpo_monitor.cli import build_parser
+from grpo_monitor.runtime.web_config import WebConfigError, load_web_config
 from grpo_monitor.sdk.samples import replay_samples
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.web_config import WebConfigError, load_web_config
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 TOKEN = "webhook-token-0123456789"

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from grpo_monitor.control import ControlRecord, now_rfc3339, write_control
+from grpo_monitor.contract.control import ControlRecord, now_rfc3339, write_control
 from grpo_monitor.integrations.trl import GRPOMonitorCallback
 
 RUN = "trl-ranks"

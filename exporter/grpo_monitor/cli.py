@@ -30,7 +30,7 @@ from typing import Any
 
 from grpo_monitor import __version__
 from grpo_monitor.extras import MissingExtra, require
-from grpo_monitor.signals import BASELINE_STEPS
+from grpo_monitor.runtime.signals import BASELINE_STEPS
 
 ENV_PREFIX = "GRPO_MONITOR_"
 LOG_LEVEL = "info"
@@ -167,7 +167,7 @@ def _run_name() -> Flag:
 
 
 def _write_run_defaults() -> dict[str, Any]:
-    from grpo_monitor.simulate import write_run
+    from grpo_monitor.tools.simulate import write_run
 
     return _model_defaults(write_run)
 
@@ -182,8 +182,8 @@ def _simulated_steps(default: int | None, shown: str | None = None) -> Flag:
 
 def _serve_flags() -> list[Flag]:
     # dest is the ExporterConfig (or Limits) field the flag sets; _config() relies on it.
-    from grpo_monitor.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
-    from grpo_monitor.store import Limits
+    from grpo_monitor.runtime.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
+    from grpo_monitor.runtime.store import Limits
 
     d, lim = _model_defaults(ExporterConfig), _model_defaults(Limits)
 
@@ -257,8 +257,8 @@ def _serve_flags() -> list[Flag]:
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The ExporterConfig of parsed serve flags: each flag's dest is the field it sets."""
-    from grpo_monitor.config import ExporterConfig
-    from grpo_monitor.store import Limits
+    from grpo_monitor.runtime.config import ExporterConfig
+    from grpo_monitor.runtime.store import Limits
 
     given = vars(args)
     limits = Limits(**{f.name: given[f.name] for f in dataclasses.fields(Limits) if f.name in given})
@@ -285,7 +285,7 @@ def _wait_for_signal() -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the exporter: watch the snapshot folder, serve /metrics. SIGINT or SIGTERM stops it."""
-    from grpo_monitor.app import Exporter
+    from grpo_monitor.runtime.app import Exporter
 
     _setup_logging(args.log_level)
     config = _config(args)
@@ -302,7 +302,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from grpo_monitor.snapshot import json_schema
+    from grpo_monitor.contract.snapshot import json_schema
 
     print(json.dumps(json_schema(), indent=2))
     return 0
@@ -312,7 +312,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _stack_flags(interval: str | None) -> list[Flag]:
-    from grpo_monitor.stack import StackConfig
+    from grpo_monitor.tools.stack import StackConfig
 
     d = _model_defaults(StackConfig)
     return [
@@ -329,7 +329,7 @@ def _stack_flags(interval: str | None) -> list[Flag]:
 
 
 def _stack(args: argparse.Namespace, snapshot_dir: Path):  # type: ignore[no-untyped-def]
-    from grpo_monitor.stack import NativeStack, StackConfig, project_config_dir
+    from grpo_monitor.tools.stack import NativeStack, StackConfig, project_config_dir
 
     config_dir = args.config_dir or project_config_dir()
     if config_dir is None:
@@ -429,7 +429,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     arrive at Alertmanager within a few minutes."""
     import time
 
-    from grpo_monitor.simulate import write_run
+    from grpo_monitor.tools.simulate import write_run
 
     snapshot_dir = args.snapshot_dir or Path(tempfile.mkdtemp(prefix="grpo-demo-"))
     stack = _stack(args, snapshot_dir)
@@ -490,7 +490,7 @@ def _simulate_flags() -> list[Flag]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Write a synthetic run: healthy, or turning sick mid-run with one of the catalog's sicknesses."""
-    from grpo_monitor.simulate import SCENARIOS, write_run
+    from grpo_monitor.tools.simulate import SCENARIOS, write_run
 
     if args.list:
         for sc in SCENARIOS.values():
@@ -514,7 +514,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _train_demo_flags() -> list[Flag]:
     # dest is the train_demo.Config field the flag sets (train_demo.config_from_args reads them).
     # train_demo imports torch only when training starts: its Config is there without it.
-    from grpo_monitor.train_demo import DIFFICULTIES, LOSS_AGGREGATIONS, ROLLOUT_PRECISIONS, Config
+    from grpo_monitor.tools.train_demo import DIFFICULTIES, LOSS_AGGREGATIONS, ROLLOUT_PRECISIONS, Config
 
     d = _model_defaults(Config)
 
@@ -582,7 +582,7 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     docs/background.md happen for real. Needs the torch extra."""
     import time
 
-    from grpo_monitor import train_demo
+    from grpo_monitor.tools import train_demo
 
     require("train-demo", "torch", "torch")
     try:
@@ -625,7 +625,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     or 2 when the folder has no records."""
     # report.py imports numpy at module level; check first so that a plain install gets one line.
     require("report", "report", "numpy", "matplotlib")
-    from grpo_monitor.report import cmd_report as run_report
+    from grpo_monitor.tools.report import cmd_report as run_report
 
     return run_report(args)
 
@@ -641,7 +641,7 @@ def _replay_flags() -> list[Flag]:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Print a run's replayed samples: prompts with their G responses, rewards and lengths."""
-    from grpo_monitor.replay import print_replay
+    from grpo_monitor.runtime.replay import print_replay
 
     return print_replay(args.snapshot_dir, args.run, args.step)
 
@@ -660,7 +660,7 @@ def _rebaseline_flags() -> list[Flag]:
 def cmd_rebaseline(args: argparse.Namespace) -> int:
     """Make a run's last N steps its new baseline: a long run's normal drifts from its first
     steps' (recalibrate around step 2000, say)."""
-    from grpo_monitor.rebaseline import request_rebaseline
+    from grpo_monitor.runtime.rebaseline import request_rebaseline
 
     try:
         path, at_step = request_rebaseline(args.snapshot_dir, args.run, steps=args.baseline_steps,
@@ -690,7 +690,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     goes on together (sdk PauseGate), by default from the last healthy checkpoint: the newest one
     saved before the card's onset. On a fleet with node-local snapshot folders, run it on any
     node that holds ranks of the run."""
-    from grpo_monitor.control import ControlRecord, now_rfc3339, read_control, write_control
+    from grpo_monitor.contract.control import ControlRecord, now_rfc3339, read_control, write_control
 
     snapshot_dir = args.snapshot_dir
     try:
@@ -747,7 +747,7 @@ def _compose_init_flags() -> list[Flag]:
 def cmd_compose_init(args: argparse.Namespace) -> int:
     """Create the stack's secrets when missing (webhook token, Grafana admin password) and let the
     exporter (uid 10001) write pause records into the snapshot folder's run folders."""
-    from grpo_monitor.compose_init import run
+    from grpo_monitor.tools.compose_init import run
 
     return run(args)
 

@@ -7,7 +7,7 @@
 Every ``on_log`` of the world's main process becomes one record of
 ``<snapshot_dir>/<run>/rank-0.jsonl`` at ``state.global_step``. TRL's keys whose meaning is
 clear are written under their canonical names (``reward`` -> ``reward/mean``, ``kl`` ->
-``kl/mean``, ...: ``TRL_KEYS``, translated by grpo_monitor.keys), so the files describe
+``kl/mean``, ...: ``TRL_KEYS``, translated by grpo_monitor.contract.keys), so the files describe
 themselves; every other numeric key (per reward function ``rewards/<name>/mean``,
 ``clip_ratio/low_mean``, ...) is written as it is, and the exporter maps or exports it
 generically. A checkpoint save is logged as a ``checkpoint_save`` event. Nothing here ever
@@ -32,9 +32,9 @@ from transformers import (
     TrainingArguments,
 )
 
-from grpo_monitor.control import read_control
-from grpo_monitor.keys import canonical_key
-from grpo_monitor.run_layout import ROLLBACK_TARGET, run_name_from, write_control_file
+from grpo_monitor.contract.control import read_control
+from grpo_monitor.contract.keys import canonical_key
+from grpo_monitor.contract.run_layout import ROLLBACK_TARGET, run_name_from, write_control_file
 from grpo_monitor.sdk.pause import PauseGate, rollback_mode
 from grpo_monitor.sdk.writer import SnapshotWriter
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from grpo_monitor.run_layout import MAX_CONTROL_BYTES, PAUSE_RECORD
+from grpo_monitor.contract.run_layout import MAX_CONTROL_BYTES, PAUSE_RECORD
 
 if TYPE_CHECKING:
     from grpo_monitor.sdk.writer import SnapshotWriter

@@ -19,6 +19,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_monitor.contract.samples import reward_sort_key
+
 __all__ = ["TRUNCATION_MARKER", "replay_samples", "reward_sort_key", "should_log_samples", "truncate_text"]
 
 # Appended to a cut text, with the number of characters left out.
@@ -90,12 +92,6 @@ def _grouped(values: Any, n_prompts: int, what: str) -> list[list[Any]]:
         raise ValueError(f"{what}: {len(items)} values do not split into {n_prompts} equal groups")
     g = len(items) // n_prompts
     return [items[i * g:(i + 1) * g] for i in range(n_prompts)]
-
-
-def reward_sort_key(reward: float | None) -> tuple[bool, float]:
-    """Sort key putting the best reward first and a missing or NaN one last."""
-    missing = reward is None or math.isnan(reward)
-    return (missing, 0.0 if missing else -reward)  # type: ignore[operator]
 
 
 def _spread(n: int, k: int) -> list[int]:

@@ -1,0 +1,373 @@
+"""Snapshot contract v1: the record models and their normalisation into one ``Snapshot``.
+
+A record is one of three shapes, detected from its keys: native (``metrics``), verl's file
+logger (``step`` + ``data``) and flat wandb-style dicts. Validation is split on purpose: the
+pydantic models check the envelope (step, time, run, rank, samples, events), while metric
+values are converted one by one, so one bad value costs that value and not the record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
+
+from grpo_monitor.contract.keys import match_key
+
+Shape = Literal["native", "verl", "flat"]
+
+CONTRACT_VERSION = 1
+MAX_KEY_LENGTH = 200
+# Nested metric dicts are flattened with "/" (reward_quantiles: {"25": ..} -> reward_quantiles/25);
+# a bound keeps a hostile record from recursing without end.
+MAX_NESTING = 4
+# The largest step, rank or size a record may carry: a Prometheus sample is a float64, which
+# holds every integer up to 2**53 exactly (and a number of 400 digits not at all: Prometheus
+# would refuse the whole scrape).
+MAX_INT = 2**53
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+
+_METRIC_VALUE_SCHEMA = {
+    "anyOf": [
+        {"type": "number"},
+        {"type": "string", "description": "'nan', 'inf', '-inf' (any case) or a numeric string"},
+        {"type": "boolean"},
+        {"type": "null", "description": "not measured at this step; ignored"},
+        {"type": "object", "description": "nested metrics, flattened with '/'"},
+    ]
+}
+MetricsMap = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "additionalProperties": _METRIC_VALUE_SCHEMA}),
+]
+NameStr = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class SampleResponse(BaseModel):
+    """One of the G responses to a replayed prompt."""
+
+    model_config = ConfigDict(extra="allow")
+    text: str
+    reward: float | None = None
+    length: Count | None = None
+
+
+class Sample(BaseModel):
+    """A prompt with its group of responses, logged for replay (background.md#reading-samples)."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt: str
+    prompt_type: str | None = None
+    responses: list[SampleResponse] = []
+
+
+class Event(BaseModel):
+    """Something that happened in the trainer, e.g. ``{"type": "checkpoint_save", "duration_s": 41}``."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Annotated[str, Field(min_length=1, max_length=64)]
+    step: Count | None = None
+    time: float | None = None
+    duration_s: float | None = None
+
+
+class _Envelope(BaseModel):
+    # Unknown top-level fields are tolerated so that newer writers stay readable (contract v1
+    # only grows).
+    model_config = ConfigDict(extra="allow")
+    run: NameStr | None = None
+    rank: Count | None = None
+    world_size: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
+    step: Count
+    time: Annotated[float, Field(allow_inf_nan=False)] | None = None
+
+
+class NativeRecord(_Envelope):
+    """Shape 1, what ``SnapshotWriter`` writes."""
+
+    host: Annotated[str, Field(max_length=253)] | None = None
+    local_rank: Count | None = None
+    gpu: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="physical GPU index as NVML numbers it")
+    gpu_uuid: Annotated[str, Field(max_length=96)] | None = None
+    metrics: MetricsMap
+    by_type: dict[NameStr, MetricsMap] = {}
+    samples: list[Sample] = []
+    events: list[Event] = []
+
+
+class VerlRecord(BaseModel):
+    """Shape 2, a line of verl's file logger (``trainer.logger=['file']``)."""
+
+    model_config = ConfigDict(extra="allow")
+    step: Count
+    data: MetricsMap
+
+
+class FlatRecord(_Envelope):
+    """Shape 3, the dict people pass to ``wandb.log``: every other key is a metric."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": _METRIC_VALUE_SCHEMA})
+    step: Count = Field(validation_alias=AliasChoices("step", "_step", "global_step", "trainer/global_step"))
+    time: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
+        default=None, validation_alias=AliasChoices("time", "_timestamp", "timestamp"))
+    # Not a metric: the same trainer events as a native record's, so that a flat-dict or verl
+    # run can mark its end with one appended line ({"step": N, "events": [{"type": "run_end"}]}).
+    events: list[Event] = []
+
+
+_FLAT_RESERVED = frozenset(
+    {"run", "rank", "world_size", "step", "_step", "global_step", "trainer/global_step", "time",
+     "_timestamp", "timestamp", "_runtime", "events"})
+# Fields whose validation errors cost only themselves: the record's metrics survive.
+_DROPPABLE = ("samples", "events", "by_type")
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of one snapshot record (any of the three shapes)."""
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(NativeRecord | VerlRecord | FlatRecord).json_schema()
+    schema["title"] = f"grpo-monitor snapshot record, contract v{CONTRACT_VERSION}"
+    schema["description"] = (
+        "One record: a line of a *.jsonl file or a whole *.json file. The shape is detected: "
+        "'metrics' present -> native; 'step' and 'data' -> verl file logger; else flat.")
+    return schema
+
+
+@dataclass
+class Snapshot:
+    """One record, validated and mapped onto canonical keys."""
+
+    run: str
+    rank: int
+    step: int
+    time: float
+    shape: Shape
+    world_size: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # canonical key -> value
+    unknown: dict[str, float] = field(default_factory=dict)  # other numeric keys -> value
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # prompt type -> canonical
+    by_type_unknown: dict[str, dict[str, float]] = field(default_factory=dict)  # same keys as by_type
+    samples: list[Sample] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    # Where the rank runs: (host, local_rank, gpu, gpu_uuid), each "" when unknown.
+    placement: tuple[str, str, str, str] | None = None
+    # Problems that cost part of the record, as (reason, detail) for the error counter.
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+
+class RecordError(ValueError):
+    """The record cannot be used at all; ``reason`` is the error counter's label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)", re.IGNORECASE)
+DEFAULT_RUN = "default"
+
+
+def is_text(s: str) -> bool:
+    """Whether ``s`` can be written as UTF-8. A lone surrogate cannot: JSON's ``"\\ud800"``
+    escape decodes to one, and so does a file name that is not UTF-8 (os.fsdecode). The
+    exposition, and every file the exporter writes, is UTF-8."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_text(s: str) -> str:
+    """``s`` with what UTF-8 cannot hold written as a backslash escape (``\\udcff``): two names
+    that differ stay apart."""
+    return s if is_text(s) else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def identity_from_path(path: PurePath, snapshot_dir: PurePath) -> tuple[str, int]:
+    """Run and rank implied by where a file lies: ``<dir>/<run>/.../rank-<N>.jsonl``."""
+    try:
+        parts = path.relative_to(snapshot_dir).parts
+    except ValueError:
+        parts = (path.name,)
+    run = as_text(parts[0]) if len(parts) > 1 else DEFAULT_RUN
+    m = _RANK_IN_NAME.search(path.name)
+    return run, int(m.group(1)) if m else 0
+
+
+def decode_record(raw: bytes | str, *, whole_file: bool = False) -> Any:
+    """One record's JSON text, decoded; RecordError when it is none.
+
+    ``invalid_json``: not JSON, not UTF-8, nested deeper than Python's recursion limit, or an
+    integer of more than 4300 digits (Python's limit on converting one). ``incomplete``: a
+    ``whole_file`` that stops mid-document, most likely still being written (a line of a
+    ``*.jsonl`` file is complete once its newline is there, so a line never is).
+    """
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        at_end = whole_file and exc.pos >= len(exc.doc.rstrip())
+        raise RecordError("incomplete" if at_end else "invalid_json",
+                          f"{exc.msg} at byte {exc.pos}") from None
+    except RecursionError:
+        raise RecordError("invalid_json", "nested deeper than the parser's limit") from None
+    except ValueError as exc:  # not UTF-8; an integer over the digit limit
+        raise RecordError("invalid_json", str(exc)[:80]) from None
+
+
+def parse_number(raw: Any) -> float | None:
+    """A metric value as float; None for null; raises ValueError for anything not a number."""
+    if raw is None:
+        return None
+    if isinstance(raw, (int, float)):  # bool is an int: True -> 1.0
+        try:
+            return float(raw)
+        except OverflowError:  # an integer beyond float's range (JSON allows any number of digits)
+            raise ValueError("an integer too large for a float") from None
+    if isinstance(raw, str):
+        # float() already accepts 'nan', 'inf', '-Infinity', '1e-3' in any case.
+        return float(raw.strip())
+    raise ValueError(f"not a number: {type(raw).__name__}")
+
+
+def _flatten(raw: dict[str, Any], prefix: str, depth: int, out: dict[str, Any]) -> None:
+    for k, v in raw.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict) and depth < MAX_NESTING:
+            _flatten(v, name + "/", depth + 1, out)
+        else:
+            out[name] = v
+
+
+def normalize_metrics(
+    raw: dict[str, Any], problems: list[tuple[str, str]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Split raw metrics into (canonical, unknown) float maps.
+
+    A canonical key wins over its aliases when a record carries both, so that a trainer that
+    logs ``reward/mean`` next to TRL's ``reward`` is read as it meant. Between two aliases of
+    one key, the one ranked first in keys.py wins (not the one written first): which KL verl's
+    ``actor/kl_loss`` and ``actor/reward_kl_penalty`` stand for is decided there, once. An alias
+    logged in another unit is converted.
+    """
+    flat: dict[str, Any] = {}
+    _flatten(raw, "", 0, flat)
+    best: dict[str, tuple[int, float]] = {}  # canonical key -> (rank of the name used, value)
+    unknown: dict[str, float] = {}
+    for name, value in flat.items():
+        if not name or len(name) > MAX_KEY_LENGTH or not is_text(name):
+            problems.append(("invalid_key", as_text(name[:40])))
+            continue
+        try:
+            number = parse_number(value)
+        except (ValueError, TypeError):
+            problems.append(("invalid_value", name))
+            continue
+        if number is None:
+            continue
+        hit = match_key(name)
+        if hit is None:
+            unknown[name] = number
+            continue
+        if hit.scale != 1.0:
+            number *= hit.scale
+        held = best.get(hit.key)
+        if held is None or hit.rank < held[0]:
+            best[hit.key] = (hit.rank, number)
+    return {key: number for key, (_, number) in best.items()}, unknown
+
+
+def detect_shape(obj: Any) -> Shape:
+    if not isinstance(obj, dict):
+        raise RecordError("invalid_record", f"a record must be a JSON object, not {type(obj).__name__}")
+    if isinstance(obj.get("metrics"), dict):
+        return "native"
+    if isinstance(obj.get("data"), dict) and "step" in obj:
+        return "verl"
+    return "flat"
+
+
+def _validate(model: type[BaseModel], obj: dict[str, Any], problems: list[tuple[str, str]]) -> BaseModel:
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        errors = exc.errors()
+    # An error of the record as a whole has no location: nothing to drop, the record goes.
+    locs = {e["loc"][0] if e["loc"] else None for e in errors}
+    droppable = {str(loc) for loc in locs if loc in _DROPPABLE}
+    if droppable and not locs - droppable:
+        try:
+            rec = model.model_validate({k: v for k, v in obj.items() if k not in droppable})
+        except ValidationError as exc:
+            errors = exc.errors()
+        else:
+            for name in sorted(droppable):
+                problems.append((f"invalid_{name}", name))
+            return rec
+    first = errors[0]
+    where = as_text(".".join(str(p) for p in first["loc"])) or "record"
+    raise RecordError("invalid_record", f"{where}: {first['msg']}")
+
+
+def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
+    """Validate one decoded JSON record and normalise it.
+
+    ``run``/``rank`` are what the file's location implies and ``mtime`` its modification time;
+    the record's own fields take precedence. Raises RecordError when nothing can be used.
+    """
+    shape = detect_shape(obj)
+    problems: list[tuple[str, str]] = []
+    bad_names = [k for k in obj if not (isinstance(k, str) and is_text(k))]
+    if bad_names:
+        # A top-level name that is no text (a lone surrogate) costs itself: in a flat record it
+        # is a metric's key, elsewhere an unknown field.
+        problems.extend(("invalid_key", as_text(str(k))[:40]) for k in bad_names)
+        obj = {k: v for k, v in obj.items() if isinstance(k, str) and is_text(k)}
+    if shape == "native":
+        rec = _validate(NativeRecord, obj, problems)
+        assert isinstance(rec, NativeRecord)
+        metrics, unknown = normalize_metrics(rec.metrics, problems)
+        by_type: dict[str, dict[str, float]] = {}
+        by_type_unknown: dict[str, dict[str, float]] = {}
+        for ptype, values in rec.by_type.items():
+            by_type[ptype], by_type_unknown[ptype] = normalize_metrics(values, problems)
+        placement = None
+        if rec.host or rec.gpu or rec.gpu_uuid:
+            placement = (rec.host or "", "" if rec.local_rank is None else str(rec.local_rank),
+                         rec.gpu or "", rec.gpu_uuid or "")
+        return Snapshot(
+            run=rec.run or run, rank=rank if rec.rank is None else rec.rank, step=rec.step,
+            time=mtime if rec.time is None else rec.time, shape=shape, world_size=rec.world_size,
+            metrics=metrics, unknown=unknown, by_type=by_type, by_type_unknown=by_type_unknown,
+            samples=rec.samples, events=rec.events, placement=placement, problems=problems)
+    if shape == "verl":
+        verl = _validate(VerlRecord, obj, problems)
+        assert isinstance(verl, VerlRecord)
+        metrics, unknown = normalize_metrics(verl.data, problems)
+        # verl lines carry no events; its checkpoint timing marks a save step, which the step
+        # time cards must leave out (background.md#checkpoint-io).
+        events = [Event(type="checkpoint_save")] if "timing_s/save_checkpoint" in verl.data else []
+        return Snapshot(run=run, rank=rank, step=verl.step, time=mtime, shape=shape,
+                        metrics=metrics, unknown=unknown, events=events, problems=problems)
+    flat = _validate(FlatRecord, obj, problems)
+    assert isinstance(flat, FlatRecord)
+    values = {k: v for k, v in obj.items() if k not in _FLAT_RESERVED}
+    metrics, unknown = normalize_metrics(values, problems)
+    return Snapshot(
+        run=flat.run or run, rank=rank if flat.rank is None else flat.rank, step=flat.step,
+        time=mtime if flat.time is None else flat.time, shape=shape, world_size=flat.world_size,
+        metrics=metrics, unknown=unknown, events=flat.events, problems=problems)
+

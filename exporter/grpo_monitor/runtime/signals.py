@@ -1,0 +1,393 @@
+"""Step-window features of each rank's signals: baselines, windows, rising streaks.
+
+The cards are stated in steps (docs/background.md: "the first 200 steps are the baseline",
+"below 0.1x for 50 consecutive steps", "+20% per 100 steps, sustained 300 steps"), while
+Prometheus' ``for:``
+counts wall time and a scrape sees one step in many. So the exporter keeps a short per-rank step
+history and publishes features over it; the rule files compare them to the thresholds (which
+live there, never here). A run replayed at 5 s or at 5 min per step yields the same features.
+
+Feature menu (docs/signals.md): the initial mean over a run's first few steps (the reference of
+the cards that must work from step one, before any baseline exists); baseline mean/stddev over
+the baseline period; window mean over the last N steps, also shifted back by an offset; growth
+per 100 steps; window min/max; window 10th/90th percentiles (a 90th percentile below x over N
+steps = "below x for N consecutive steps", tolerating a noisy step in ten); the highest and lowest
+20-step mean since the run started (a "working level" and a "floor"); the count of consecutive
+rising window means; non-finite values within a window; the least-squares slope over a window;
+per prompt type, the reward's 50-step mean and initial value; and the entropy-reward law fitted
+on the run so far (forecast.py).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+
+from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, LawSums
+
+# (window_steps, offset_steps) pairs published as grpo_window_mean.
+TRAINING_MEANS: tuple[tuple[int, int], ...] = (
+    (20, 0), (50, 0), (50, 200), (100, 0), (100, 100), (100, 200), (100, 300), (200, 0))
+TRAINING_EXTREMES: tuple[int, ...] = (50, 100, 200)  # grpo_window_min / grpo_window_max
+# grpo_window_p10 / grpo_window_p90. The 50-step one is the "for 50 consecutive steps" of docs/background.md;
+# the 20-step one lets the early cards act within a few dozen steps of a run's start.
+TRAINING_PERCENTILES: tuple[int, ...] = (20, 50)
+# grpo_run_window_mean_max / _min: the extremes of the signal's RANGE_WINDOW-step mean so far.
+RANGE_WINDOW = 20
+# The initial reference: the mean over each signal's first INITIAL_STEPS steps (settable with
+# --signals.initial-steps). Short enough to describe the policy the run started from, long
+# enough to average a few noisy steps when the trainer logs every step.
+INITIAL_STEPS = 10
+# The baseline period: each rank's first BASELINE_STEPS steps (settable with
+# --signals.baseline-steps); the cards that compare with a baseline wait for it. The report's own
+# window (thresholds.py's baseline_steps) has the same length, which tests/test_cli.py keeps.
+BASELINE_STEPS = 200
+# Performance signals are logged by every rank: a smaller menu keeps 1024 ranks affordable.
+PERF_MEANS: tuple[tuple[int, int], ...] = ((50, 0),)
+PERF_EXTREMES: tuple[int, ...] = (50,)
+GROWTH_WINDOW = 100  # grpo_window_growth_ratio: mean(100 @ o) / mean(100 @ o+100) - 1
+GROWTH_OFFSETS: tuple[int, ...] = (0, 100, 200)
+RISING_WINDOW = 100  # grpo_rising_windows: streak of rising 100-step means
+# grpo_window_slope: the least-squares trend per step over the last 50 steps, the direction a
+# signal is heading (a mismatch still rising, an entropy still falling and how fast).
+SLOPE_WINDOWS: tuple[int, ...] = (50,)
+# The entropy-reward law (forecast.py) is fitted on these two keys' block means.
+LAW_ENTROPY, LAW_REWARD = "entropy/mean", "reward/mean"
+# Per prompt type (a record's by_type) only the reward is followed, and only its 50-step mean,
+# the same 200 steps before and its initial value are published: what the shortcut card compares
+# (an easy type up, a hard type down, within 200 steps or since the start). A full menu per type
+# would multiply the series by the number of types.
+PROMPT_TYPE_KEYS: tuple[str, ...] = ("reward/mean",)
+PROMPT_TYPE_MEANS: tuple[tuple[int, int], ...] = ((50, 0), (50, 200))
+NONFINITE_WINDOW = 50  # grpo_window_nonfinite
+HISTORY = max(w + o for w, o in TRAINING_MEANS)  # values kept per key: 400 steps when logged every step
+# Events whose steps are left out of the performance windows and baselines: a checkpoint save
+# stalls the step (background.md#checkpoint-io: filter the save's IO spike before judging throughput). A stall,
+# not the red-card pause (store.py's "paused" mark), which is a run waiting on purpose.
+STALL_EVENTS = ("checkpoint_save", "checkpoint", "eval")
+
+
+def is_perf(key: str) -> bool:
+    return key.startswith("perf/")
+
+
+@dataclass
+class Welford:
+    """Running mean and sample standard deviation."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        # d * (x - mean) is d**2 (n-1)/n, never negative; only values near float's limits make
+        # it -inf (-inf * inf, an overflow), and sqrt() of a negative m2 would raise.
+        self.m2 += abs(d * (x - self.mean))
+
+    @property
+    def stddev(self) -> float:
+        return math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0
+
+
+@dataclass
+class KeyHistory:
+    # Windows are in steps, not in values: a key logged every 100 steps (quantiles, say) has
+    # one value in a 100-step window, not a hundred.
+    steps: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    values: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    first_step: int | None = None  # since when the history is complete
+    nonfinite_steps: deque[int] = field(default_factory=deque)  # steps with a NaN / Inf
+    baseline: Welford = field(default_factory=Welford)
+    initial: Welford = field(default_factory=Welford)
+    initial_first: int | None = None  # the key's first finite step ever; a resume keeps it
+    initial_done: bool = False
+    # Highest and lowest complete RANGE_WINDOW-step mean so far; a resume keeps them.
+    range_max: float | None = None
+    range_min: float | None = None
+    rising: int = 0  # consecutive rising RISING_WINDOW means, judged at each window boundary
+    last_block_mean: float | None = None
+    block: int | None = None  # step // RISING_WINDOW of the last value
+
+    def restart(self) -> None:
+        """The run went back to an earlier step (resumed from a checkpoint): the windows start
+        over; the baseline stays, it described the same run."""
+        self.steps.clear()
+        self.values.clear()
+        self.nonfinite_steps.clear()
+        self.first_step = None
+        self.rising, self.last_block_mean, self.block = 0, None, None
+
+    def window(self, now: int, window: int, offset: int) -> list[float] | None:
+        """The values of steps (now - offset - window, now - offset]; None while the history
+        does not reach back that far."""
+        points = self.window_points(now, window, offset)
+        return None if points is None else points[1]
+
+    def window_points(self, now: int, window: int, offset: int) -> tuple[list[int], list[float]] | None:
+        """The steps and values of steps (now - offset - window, now - offset], as window()."""
+        start = now - offset - window
+        if self.first_step is None or self.first_step > start + 1 or (
+                len(self.steps) == self.steps.maxlen and self.steps[0] > start + 1):
+            return None
+        steps = list(self.steps)
+        lo, hi = bisect_right(steps, start), bisect_right(steps, now - offset)
+        if lo == hi:
+            return None
+        return steps[lo:hi], list(self.values)[lo:hi]
+
+
+def slope(steps: list[int], values: list[float]) -> float | None:
+    """Least-squares slope of values over steps (per step); None for fewer than two steps."""
+    n = len(steps)
+    if n < 2:
+        return None
+    mx = sum(steps) / n
+    my = sum(values) / n
+    sxx = sum((x - mx) ** 2 for x in steps)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in zip(steps, values)) / sxx
+
+
+@dataclass
+class LawTracker:
+    """The entropy-reward law fitted on a rank's block means as its steps arrive (forecast.py).
+
+    A block is BLOCK_STEPS consecutive steps; its point is the mean entropy and the mean reward
+    of the steps in it that logged both. A block enters the fit when a later block starts, so a
+    step logged twice (a record that rewrites a step) still counts once. A resume to an earlier
+    step keeps the fit: the law describes the run, and the checkpoint's policy lies on it."""
+
+    sums: LawSums = field(default_factory=LawSums)
+    block: int | None = None
+    entropy: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    last_step: int | None = None
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        h, r = values.get(LAW_ENTROPY), values.get(LAW_REWARD)
+        if h is None or r is None or not (math.isfinite(h) and math.isfinite(r)):
+            return
+        block = step // BLOCK_STEPS
+        if block != self.block:
+            self._close()
+            self.block = block
+        elif step == self.last_step:  # a second record for the same step replaces the first
+            self.entropy.pop()
+            self.reward.pop()
+        self.entropy.append(h)
+        self.reward.append(r)
+        self.last_step = step
+
+    def _close(self) -> None:
+        if self.entropy:
+            self.sums.add(sum(self.entropy) / len(self.entropy), sum(self.reward) / len(self.reward))
+        self.entropy, self.reward = [], []
+
+    def fit(self) -> LawFit | None:
+        return self.sums.fit()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (q in [0, 1]) of a non-empty list."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass
+class Features:
+    """What one rank publishes, ready for the exposition."""
+
+    ready: bool
+    baseline: dict[str, tuple[float, float]]  # key -> (mean, stddev)
+    initial: dict[str, float]  # key -> mean over its first INITIAL_STEPS steps
+    means: list[tuple[str, int, int, float]]  # key, window, offset, mean
+    growth: list[tuple[str, int, float]]  # key, offset, growth ratio over GROWTH_WINDOW
+    extremes: list[tuple[str, int, float, float]]  # key, window, min, max
+    percentiles: list[tuple[str, int, float, float]]  # key, window, p10, p90
+    ranges: dict[str, tuple[float, float]]  # key -> (lowest, highest) RANGE_WINDOW-step mean
+    rising: dict[str, int]
+    nonfinite: dict[str, int]
+    slopes: list[tuple[str, int, float]] = field(default_factory=list)  # key, window, per step
+    law: LawFit | None = None
+
+
+class RankSignals:
+    """The step history of one (run, rank) and the features derived from it."""
+
+    def __init__(self, baseline_steps: int, initial_steps: int = INITIAL_STEPS) -> None:
+        self.baseline_steps = baseline_steps
+        self.initial_steps = initial_steps
+        self.first_step: int | None = None
+        self.baseline_from: int | None = None  # first step of the current baseline period
+        self.step = 0
+        self.keys: dict[str, KeyHistory] = {}
+        self.law = LawTracker()
+
+    @property
+    def ready(self) -> bool:
+        return self.baseline_from is not None and self.step >= self.baseline_from + self.baseline_steps
+
+    def _history(self, key: str) -> KeyHistory:
+        h = self.keys.get(key)
+        if h is None:
+            h = self.keys[key] = KeyHistory()
+            h.first_step = self.step
+        return h
+
+    def add(self, step: int, values: dict[str, float], stalled: bool) -> None:
+        """One step's canonical values; ``stalled``: a checkpoint save or the like (STALL_EVENTS)
+        held the step up, so its performance values are left out."""
+        if self.first_step is None:
+            self.first_step = self.baseline_from = step
+        elif step < self.step:
+            for h in self.keys.values():
+                h.restart()
+                h.first_step = step
+        self.step = step
+        self.law.add(step, values)
+        in_baseline = not self.ready
+        for key, value in values.items():
+            h = self._history(key)
+            if not math.isfinite(value):
+                h.nonfinite_steps.append(step)
+                continue
+            if stalled and is_perf(key):
+                continue
+            if h.steps and h.steps[-1] == step:  # a second record for the same step wins
+                h.steps.pop()
+                h.values.pop()
+            self._advance_rising(h, step)
+            h.steps.append(step)
+            h.values.append(value)
+            if in_baseline:
+                h.baseline.add(value)
+            self._add_initial(h, step, value)
+            if not is_perf(key):
+                self._advance_range(h, step)
+        for h in self.keys.values():
+            while h.nonfinite_steps and h.nonfinite_steps[0] <= step - NONFINITE_WINDOW:
+                h.nonfinite_steps.popleft()
+
+    def _add_initial(self, h: KeyHistory, step: int, value: float) -> None:
+        """The key's own first steps make its initial reference: a key first logged late (an
+        eval every 100 steps) starts when it starts, not with the run; a resume to an earlier
+        step does not reopen it."""
+        if h.initial_done:
+            return
+        if h.initial_first is None:
+            h.initial_first = step
+        if step < h.initial_first + self.initial_steps:
+            h.initial.add(value)
+        else:
+            h.initial_done = True
+
+    def _initial_ready(self, h: KeyHistory) -> bool:
+        return h.initial.n > 0 and (h.initial_done or self.step >= h.initial_first + self.initial_steps - 1)
+
+    def _advance_range(self, h: KeyHistory, step: int) -> None:
+        """Track the highest and lowest complete RANGE_WINDOW-step mean of the key."""
+        chunk = h.window(step, RANGE_WINDOW, 0)
+        if chunk is None:
+            return
+        mean = sum(chunk) / len(chunk)
+        h.range_max = mean if h.range_max is None else max(h.range_max, mean)
+        h.range_min = mean if h.range_min is None else min(h.range_min, mean)
+
+    def note_nonfinite(self, key: str, step: int) -> None:
+        """A NaN / Inf outside the canonical values (an unknown key, a by_type value)."""
+        self._history(key).nonfinite_steps.append(step)
+
+    def _advance_rising(self, h: KeyHistory, step: int) -> None:
+        """At each RISING_WINDOW boundary, compare the finished window's mean to the one before."""
+        block = step // RISING_WINDOW
+        if h.block is not None and block != h.block:
+            done = h.window((h.block + 1) * RISING_WINDOW - 1, RISING_WINDOW, 0)
+            if done is not None:
+                mean = sum(done) / len(done)
+                if h.last_block_mean is not None:
+                    h.rising = h.rising + 1 if mean > h.last_block_mean else 0
+                h.last_block_mean = mean
+        h.block = block
+
+    def rebaseline(self, steps: int) -> None:
+        """The last ``steps`` steps become the baseline (background.md#thresholds: recalibrate at ~2000).
+
+        Only what the history holds can be used: up to HISTORY values per key.
+        """
+        self.baseline_steps = steps
+        self.baseline_from = self.step - steps
+        for h in self.keys.values():
+            h.baseline = Welford()
+            # A person who says "this is normal now" means the initial value too: the early
+            # cards would otherwise keep judging the run against the policy it started from.
+            h.initial, h.initial_done = Welford(), True
+            for s, v in zip(list(h.steps), list(h.values)):
+                if s > self.step - steps:
+                    h.baseline.add(v)
+                if s > self.step - self.initial_steps:
+                    h.initial.add(v)
+
+    def features(self) -> Features:
+        ready = self.ready
+        baseline: dict[str, tuple[float, float]] = {}
+        means: list[tuple[str, int, int, float]] = []
+        growth: list[tuple[str, int, float]] = []
+        extremes: list[tuple[str, int, float, float]] = []
+        percentiles: list[tuple[str, int, float, float]] = []
+        initial: dict[str, float] = {}
+        ranges: dict[str, tuple[float, float]] = {}
+        rising: dict[str, int] = {}
+        nonfinite: dict[str, int] = {}
+        slopes: list[tuple[str, int, float]] = []
+        for key, h in self.keys.items():
+            # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
+            # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
+            if h.nonfinite_steps:
+                nonfinite[key] = len(h.nonfinite_steps)
+            if ready and h.baseline.n:
+                baseline[key] = (h.baseline.mean, h.baseline.stddev)
+            now = self.step
+            perf = is_perf(key)
+            by_window: dict[tuple[int, int], float] = {}
+            for window, offset in PERF_MEANS if perf else TRAINING_MEANS:
+                chunk = h.window(now, window, offset)
+                if chunk is not None:
+                    by_window[window, offset] = mean = sum(chunk) / len(chunk)
+                    means.append((key, window, offset, mean))
+            for offset in () if perf else GROWTH_OFFSETS:
+                latest = by_window.get((GROWTH_WINDOW, offset))
+                before = by_window.get((GROWTH_WINDOW, offset + GROWTH_WINDOW))
+                if latest is not None and before:
+                    growth.append((key, offset, latest / before - 1))
+            for window in PERF_EXTREMES if perf else TRAINING_EXTREMES:
+                chunk = h.window(now, window, 0)
+                if chunk is not None:
+                    extremes.append((key, window, min(chunk), max(chunk)))
+            if perf:
+                continue
+            for window in TRAINING_PERCENTILES:
+                chunk = h.window(now, window, 0)
+                if chunk is not None:
+                    percentiles.append((key, window, percentile(chunk, 0.1), percentile(chunk, 0.9)))
+            for window in SLOPE_WINDOWS:
+                points = h.window_points(now, window, 0)
+                trend = None if points is None else slope(*points)
+                if trend is not None:
+                    slopes.append((key, window, trend))
+            if self._initial_ready(h):
+                initial[key] = h.initial.mean
+            if h.range_max is not None and h.range_min is not None:
+                ranges[key] = (h.range_min, h.range_max)
+            if h.last_block_mean is not None:
+                rising[key] = h.rising
+        return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
+                        rising, nonfinite, slopes, self.law.fit())

@@ -1,0 +1,447 @@
+"""The latest signals per run and rank, and their pre-rendered exposition.
+
+Written by the single ingest thread, read by scrapes. A snapshot merges into its rank's state
+(a key a record leaves out keeps its last value: quantiles logged every 100 steps stay visible)
+and marks the rank dirty; ``flush()``, called by the ingest thread after each batch of file
+events, renders each dirty rank's sample lines once, however many records the batch held. A
+scrape only joins rendered lines.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.runtime import exposition as ex
+from grpo_monitor.runtime.signals import (
+    BASELINE_STEPS,
+    GROWTH_WINDOW,
+    INITIAL_STEPS,
+    NONFINITE_WINDOW,
+    PROMPT_TYPE_KEYS,
+    PROMPT_TYPE_MEANS,
+    RANGE_WINDOW,
+    RISING_WINDOW,
+    STALL_EVENTS,
+    RankSignals,
+)
+from grpo_monitor.contract.snapshot import Snapshot
+
+# The event that marks a run's clean end (SnapshotWriter.close(), the TRL callback's
+# on_train_end, or a line a launch script appends for verl / flat-dict runs).
+RUN_END = "run_end"
+# Events by which a trainer says it waits on purpose (SnapshotWriter.wait_if_paused, after a red
+# card) and goes on again: a paused run is silent, and no hung run.
+PAUSED, RESUMED = "paused", "resumed"
+# Records of these events and no metrics are marks of the run's state, not steps.
+MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED})
+# A rank's typical interval is the median over its last INTERVAL_STEPS logged steps: long
+# enough that one checkpoint save or eval does not move it, short enough to follow a run
+# whose pace changes (longer responses, a new curriculum stage).
+INTERVAL_STEPS = 20
+# A run that has not ended stays in /metrics for at least this many of its log intervals,
+# even past --snapshot.run-timeout: a 70B run logging every 10 minutes must be able to raise
+# the hung-run card (at grpo:threshold:run_hung_intervals = 10 intervals) and hold it red for
+# a while, instead of leaving /metrics first. Keep the threshold below this.
+HUNG_RETAIN_INTERVALS = 30
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run cardinality caps: a trainer must not be able to blow up Prometheus."""
+
+    max_unknown_keys: int = 256
+    max_prompt_types: int = 32
+    max_event_types: int = 32
+    # Not limits but the signal settings: the baseline period of background.md#thresholds, and the initial
+    # period whose mean the early cards compare with.
+    baseline_steps: int = BASELINE_STEPS
+    initial_steps: int = INITIAL_STEPS
+
+
+@dataclass
+class RankState:
+    run: str
+    rank: int
+    step: int = 0
+    time: float = 0.0
+    world_size: int | None = None
+    placement: tuple[str, str, str, str] | None = None
+    values: dict[str, float] = field(default_factory=dict)
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)
+    # (key, prompt_type or "") -> value, for keys outside the canonical set.
+    unknown: dict[tuple[str, str], float] = field(default_factory=dict)
+    nonfinite: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    signals: RankSignals = field(default_factory=lambda: RankSignals(BASELINE_STEPS))
+    # The step history of each prompt type's PROMPT_TYPE_KEYS (types under the run's cap).
+    type_signals: dict[str, RankSignals] = field(default_factory=dict)
+    # A re-baseline asked for a step this rank has not reached yet: (at_step, steps).
+    pending_rebaseline: tuple[int, int] | None = None
+    blocks: dict[str, str] = field(default_factory=dict)
+    # (step, trainer time) of the newest records with new steps: the rank's pace.
+    pace: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=INTERVAL_STEPS + 1))
+    intervals_now: tuple[float, float] | None = None  # intervals() as of the last render
+
+    def note_pace(self, step: int, when: float) -> None:
+        if self.pace and step < self.pace[-1][0]:
+            self.pace.clear()  # resumed from an earlier checkpoint: a new pace
+        if not self.pace or step > self.pace[-1][0]:
+            self.pace.append((step, when))
+
+    def rebaseline(self, steps: int) -> None:
+        """The last ``steps`` steps become the rank's baseline, and its prompt types' too."""
+        self.signals.rebaseline(steps)
+        for history in self.type_signals.values():
+            history.rebaseline(steps)
+
+    def intervals(self) -> tuple[float, float] | None:
+        """(seconds per step, seconds per record): medians over the pace window; None before
+        two records. A clock that stepped back yields no sample, rather than a negative one."""
+        per_step: list[float] = []
+        per_record: list[float] = []
+        pace = list(self.pace)
+        for (s0, t0), (s1, t1) in zip(pace, pace[1:]):
+            if t1 >= t0:
+                per_step.append((t1 - t0) / (s1 - s0))
+                per_record.append(t1 - t0)
+        if not per_step:
+            return None
+        return statistics.median(per_step), statistics.median(per_record)
+
+    def render(self) -> None:
+        self.intervals_now = self.intervals()  # read by the run's render, once per rank change
+        base = f'run="{ex.escape_label(self.run)}",rank="{self.rank}"'
+        out: dict[str, list[str]] = defaultdict(list)
+        out[ex.STEP.name].append(f"{ex.STEP.name}{{{base}}} {self.step}\n")
+        out[ex.LAST_SNAPSHOT.name].append(
+            f"{ex.LAST_SNAPSHOT.name}{{{base}}} {ex.format_value(self.time)}\n")
+        if self.world_size is not None:
+            out[ex.WORLD_SIZE.name].append(f"{ex.WORLD_SIZE.name}{{{base}}} {self.world_size}\n")
+        if self.placement is not None:
+            host, local_rank, gpu, uuid = (ex.escape_label(v) for v in self.placement)
+            out[ex.RANK_INFO.name].append(
+                f'{ex.RANK_INFO.name}{{{base},host="{host}",local_rank="{local_rank}",gpu="{gpu}",'
+                f'uuid="{uuid}"}} 1\n')
+        typed = [(f'{base},prompt_type="{ex.escape_label(t)}"', v) for t, v in self.by_type.items()]
+        for sig in SIGNALS:
+            extra = "".join(f',{k}="{v}"' for k, v in sig.labels)
+            lines = out[sig.metric]
+            if sig.key in self.values:
+                lines.append(f"{sig.metric}{{{base}{extra}}} {ex.format_value(self.values[sig.key])}\n")
+            for lbl, vals in typed:
+                if sig.key in vals:
+                    lines.append(f"{sig.metric}{{{lbl}{extra}}} {ex.format_value(vals[sig.key])}\n")
+        for (key, ptype), value in self.unknown.items():
+            pt = f',prompt_type="{ex.escape_label(ptype)}"' if ptype else ""
+            out[ex.UNKNOWN_VALUE.name].append(
+                f'{ex.UNKNOWN_VALUE.name}{{{base},key="{ex.escape_label(key)}"{pt}}} {ex.format_value(value)}\n')
+        for key, n in self.nonfinite.items():
+            out[ex.NONFINITE.name].append(
+                f'{ex.NONFINITE.name}{{{base},key="{ex.escape_label(key)}"}} {n}\n')
+        for etype, n in self.events.items():
+            out[ex.EVENTS.name].append(f'{ex.EVENTS.name}{{{base},type="{ex.escape_label(etype)}"}} {n}\n')
+        self._render_features(base, out)
+        self.blocks = {name: "".join(lines) for name, lines in out.items() if lines}
+
+    def _render_features(self, base: str, out: dict[str, list[str]]) -> None:
+        f = self.signals.features()
+        fv = ex.format_value
+        out[ex.BASELINE_READY.name].append(f"{ex.BASELINE_READY.name}{{{base}}} {int(f.ready)}\n")
+        for key, (mean, std) in f.baseline.items():
+            lbl = f'{base},key="{key}"'
+            out[ex.BASELINE_MEAN.name].append(f"{ex.BASELINE_MEAN.name}{{{lbl}}} {fv(mean)}\n")
+            out[ex.BASELINE_STDDEV.name].append(f"{ex.BASELINE_STDDEV.name}{{{lbl}}} {fv(std)}\n")
+        for key, mean in f.initial.items():
+            out[ex.INITIAL_MEAN.name].append(f'{ex.INITIAL_MEAN.name}{{{base},key="{key}"}} {fv(mean)}\n')
+        for key, window, offset, mean in f.means:
+            out[ex.WINDOW_MEAN.name].append(
+                f'{ex.WINDOW_MEAN.name}{{{base},key="{key}",window_steps="{window}",'
+                f'offset_steps="{offset}"}} {fv(mean)}\n')
+        for key, offset, g in f.growth:
+            out[ex.GROWTH.name].append(
+                f'{ex.GROWTH.name}{{{base},key="{key}",window_steps="{GROWTH_WINDOW}",'
+                f'offset_steps="{offset}"}} {fv(g)}\n')
+        for key, window, lo, hi in f.extremes:
+            lbl = f'{base},key="{key}",window_steps="{window}"'
+            out[ex.WINDOW_MIN.name].append(f"{ex.WINDOW_MIN.name}{{{lbl}}} {fv(lo)}\n")
+            out[ex.WINDOW_MAX.name].append(f"{ex.WINDOW_MAX.name}{{{lbl}}} {fv(hi)}\n")
+        for key, window, p10, p90 in f.percentiles:
+            lbl = f'{base},key="{key}",window_steps="{window}"'
+            out[ex.WINDOW_P10.name].append(f"{ex.WINDOW_P10.name}{{{lbl}}} {fv(p10)}\n")
+            out[ex.WINDOW_P90.name].append(f"{ex.WINDOW_P90.name}{{{lbl}}} {fv(p90)}\n")
+        for key, (lo, hi) in f.ranges.items():
+            lbl = f'{base},key="{key}",window_steps="{RANGE_WINDOW}"'
+            out[ex.RUN_WINDOW_MEAN_MAX.name].append(f"{ex.RUN_WINDOW_MEAN_MAX.name}{{{lbl}}} {fv(hi)}\n")
+            out[ex.RUN_WINDOW_MEAN_MIN.name].append(f"{ex.RUN_WINDOW_MEAN_MIN.name}{{{lbl}}} {fv(lo)}\n")
+        for key, n in f.rising.items():
+            out[ex.RISING.name].append(
+                f'{ex.RISING.name}{{{base},key="{key}",window_steps="{RISING_WINDOW}"}} {n}\n')
+        for key, n in f.nonfinite.items():  # an unknown key's NaN too: its name is the trainer's
+            out[ex.WINDOW_NONFINITE.name].append(
+                f'{ex.WINDOW_NONFINITE.name}{{{base},key="{ex.escape_label(key)}",'
+                f'window_steps="{NONFINITE_WINDOW}"}} {n}\n')
+        for key, window, trend in f.slopes:
+            out[ex.WINDOW_SLOPE.name].append(
+                f'{ex.WINDOW_SLOPE.name}{{{base},key="{key}",window_steps="{window}"}} {fv(trend)}\n')
+        if f.law is not None:
+            for fam, value in ((ex.FORECAST_LAW_SCALE, f.law.a), (ex.FORECAST_LAW_OFFSET, f.law.b),
+                               (ex.FORECAST_CEILING, f.law.ceiling), (ex.FORECAST_R2, f.law.r_squared),
+                               (ex.FORECAST_POINTS, f.law.points)):
+                out[fam.name].append(f"{fam.name}{{{base}}} {fv(value)}\n")
+        for ptype, history in self.type_signals.items():
+            lbl = f'{base},prompt_type="{ex.escape_label(ptype)}"'
+            tf = history.features()
+            for key, window, offset, mean in tf.means:
+                if (window, offset) in PROMPT_TYPE_MEANS:
+                    out[ex.PROMPT_TYPE_WINDOW_MEAN.name].append(
+                        f'{ex.PROMPT_TYPE_WINDOW_MEAN.name}{{{lbl},key="{key}",window_steps="{window}",'
+                        f'offset_steps="{offset}"}} {fv(mean)}\n')
+            for key, mean in tf.initial.items():
+                out[ex.PROMPT_TYPE_INITIAL_MEAN.name].append(
+                    f'{ex.PROMPT_TYPE_INITIAL_MEAN.name}{{{lbl},key="{key}"}} {fv(mean)}\n')
+
+
+@dataclass
+class RunState:
+    name: str
+    last_write: float = 0.0  # newest mtime of a file that fed this run
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    unknown_keys: set[str] = field(default_factory=set)
+    prompt_types: set[str] = field(default_factory=set)
+    event_types: set[str] = field(default_factory=set)
+    dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    rebaseline: tuple[int, int] | None = None  # (at_step, steps), from the run's control file
+    # The clean end: set by a run_end event, cleared when the run goes on after it (see apply).
+    ended: bool = False
+    end_step: int = 0
+    end_ranks: set[int] = field(default_factory=set)
+    # Ranks whose newest record says they wait on purpose (a "paused" mark).
+    paused_ranks: set[int] = field(default_factory=set)
+    # The slowest rank's typical (seconds per step, seconds per record), as last rendered.
+    pace: tuple[float, float] | None = None
+    blocks: dict[str, str] = field(default_factory=dict)
+
+    def admit(self, kind: str, seen: set[str], name: str, cap: int) -> bool:
+        if name in seen:
+            return True
+        if len(seen) < cap:
+            seen.add(name)
+            return True
+        self.dropped[kind] += 1
+        return False
+
+    def render(self) -> None:
+        run = ex.escape_label(self.name)
+        lbl = f'{{run="{run}"}}'
+        paces = [p for r in self.ranks.values() if (p := r.intervals_now) is not None]
+        # The slowest rank sets the run's pace (the ranks meet in every collective), and the
+        # longer interval is the safer one to judge a silence by.
+        self.pace = (max(p[0] for p in paces), max(p[1] for p in paces)) if paces else None
+        blocks = {
+            ex.RUN_ENDED.name: f"{ex.RUN_ENDED.name}{lbl} {int(self.ended)}\n",
+            ex.RUN_PAUSED.name: f"{ex.RUN_PAUSED.name}{lbl} {int(bool(self.paused_ranks))}\n",
+            ex.RUN_LAST_WRITE.name: f"{ex.RUN_LAST_WRITE.name}{lbl} {ex.format_value(self.last_write)}\n",
+        }
+        if self.pace is not None:
+            blocks[ex.RUN_STEP_INTERVAL.name] = (
+                f"{ex.RUN_STEP_INTERVAL.name}{lbl} {ex.format_value(self.pace[0])}\n")
+            blocks[ex.RUN_LOG_INTERVAL.name] = (
+                f"{ex.RUN_LOG_INTERVAL.name}{lbl} {ex.format_value(self.pace[1])}\n")
+        name = ex.CARDINALITY_DROPPED.name
+        blocks[name] = "".join(f'{name}{{run="{run}",kind="{k}"}} {n}\n' for k, n in self.dropped.items())
+        self.blocks = {k: v for k, v in blocks.items() if v}
+
+    def note_end(self, snap: Snapshot, ending: bool) -> None:
+        """Track the run's clean end. The ranks' last records may arrive after another rank's
+        run_end, so an ordinary record continues a run that ended only when it comes from a
+        rank that already wrote its end (a new process: the run was resumed), or is past the
+        newest step the run had reached at its end."""
+        if ending:
+            self.ended = True
+            self.end_ranks.add(snap.rank)
+            self.end_step = max(self.end_step, snap.step, *(r.step for r in self.ranks.values()))
+        elif self.ended and (snap.rank in self.end_ranks or snap.step > self.end_step):
+            self.ended = False
+            self.end_ranks.clear()
+
+
+class RunStore:
+    """Thread-safe map run -> rank -> latest signals."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._runs: dict[str, RunState] = {}
+        self._dirty: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def apply(self, snap: Snapshot, wrote_at: float) -> None:
+        """Merge one snapshot; ``wrote_at`` is the mtime of the file it came from."""
+        lim = self.limits
+        with self._lock:
+            run = self._runs.get(snap.run)
+            if run is None:
+                run = self._runs[snap.run] = RunState(snap.run)
+                # Pre-declare the kinds so that rate() sees a 0 before the first drop.
+                run.dropped.update({"unknown_key": 0, "prompt_type": 0, "event_type": 0})
+            # Capped at our clock: a file server whose clock runs ahead must not make a run
+            # look fresh (or its silence short) for as long as it is ahead.
+            run.last_write = max(run.last_write, min(wrote_at, time.time()))
+            types = {e.type for e in snap.events}
+            ending = RUN_END in types
+            if types & MARK_EVENTS and not (snap.metrics or snap.unknown or snap.by_type):
+                # A bare mark (the SDK's close() or wait_if_paused(), or a line appended by a
+                # launch script, maybe with step 0): it is no step of the rank, and must not
+                # move its step, its pace or its windows, nor create a rank the run lacks.
+                if ending:
+                    run.note_end(snap, True)
+                if PAUSED in types:
+                    run.paused_ranks.add(snap.rank)
+                if RESUMED in types:
+                    run.paused_ranks.discard(snap.rank)
+                rank = run.ranks.get(snap.rank)
+                for event in snap.events if rank is not None else ():
+                    if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
+                        rank.events[event.type] += 1
+                self._dirty.add((snap.run, snap.rank))
+                return
+            run.note_end(snap, ending)
+            run.paused_ranks.discard(snap.rank)  # it wrote a step: it is not waiting
+            rank = run.ranks.get(snap.rank)
+            if rank is None:
+                rank = run.ranks[snap.rank] = RankState(
+                    snap.run, snap.rank, signals=RankSignals(lim.baseline_steps, lim.initial_steps),
+                    pending_rebaseline=run.rebaseline)
+            rank.step, rank.time = snap.step, snap.time
+            rank.note_pace(snap.step, snap.time)
+            stalled = any(e.type in STALL_EVENTS for e in snap.events)
+            rank.signals.add(snap.step, snap.metrics, stalled)
+            if rank.pending_rebaseline and snap.step >= rank.pending_rebaseline[0]:
+                rank.rebaseline(rank.pending_rebaseline[1])
+                rank.pending_rebaseline = None
+            if snap.world_size is not None:
+                rank.world_size = snap.world_size
+            if snap.placement is not None:
+                rank.placement = snap.placement
+            rank.values.update(snap.metrics)
+            self._count_nonfinite(rank, snap.metrics)
+            for name, value in snap.unknown.items():
+                if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
+                    rank.unknown[(name, "")] = value
+                    self._count_nonfinite(rank, {name: value}, snap.step)
+            for ptype in snap.by_type:  # record order: which types a cap keeps is stable
+                if not run.admit("prompt_type", run.prompt_types, ptype, lim.max_prompt_types):
+                    continue
+                typed = snap.by_type.get(ptype, {})
+                rank.by_type.setdefault(ptype, {}).update(typed)
+                followed = {k: typed[k] for k in PROMPT_TYPE_KEYS if k in typed}
+                if followed:
+                    history = rank.type_signals.get(ptype)
+                    if history is None:
+                        history = rank.type_signals[ptype] = RankSignals(lim.baseline_steps, lim.initial_steps)
+                    history.add(snap.step, followed, stalled=False)
+                self._count_nonfinite(rank, typed, snap.step)
+                for name, value in snap.by_type_unknown.get(ptype, {}).items():
+                    if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
+                        rank.unknown[(name, ptype)] = value
+                        self._count_nonfinite(rank, {name: value}, snap.step)
+            for event in snap.events:
+                if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
+                    rank.events[event.type] += 1
+            self._dirty.add((snap.run, snap.rank))
+
+    def flush(self) -> None:
+        """Render the ranks (and their runs) changed since the last flush."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            runs: dict[str, RunState] = {}
+            for run_name, rank_id in dirty:
+                run = self._runs.get(run_name)
+                if run is None:
+                    continue  # expired meanwhile
+                if rank_id in run.ranks:
+                    run.ranks[rank_id].render()
+                runs[run_name] = run
+            # Once per run, after its ranks: the run's pace reads every rank (1024 ranks
+            # rendering the run each would be a million medians a batch).
+            for run in runs.values():
+                run.render()
+
+    def rebaseline(self, run_name: str, at_step: int, steps: int) -> None:
+        """Make the ``steps`` values up to ``at_step`` each rank's new baseline.
+
+        A rank already past ``at_step`` takes its last ``steps`` values now; one not there yet
+        (a replay after a restart, or a step in the future) when it gets there.
+        """
+        with self._lock:
+            run = self._runs.get(run_name)
+            if run is None:
+                run = self._runs[run_name] = RunState(run_name)
+            run.rebaseline = (at_step, steps)
+            for rank in run.ranks.values():
+                if rank.step >= at_step:
+                    rank.rebaseline(steps)
+                    rank.pending_rebaseline = None
+                    self._dirty.add((run_name, rank.rank))
+                else:
+                    rank.pending_rebaseline = (at_step, steps)
+
+    @staticmethod
+    def _count_nonfinite(rank: RankState, values: dict[str, float], step: int | None = None) -> None:
+        """Count NaN / Inf; ``step``: also note them in the window that the red card reads (the
+        canonical values reach it through RankSignals.add)."""
+        for key, value in values.items():
+            if not math.isfinite(value):
+                rank.nonfinite[key] += 1
+                if step is not None:
+                    rank.signals.note_nonfinite(key, step)
+
+    def expire(self, now: float, timeout: float) -> list[str]:
+        """Drop runs whose files have not been written for ``timeout`` seconds; their names.
+
+        A run that has not ended stays for at least HUNG_RETAIN_INTERVALS of its log
+        intervals: its silence is what the hung-run card judges, which it cannot do on a run
+        that left /metrics."""
+        def keep_for(run: RunState) -> float:
+            if run.ended or run.pace is None:
+                return timeout
+            return max(timeout, HUNG_RETAIN_INTERVALS * run.pace[1])
+
+        with self._lock:
+            gone = [name for name, run in self._runs.items() if now - run.last_write > keep_for(run)]
+            for name in gone:
+                del self._runs[name]
+        return gone
+
+    def max_step(self, run_name: str) -> int | None:
+        """The newest step any rank of the run reported; None for a run not (or no longer) seen."""
+        with self._lock:
+            run = self._runs.get(run_name)
+            return max((r.step for r in run.ranks.values()), default=None) if run else None
+
+    def run_count(self) -> int:
+        with self._lock:
+            return len(self._runs)
+
+    def render(self) -> list[str]:
+        """The exposition text of every run family, as chunks to join."""
+        chunks: list[str] = []
+        with self._lock:
+            ranks = [r for run in self._runs.values() for r in run.ranks.values()]
+            for fam in ex.RANK_FAMILIES:
+                blocks = [b for r in ranks if (b := r.blocks.get(fam.name)) is not None]
+                if blocks:
+                    chunks.append(fam.header())
+                    chunks.extend(blocks)
+            runs = list(self._runs.values())
+            for fam in ex.RUN_FAMILIES:
+                blocks = [b for run in runs if (b := run.blocks.get(fam.name)) is not None]
+                if blocks:
+                    chunks.append(fam.header())
+                    chunks.extend(blocks)
+        return chunks

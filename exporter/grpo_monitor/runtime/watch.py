@@ -1,0 +1,207 @@
+"""File events in, ingestion on one thread out.
+
+watchdog's observer (inotify, or polling where inotify is silent, as on NFS) only enqueues
+paths; a single worker thread reads them, so file state needs no locks and a burst of events for
+one file costs one read. A periodic rescan catches anything an observer missed, and the worker
+notices the snapshot folder being deleted and re-created (inotify watches die with it).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileAttribEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from grpo_monitor.runtime.ingest import Ingestor
+
+log = logging.getLogger("grpo_monitor.runtime.watch")
+
+_RESCAN = ("rescan",)
+# Without a filter watchdog also reports every open and close-without-write, including the
+# exporter's own reads: twice the events, for nothing.
+# FileAttribEvent: a chmod may make a file that could not be read readable (its content is
+# unchanged, so no other event comes).
+_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileDeletedEvent, FileClosedEvent,
+           FileAttribEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent]
+
+
+class _Enqueue(FileSystemEventHandler):
+    def __init__(self, q: queue.SimpleQueue[tuple]) -> None:
+        self.q = q
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        kind = event.event_type
+        src = Path(str(event.src_path))
+        if event.is_directory:
+            if kind in ("created", "moved"):  # files may have landed before the watch did
+                self.q.put(_RESCAN)
+            elif kind == "deleted":
+                self.q.put(("deleted", src))
+        elif kind == "moved":
+            self.q.put(("moved", src, Path(str(event.dest_path))))
+        elif kind == "deleted":
+            self.q.put(("deleted", src))
+        elif kind in ("created", "modified", "closed", "attrib"):
+            self.q.put(("changed", src))
+
+
+class SnapshotWatcher:
+    def __init__(
+        self,
+        ingestor: Ingestor,
+        *,
+        poll: bool = False,
+        poll_interval: float = 1.0,
+        rescan_interval: float = 30.0,
+        run_timeout: float = 3600.0,
+        tick: float = 0.5,
+    ) -> None:
+        self.ingestor = ingestor
+        self.root = ingestor.root
+        self.poll = poll
+        self.poll_interval = poll_interval
+        self.rescan_interval = rescan_interval
+        self.run_timeout = run_timeout
+        self.tick = tick
+        self.ready = threading.Event()
+        self._q: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._observer: BaseObserver | None = None
+        self._root_inode: int | None = -1  # -1: not looked yet; None: missing
+        self._thread = threading.Thread(target=self._run, name="grpo-ingest", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._q.put(("stop",))
+        self._thread.join(timeout)
+        self._unwatch()
+
+    # -- the worker --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._check_root()
+        self._safe(self.ingestor.rescan)  # replay what is already on disk
+        self._safe(self.ingestor.store.flush)
+        self.ingestor.health.ready.set(1)
+        self.ready.set()
+        next_rescan = time.monotonic() + self.rescan_interval
+        next_tick = time.monotonic() + self.tick
+        while not self._stop.is_set():
+            # Reset each turn: a tick with no event must not handle the previous batch again.
+            batch: list[tuple] = []
+            try:
+                batch.append(self._q.get(timeout=self.tick))
+                while True:  # drain: a burst of events for one file costs one read
+                    batch.append(self._q.get_nowait())
+            except queue.Empty:
+                pass
+            if batch:
+                self._handle(batch)
+                self._safe(self.ingestor.store.flush)
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + self.tick
+                self._safe(self._maintain)
+            if now >= next_rescan and self._root_inode not in (None, -1):
+                next_rescan = now + self.rescan_interval
+                self._safe(self.ingestor.rescan)
+                self._safe(self.ingestor.store.flush)
+
+    def _handle(self, batch: list[tuple]) -> None:
+        changed: dict[Path, None] = {}  # ordered set
+        for item in batch:
+            kind = item[0]
+            if kind == "changed":
+                changed[item[1]] = None
+            elif kind == "moved":
+                self._read_changed(changed)
+                self._safe(self.ingestor.moved, item[1], item[2])
+            elif kind == "deleted":
+                self._read_changed(changed)
+                self._safe(self.ingestor.deleted, item[1])
+            elif kind == "rescan":
+                self._read_changed(changed)
+                self._safe(self.ingestor.rescan)
+        self._read_changed(changed)
+
+    def _read_changed(self, changed: dict[Path, None]) -> None:
+        for path in changed:
+            self._safe(self.ingestor.process, path)
+        changed.clear()
+
+    def _safe(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+        # The worker must outlive any surprise: one bad file must not stop ingestion.
+        try:
+            fn(*args)
+        except Exception:
+            self.ingestor.health.internal_errors.inc()
+            log.exception("unexpected error in %s%s", getattr(fn, "__name__", fn), args)
+
+    def _maintain(self) -> None:
+        self._check_root()
+        health = self.ingestor.health
+        gone = self.ingestor.store.expire(time.time(), self.run_timeout)
+        if gone:
+            health.expired.inc(len(gone))
+            log.info("runs expired after %.0f s without a snapshot: %s", self.run_timeout, ", ".join(gone))
+        health.runs.set(self.ingestor.store.run_count())
+
+    # -- the snapshot folder and its observer ------------------------------------------------
+
+    def _check_root(self) -> None:
+        try:
+            inode = self.root.stat().st_ino if self.root.is_dir() else None
+        except OSError:
+            inode = None
+        if inode == self._root_inode:
+            return
+        if inode is None:
+            log.warning("snapshot folder %s is missing; serving what was read, waiting for it", self.root)
+            self.ingestor.health.errors.labels("dir_missing").inc()
+            self._unwatch()
+            self.ingestor.forget(self.root)
+        else:
+            if self._root_inode not in (None, -1):
+                log.info("snapshot folder %s was re-created; reading it again", self.root)
+                self.ingestor.forget(self.root)
+            self._watch()
+            self._q.put(_RESCAN)
+        self._root_inode = inode
+
+    def _watch(self) -> None:
+        self._unwatch()
+        observer = PollingObserver(timeout=self.poll_interval) if self.poll else Observer()
+        observer.schedule(_Enqueue(self._q), str(self.root), recursive=True, event_filter=_EVENTS)
+        observer.start()
+        self._observer = observer
+
+    def _unwatch(self) -> None:
+        if self._observer is not None:
+            try:
+                self._observer.stop()
+                self._observer.join(timeout=5)
+            except Exception:  # an observer whose folder vanished can fail on stop
+                log.debug("observer stop failed", exc_info=True)
+            self._observer = None

@@ -1,0 +1,249 @@
+"""Render docs/metrics.md from the code's own catalogs, so the reference cannot drift.
+
+``python -m grpo_monitor.tools.metrics_doc > docs/metrics.md`` (``make docs``); a test fails when the
+committed file differs from this output.
+"""
+
+from __future__ import annotations
+
+from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.runtime import exposition as ex
+from grpo_monitor.runtime import forecast
+from grpo_monitor.runtime import signals as sig
+from grpo_monitor.runtime import store
+from grpo_monitor.runtime.collectors import gpu
+from grpo_monitor.runtime.config import ExporterConfig
+from grpo_monitor.runtime.health import ERROR_REASONS
+
+HEADER = """\
+# Metrics reference
+
+Generated from the code by `make docs` (`python -m grpo_monitor.tools.metrics_doc`); do not edit by
+hand. The exporter serves them at `/metrics` (default `:9400`). Names follow Prometheus'
+conventions: the `grpo_` prefix, base units, `_total` for counters, `_ratio` for 0–1 fractions;
+`promtool check metrics` on a scrape prints nothing.
+
+## Labels
+
+| label | meaning |
+|---|---|
+| `run` | the record's `run`, else the first folder under the snapshot folder (`default` at its top) |
+| `rank` | the record's `rank`, else `rank-N` / `rankN` in the file name, else `0` |
+| `prompt_type` | present only on the `by_type` breakdown of a record; absent on the overall value |
+| `quantile` | on the `*_quantile` families (typed `summary`, quantiles only) |
+| `key` | the snapshot key, on the generic and the non-finite families |
+
+Each series holds the newest value its (run, rank[, prompt_type]) reported: a record that leaves
+a key out keeps the key's last value (quantiles logged every 100 steps stay visible). A run
+whose files have not changed for `--snapshot.run-timeout` (default 1h) leaves `/metrics`.
+
+## Training signals
+
+One gauge per canonical snapshot key; the aliases are the names TRL, verl and OpenRLHF use for
+the same signal (older names included), and a key is also recognised with wandb's
+`train/` prefix and with spaces around a `/`. When a record carries several names of one key,
+the canonical key wins, then the alias listed first here, then the `train/`-prefixed forms;
+the order of the record's keys does not matter. An alias marked (×f) is logged in another unit
+and multiplied by f. [snapshot-format.md](snapshot-format.md#aliases) says why each name means
+what it is mapped to, and which look-alike names are left unmapped.
+
+| metric | labels | unit | canonical key | aliases |
+|---|---|---|---|---|
+"""
+
+RUN_FAMILIES = """
+## Run bookkeeping
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| `{step}` | gauge | run, rank | `step` of the newest record |
+| `{last}` | gauge | run, rank | the record's `time` (trainer clock, unix seconds); the file's mtime when absent |
+| `{world}` | gauge | run, rank | `world_size` as the record states it |
+| `{info}` | gauge | run, rank, host, local_rank, gpu, uuid | constant 1: where the rank runs (the record's `host`, `local_rank`, `gpu`, `gpu_uuid`); join with `grpo_gpu_*` on `uuid` |
+| `{unknown}` | gauge | run, rank, key[, prompt_type] | any other numeric key, under the per-run cap `--metrics.max-unknown-keys` (default {max_unknown}) |
+| `{nonfinite}` | counter | run, rank, key | NaN / ±Inf values seen (they are exported as they are, too) |
+| `{events}` | counter | run, rank, type | `events` entries, by `type` (e.g. `checkpoint_save`), capped by `--metrics.max-event-types` |
+| `{dropped}` | counter | run, kind | values a cardinality cap dropped: `unknown_key`, `prompt_type`, `event_type` |
+
+## The run as a whole
+
+What the hung-run card (GRPORunHung) reads: has the run ended (or is it paused on purpose), when
+did it last write, and how long does it usually take between records.
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| `{ended}` | gauge | run | 1 once a record's `events` holds `{{"type": "run_end"}}` (`SnapshotWriter.close()`, the TRL callback's `on_train_end`, or an appended line); back to 0 when a rank that wrote the end writes again, or any rank passes the step the run had reached (a resumed run) |
+| `{paused}` | gauge | run | 1 while a rank waits on purpose: its newest record is a `paused` mark (`SnapshotWriter.wait_if_paused()` after a red card), not yet followed by a `resumed` mark or a step |
+| `{last_write}` | gauge | run | the newest modification time of the files that fed the run, as the exporter read them (unix seconds, capped at the exporter's clock): a silence measured against `time()`, whatever the trainer's clock says |
+| `{step_interval}` | gauge | run | typical seconds per training step on the trainer's clock (records' `time`): per rank the median of Δtime/Δstep over its last {n} logged steps, the slowest rank's; absent before a rank's second step |
+| `{log_interval}` | gauge | run | the same median of Δtime between consecutive records (equal to the step interval when every step is logged; ten times it at `logging_steps=10`) |
+
+A run that has not ended stays in `/metrics` for at least {retain} of its log intervals, even
+past `--snapshot.run-timeout`, so that its silence can raise the hung-run card.
+"""
+
+FEATURES = """
+## Step-window features
+
+Per (run, rank) and canonical `key`, over the rank's step history (a window counts steps, not
+logged values: a key logged every 10 steps has 5 values in a 50-step window). The alert rules
+compare them to the thresholds (`grpo:threshold:*`, generated from
+`exporter/grpo_monitor/contract/thresholds.py`); [signals.md](signals.md) explains each.
+
+| metric | labels | meaning |
+|---|---|---|
+| `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default {baseline}) |
+| `{bmean}` | run, rank, key | mean over the baseline period (present once ready) |
+| `{bstd}` | run, rank, key | sample standard deviation over the baseline period |
+| `{imean}` | run, rank, key | mean over the key's first {init} steps (`--signals.initial-steps`): its initial value, present once those steps are past (training keys) |
+| `{wmean}` | run, rank, key, window_steps, offset_steps | mean of the last `window_steps` values, shifted back by `offset_steps`; training keys: {train_means}; `perf/*`: {perf_means} |
+| `{growth}` | run, rank, key, window_steps, offset_steps | growth of the {gw}-step mean over the {gw} steps before it, both shifted back by `offset_steps` ({goffs}): the ratio of the two means minus 1, positive while the signal grows (training keys) |
+| `{wmin}`, `{wmax}` | run, rank, key, window_steps | min / max of the last `window_steps` values; training keys: {train_ext}; `perf/*`: {perf_ext} |
+| `{p10}`, `{p90}` | run, rank, key, window_steps | 10th / 90th percentile of the last `window_steps` steps' values ({train_pct}; training keys) |
+| `{rmax}`, `{rmin}` | run, rank, key, window_steps | highest / lowest complete {range_w}-step mean since the run started: its working level and its floor (training keys) |
+| `{rising}` | run, rank, key, window_steps | consecutive {rising_w}-step windows whose mean rose (training keys) |
+| `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
+| `{slope}` | run, rank, key, window_steps | least-squares slope per step over the last {slope_w} steps: where the signal is heading (training keys) |
+| `{ptmean}` | run, rank, prompt_type, key, window_steps, offset_steps | per prompt type (a record's `by_type`), for {pt_keys}: mean over {pt_means} |
+| `{ptinit}` | run, rank, prompt_type, key | per prompt type, for {pt_keys}: mean over the type's first {init} steps |
+
+## The entropy–reward law
+
+Per (run, rank), the law R = −a·exp(H) + b (arXiv 2505.22617) fitted by least squares on the
+{block}-step block means of `{law_h}` (H) and `{law_r}` (R), every complete block since the run
+started; published once {min_blocks} blocks exist and exp(H) varies across them. A resume to an
+earlier step keeps the fit. [signals.md](signals.md#the-entropy-reward-law) explains it.
+
+| metric | labels | meaning |
+|---|---|---|
+| `{scale}` | run, rank | a: the reward one unit of exp(entropy) costs |
+| `{offset}` | run, rank | b |
+| `{ceiling}` | run, rank | b − a: the reward the law predicts at zero entropy, the run's ceiling |
+| `{r2}` | run, rank | coefficient of determination of the fit on its block means (1 = exact) |
+| `{points}` | run, rank | blocks in the fit |
+
+No fit is published while the block means of the entropy span less than {spread:.0%} of their largest value: an entropy that sits still gives a line through noise, whatever its R².
+
+`perf/*` values of steps that carry a `checkpoint_save` (or `checkpoint`, `eval`) event are left
+out of windows and baselines: a save stalls the step, and is no drift.
+"""
+
+EXPORTER = """
+## The exporter's own health
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| `grpo_snapshots_ingested_total` | counter | shape | records ingested, by shape: `native`, `verl`, `flat` |
+| `grpo_snapshot_errors_total` | counter | reason | input that could not be used, in part or whole (reasons below) |
+| `grpo_snapshot_files` | gauge | | snapshot files being followed |
+| `grpo_runs` | gauge | | runs currently exported |
+| `grpo_runs_expired_total` | counter | | runs dropped after `--snapshot.run-timeout` |
+| `grpo_webhook_requests_total` | counter | outcome | Alertmanager webhook requests (`--web.webhook-token-file`), by outcome: `paused`, `ignored`, `unauthorized`, `bad_request`, `too_large`, `error` |
+| `grpo_notifications_total` | counter | outcome | Cards relayed to a person (`--notify.url`), by outcome: `sent`, `failed` (a target did not take it; the webhook answers 502 and Alertmanager retries) |
+| `grpo_alertmanager_polls_total` | counter | outcome | Polls of Alertmanager for red cards (`--alertmanager.url`), by outcome: `paused` (a run of this node was paused), `unchanged`, `error` (unreachable or a bad answer; retried at the next poll) |
+| `grpo_http_rejects_total` | counter | reason | HTTP requests and connections turned away, by reason: `unauthorized` (basic auth, `--web.config.file`), `request_line_too_long`, `header_too_large`, `too_many_headers`, `read_timeout` (a request not read within `--web.read-timeout`), `write_timeout`, `evicted` (all `--web.max-connections` taken: the one waiting longest for its request), `connection_limit` (all taken by requests being answered), `tls_handshake`, `tls_client_san` ([security.md](security.md)) |
+| `grpo_http_connections` | gauge | | open HTTP connections (at most `--web.max-connections`) |
+| `grpo_exporter_internal_errors_total` | counter | | unexpected errors in the ingest thread, logged with a traceback; the thread goes on (any is a bug) |
+| `grpo_exporter_ready` | gauge | | 1 once the files on disk at start-up are replayed (also `/-/ready`) |
+| `grpo_exporter_build_info` | gauge | version | constant 1 |
+| `process_*`, `python_*` | | | prometheus-client's process and platform collectors |
+
+Every error is logged once per file and reason, with the file's name; later ones are counted.
+
+| reason | what happened | what is kept |
+|---|---|---|
+"""
+
+GPU = """
+## GPU health (NVML)
+
+The GPU collector (`--collector.gpu`, on by default; `--no-collector.gpu` removes every family
+below) reads each GPU through NVML (`pynvml`, from the `nvidia-ml-py` package) every
+`--collector.gpu.interval` (default {interval}) in a background thread; a scrape serves the last
+collection and never waits on NVML. Per-GPU series carry `gpu` (the NVML index), `uuid` and
+`model`, as dcgm-exporter labels them; no host label, Prometheus' `instance` names the node.
+
+A value a GPU does not give (not supported, no permission, or any NVML error on that one call) is
+left out alone; the GPU's other series and the other GPUs stay. A GPU that fails on its handle or
+falls off the bus is left out of that collection (nothing half-read of it) and counted in
+`{failures}`. Without pynvml, the NVML library, the driver or a GPU,
+only the collector's own health series are exported, with `{up} 0` (logged
+once), and NVML is tried again every {retry} collections.
+
+| metric | type | labels | unit | from (NVML) |
+|---|---|---|---|---|
+"""
+
+GPU_NOTES = """
+- `reason`, one series per clock event reason bit: {reasons}.
+- NVLink `type`: {nvlink}; one set per link whose state is enabled (`link` from 0).
+- ECC `type`: {ecc}; volatile counters, since the driver was loaded.
+- `xid`: the XID code (e.g. 79 fallen off the bus, 48 double-bit ECC error, 13 graphics engine
+  exception). Events are read without waiting (`nvmlEventSetWait_v2` with timeout 0 until
+  NVML_ERROR_TIMEOUT), counted from the exporter's start, and stay exported after their GPU is
+  lost (while the collector is up). A series appears with its first XID.
+- The energy, PCIe replay, NVLink and ECC counters are the driver's own (they restart with it).
+
+### The GPU collector's own health
+
+| metric | type | meaning |
+|---|---|---|
+"""
+
+
+def _pairs(pairs: tuple[tuple[int, int], ...]) -> str:
+    return ", ".join(f"{w}@{o}" for w, o in pairs) + " (window@offset)"
+
+
+def render() -> str:
+    out = [HEADER]
+    for s in SIGNALS:
+        labels = "run, rank[, prompt_type]" + "".join(f", {k}=\"{v}\"" for k, v in s.labels)
+        aliases = ", ".join([f"`{a}`" for a in s.aliases] + [f"`{a}` (×{f:g})" for a, f in s.scaled]) or "—"
+        out.append(f"| `{s.metric}` | {labels} | {s.unit} | `{s.key}` | {aliases} |\n")
+    out.append(RUN_FAMILIES.format(
+        step=ex.STEP.name, last=ex.LAST_SNAPSHOT.name, world=ex.WORLD_SIZE.name, info=ex.RANK_INFO.name,
+        unknown=ex.UNKNOWN_VALUE.name, nonfinite=ex.NONFINITE.name, events=ex.EVENTS.name,
+        dropped=ex.CARDINALITY_DROPPED.name, ended=ex.RUN_ENDED.name, paused=ex.RUN_PAUSED.name, last_write=ex.RUN_LAST_WRITE.name,
+        step_interval=ex.RUN_STEP_INTERVAL.name, log_interval=ex.RUN_LOG_INTERVAL.name,
+        n=store.INTERVAL_STEPS, retain=store.HUNG_RETAIN_INTERVALS,
+        max_unknown=store.Limits.max_unknown_keys))
+    out.append(FEATURES.format(
+        ready=ex.BASELINE_READY.name, baseline=store.Limits.baseline_steps,
+        bmean=ex.BASELINE_MEAN.name, bstd=ex.BASELINE_STDDEV.name,
+        wmean=ex.WINDOW_MEAN.name, growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,
+        goffs=", ".join(map(str, sig.GROWTH_OFFSETS)), wmin=ex.WINDOW_MIN.name, wmax=ex.WINDOW_MAX.name,
+        rising=ex.RISING.name, nonfinite=ex.WINDOW_NONFINITE.name,
+        train_means=_pairs(sig.TRAINING_MEANS), perf_means=_pairs(sig.PERF_MEANS),
+        train_ext=", ".join(map(str, sig.TRAINING_EXTREMES)),
+        perf_ext=", ".join(map(str, sig.PERF_EXTREMES)), rising_w=sig.RISING_WINDOW,
+        nf_w=sig.NONFINITE_WINDOW, imean=ex.INITIAL_MEAN.name, init=sig.INITIAL_STEPS,
+        p10=ex.WINDOW_P10.name, p90=ex.WINDOW_P90.name,
+        train_pct=", ".join(map(str, sig.TRAINING_PERCENTILES)), rmax=ex.RUN_WINDOW_MEAN_MAX.name,
+        rmin=ex.RUN_WINDOW_MEAN_MIN.name, range_w=sig.RANGE_WINDOW,
+        slope=ex.WINDOW_SLOPE.name, slope_w=", ".join(map(str, sig.SLOPE_WINDOWS)),
+        ptmean=ex.PROMPT_TYPE_WINDOW_MEAN.name, ptinit=ex.PROMPT_TYPE_INITIAL_MEAN.name,
+        pt_keys=", ".join(f"`{k}`" for k in sig.PROMPT_TYPE_KEYS), pt_means=_pairs(sig.PROMPT_TYPE_MEANS),
+        block=forecast.BLOCK_STEPS, law_h=sig.LAW_ENTROPY, law_r=sig.LAW_REWARD,
+        min_blocks=forecast.MIN_BLOCKS, scale=ex.FORECAST_LAW_SCALE.name,
+        offset=ex.FORECAST_LAW_OFFSET.name, ceiling=ex.FORECAST_CEILING.name,
+        r2=ex.FORECAST_R2.name, points=ex.FORECAST_POINTS.name, spread=forecast.MIN_ENTROPY_SPREAD))
+    out.append(EXPORTER)
+    for reason, (what, kept) in ERROR_REASONS.items():
+        out.append(f"| `{reason}` | {what} | {kept} |\n")
+    out.append(GPU.format(interval=f"{ExporterConfig.gpu_interval:g}s", failures=gpu.FAILURES.name,
+                          up=gpu.UP.name, retry=gpu.INIT_RETRY_EVERY))
+    for fam in gpu.GPU_FAMILIES:
+        labels = ", ".join((*gpu.GPU_LABELS, *fam.labels))
+        out.append(f"| `{fam.name}` | {fam.type} | {labels} | {fam.unit or '—'} | {fam.source} |\n")
+    out.append(GPU_NOTES.format(
+        reasons=", ".join(f"`{r}`" for r, _ in gpu.CLOCK_EVENT_REASONS),
+        nvlink=", ".join(f"`{t}`" for t, _ in gpu.NVLINK_ERROR_TYPES),
+        ecc=", ".join(f"`{t}`" for t, _ in gpu.ECC_TYPES)))
+    for fam in gpu.HEALTH_FAMILIES:
+        out.append(f"| `{fam.name}` | {fam.type} | {fam.help} |\n")
+    return "".join(out)
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,100 @@
+"""A run's records, read back: every snapshot file of the run folder, in the order it was written.
+
+Rank 0's records give the training signals, one set per step: when a step is logged twice, the
+latest record wins (by its ``time``, then by the order the files were written in). Every rank
+gives its ``perf/*`` signals, and its events (checkpoint saves). Lines that are not a record are
+skipped and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpo_monitor.contract.run_layout import run_files
+from grpo_monitor.contract.snapshot import (
+    RecordError,
+    as_text,
+    decode_record,
+    identity_from_path,
+    parse_record,
+)
+
+
+@dataclass
+class RunData:
+    run: str
+    path: Path
+    records: int = 0
+    bad_lines: int = 0
+    # rank 0's training signals: step -> canonical key -> value (latest record per step wins)
+    train: dict[int, dict[str, float]] = field(default_factory=dict)
+    by_type: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # per rank: step -> perf key -> value
+    perf: dict[int, dict[int, dict[str, float]]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(self.train)
+
+    def series(self, key: str) -> np.ndarray:
+        """``key``'s value at each logged step of rank 0, NaN where that step did not log it."""
+        return np.array([self.train[s].get(key, math.nan) for s in self.steps], dtype=float)
+
+    def has(self, key: str) -> bool:
+        return any(key in m for m in self.train.values())
+
+
+def load_run(run_dir: Path | str) -> RunData:
+    """Every record of the run folder (all ranks, rotated segments, *.json), bad lines skipped."""
+    run_dir = Path(run_dir)
+    # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
+    data = RunData(run=as_text(run_dir.name), path=run_dir)
+    latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
+    order = 0
+    for path in run_files(run_dir):
+        run, rank = identity_from_path(path, run_dir.parent)
+        try:
+            mtime = path.stat().st_mtime
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if path.suffix == ".jsonl":
+            raws = [ln for ln in text.splitlines() if ln.strip()]
+        else:
+            raws = [text]
+        for raw in raws:
+            try:
+                obj = decode_record(raw)
+                objs = obj if isinstance(obj, list) and path.suffix == ".json" else [obj]
+                snaps = [parse_record(o, run=run, rank=rank, mtime=mtime) for o in objs]
+            except RecordError:
+                data.bad_lines += 1
+                continue
+            for snap in snaps:
+                order += 1
+                data.records += 1
+                perf = {k: v for k, v in snap.metrics.items() if k.startswith("perf/")}
+                if perf:
+                    data.perf.setdefault(snap.rank, {}).setdefault(snap.step, {}).update(perf)
+                for ev in snap.events:
+                    data.events.append({"step": snap.step if ev.step is None else ev.step,
+                                        "rank": snap.rank, "type": ev.type})
+                train = {k: v for k, v in snap.metrics.items() if not k.startswith("perf/")}
+                if snap.rank != 0 or not (train or snap.by_type):
+                    continue
+                key = (snap.time, order)
+                if snap.step in latest and latest[snap.step] > key:
+                    continue
+                latest[snap.step] = key
+                data.train[snap.step] = train
+                if snap.by_type:
+                    data.by_type[snap.step] = snap.by_type
+                else:
+                    data.by_type.pop(snap.step, None)
+    return data

@@ -1,0 +1,178 @@
+"""summary.json: each core signal by quantiles rather than means, over the run and per window,
+and the report's two sections: rollout vs trainer (the mismatch and staleness keys of the newer
+RL stacks, first and last window medians) and the entropy-reward law (fitted on the first half
+of the run, judged on the second).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from grpo_monitor.contract import thresholds as th
+from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.runtime.forecast import BLOCK_STEPS, MIN_BLOCKS, MIN_ENTROPY_SPREAD, LawFit, fit_law
+from grpo_monitor.tools.report.statistics import (
+    RunView,
+    block_steps,
+    describe,
+    law_blocks,
+    median,
+    percentile,
+    ratio,
+    rounded,
+    windows,
+)
+from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
+
+SUMMARY_SIGNALS: tuple[str, ...] = (
+    "reward/mean", "reward/std", "kl/mean", "loss", "eval/sample_acc", "entropy/mean",
+    "response/len_mean", "grad/norm",
+)
+# The rollout-vs-trainer section: every mismatch and staleness key the run logged, in keys.py's
+# order.
+ROLLOUT_KEYS: tuple[str, ...] = tuple(s.key for s in SIGNALS
+                                      if s.key.startswith(("mismatch/", "staleness/")))
+
+
+def summarize(view: RunView) -> dict[str, Any]:
+    data, steps = view.data, view.steps
+    signals: dict[str, Any] = {}
+    for key in SUMMARY_SIGNALS:
+        if not data.has(key):
+            continue
+        series = view.series(key)
+        per_window = []
+        for a, b in windows(steps, view.window):
+            d = describe(series[a:b])
+            d["steps"] = [steps[a], steps[b - 1]]
+            per_window.append(d)
+        sds = [w["stddev"] for w in per_window]
+        signals[key] = {"run": describe(series), "windows": per_window,
+                        "window_stddev": {"min": min(sds), "max": max(sds),
+                                          "first": sds[0], "last": sds[-1]}}
+    return {"run": data.run, "records": data.records, "bad_lines": data.bad_lines,
+            "steps": [steps[0], steps[-1]] if steps else [], "logged_steps": len(steps),
+            "ranks": sorted(set(data.perf) | ({0} if data.train else set())),
+            "window_steps": view.window, "signals": signals,
+            "rollout_vs_trainer": rollout_section(view) if steps else None,
+            "entropy_reward_law": law_section(view)}
+
+
+# -- rollout vs trainer --------------------------------------------------------------------------
+
+
+def _card_lines() -> dict[str, str]:
+    """The line each rollout-vs-trainer card draws for a key, in words (thresholds.py's values)."""
+    rise = (f"rising: 50-step p10 > {th.value('mismatch_rise_ratio'):g}x initial and > "
+            f"{th.value('mismatch_rise_floor'):g}, slope > 0")
+    return {
+        "mismatch/kl": f"20-step p10 > {th.value('mismatch_kl'):g}; {rise}",
+        "mismatch/k3_kl": rise,
+        "mismatch/logprob_diff_mean": rise,
+        "mismatch/chi2_token": f"20-step p10 > {th.value('mismatch_chi2_token'):g}",
+        "mismatch/is_weight_mean": f"20-step p90 < {th.value('mismatch_is_weight_low'):g} or p10 > "
+                                   f"{th.value('mismatch_is_weight_high'):g}",
+        "mismatch/is_ess_ratio": f"20-step p90 < {th.value('mismatch_ess_ratio'):g}",
+        "staleness/mean": f"20-step p10 > {th.value('staleness_steps'):g}",
+    }
+
+
+def rollout_section(view: RunView) -> dict[str, Any] | None:
+    """Rollout vs trainer: each mismatch / staleness key the run logged, its first- and
+    last-window medians, their ratio, the trend they show (``rising``: the last window's median
+    above the first window's 95th percentile; ``falling``: below its 5th; else ``steady``) and
+    the card line it is judged against. None when the run logs none of them."""
+    present = [k for k in ROLLOUT_KEYS if view.data.has(k)]
+    if not present:
+        return None
+    first, last = view.base, view.last
+    lines = _card_lines()
+    rows: dict[str, dict[str, Any]] = {}
+    for key in present:
+        x = view.series(key)
+        first_median, last_median = median(x[first]), median(x[last])
+        # Against the first window's own spread, whatever the signal's scale: a KL from 0.002
+        # to 0.004 and an importance weight from 1.0 to 0.55 both left where they started.
+        start = x[first][np.isfinite(x[first])]
+        lo, hi = percentile(start, 5), percentile(start, 95)
+        if last_median > hi:
+            trend = "rising"
+        elif last_median < lo:
+            trend = "falling"
+        else:
+            trend = "steady" if math.isfinite(last_median) and start.size else "unknown"
+        rows[key] = {"first_median": rounded(first_median), "last_median": rounded(last_median),
+                     "ratio": rounded(ratio(last_median, first_median)), "trend": trend,
+                     "card_line": lines.get(key)}
+    return {"first_steps": view.span(first), "last_steps": view.span(last), "keys": rows}
+
+
+# -- the entropy-reward law ----------------------------------------------------------------------
+
+
+def _law_dict(fit: LawFit) -> dict[str, Any]:
+    return {"a": rounded(fit.a), "b": rounded(fit.b), "ceiling": rounded(fit.ceiling),
+            "r_squared": rounded(fit.r_squared), "points": fit.points}
+
+
+def law_section(view: RunView) -> dict[str, Any]:
+    """The entropy-reward law R = -a exp(H) + b (forecast.fit_law) fitted on the first half of the
+    run's 10-step blocks and judged on the second half: the mean absolute error of its
+    predictions (also as a % of the range of the run's block-mean reward), against holding the
+    last fitted block's reward flat; the fit on the whole run as the exporter has it at the
+    end; and whether the run ended near its ceiling (GRPORewardCeilingNear's rule at the last
+    step)."""
+    out: dict[str, Any] = {"entropy_key": LAW_ENTROPY, "reward_key": LAW_REWARD,
+                           "block_steps": BLOCK_STEPS}
+    blocks, entropy, reward, both = law_blocks(view.data)
+    out["blocks"] = len(blocks)
+    if not blocks:
+        return {**out, "fitted": False,
+                "reason": f"the run logs no {LAW_ENTROPY} beside {LAW_REWARD}"}
+    # The first half: a forecast is only worth its horizon, and half the run is the longest
+    # horizon that still leaves a 100-step run (10 blocks) the MIN_BLOCKS a fit needs.
+    half = len(blocks) // 2
+    fit_blocks, test_blocks = blocks[:half], blocks[half:]
+    fit = fit_law([entropy[b] for b in fit_blocks], [reward[b] for b in fit_blocks])
+    out["fitted"] = fit is not None
+    if fit is None:
+        out["reason"] = (f"{len(fit_blocks)} blocks in the first half, {MIN_BLOCKS} needed"
+                         if len(fit_blocks) < MIN_BLOCKS else
+                         f"over the first half entropy moved by less than "
+                         f"{100 * MIN_ENTROPY_SPREAD:g}% of its largest block mean: a line "
+                         "through it would fit noise")
+    else:
+        errors, flat = [], []
+        for b in test_blocks:
+            try:
+                predicted = fit.predict(entropy[b])
+            except OverflowError:  # an entropy past exp()'s range: no prediction, as no fit point
+                continue
+            errors.append(abs(predicted - reward[b]))
+            flat.append(abs(reward[fit_blocks[-1]] - reward[b]))
+        finite = [r for r in reward.values() if math.isfinite(r)]
+        span = max(finite) - min(finite) if finite else math.nan
+        mae = float(np.mean(errors)) if errors else math.nan
+        out["first_half"] = {**_law_dict(fit), "steps": block_steps(both, fit_blocks),
+                             "law_holds": bool(fit.a > 0 and fit.r_squared >= th.value("forecast_min_r2"))}
+        out["prediction"] = {
+            "steps": block_steps(both, test_blocks), "blocks": len(errors),
+            "mean_abs_error": rounded(mae), "reward_range": rounded(span),
+            "error_pct_of_range": rounded(100 * ratio(mae, span)) if span > 0 else None,
+            "flat_mean_abs_error": rounded(float(np.mean(flat))) if flat else None}
+    fits = view.law_fits
+    if fits and fits[-1] is not None:
+        out["whole_run"] = _law_dict(fits[-1])
+    ceiling = view.ceiling
+    if ceiling is not None:
+        tr = ceiling.track
+        out["end"] = {"step": int(tr.steps[-1]),
+                      "headroom_ratio": rounded(float(ceiling.headroom[-1])),
+                      "entropy_initial": rounded(tr.initial()),
+                      "entropy_window_mean": rounded(float(ceiling.entropy_mean[-1])),
+                      "entropy_slope_per_step": rounded(float(ceiling.entropy_slope[-1])),
+                      "near_ceiling": bool(ceiling.near[-1])}
+    return out

@@ -1,0 +1,1012 @@
+"""The run's verdicts: what the report names as wrong, each with the steps and numbers behind it.
+
+Every verdict is one small function registered with ``@verdict``: its id, its severity, the live
+card it stands for (a run the card caught gets this verdict afterwards) and a one-line
+explanation. Each reads the run through one shared ``RunView`` and returns a ``Finding`` (the
+sick span and its evidence) or None; ``diagnose`` runs them all.
+
+Two families:
+
+* the three-curve verdicts (reward, KL and loss read together) and the cluster's, on the report's
+  windows over the logged steps (base, reference, last; values compared are window medians);
+  the report's own (plateaus, loss without reward, reward collapse with a KL blow-up) have no
+  card: they need the whole run;
+* the cards' verdicts, each replaying its card on the card's own step windows (``Track``): the
+  same features compared with the same thresholds, naming the steps where the card would have
+  been firing.
+
+Every number a verdict compares with is read from grpo_monitor.contract.thresholds at each use: the card
+thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
+table), so a run the cards caught is not called healthy afterwards; the report's own windows and
+three-curve limits sit in that table's ``report`` group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from grpo_monitor.contract import thresholds as th
+from grpo_monitor.tools.report.load import RunData
+from grpo_monitor.tools.report.statistics import (
+    RankPerf,
+    RunView,
+    Track,
+    median,
+    ratio,
+    rounded,
+    windows,
+)
+from grpo_monitor.runtime.signals import GROWTH_OFFSETS, GROWTH_WINDOW, LAW_ENTROPY, SLOPE_WINDOWS
+
+Severity = Literal["critical", "warning", "info"]
+SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a verdict found: the first and last step of the sick span, and the numbers behind it
+    (floats are rounded when the verdict is written)."""
+
+    steps: list[int]
+    evidence: dict[str, Any]
+
+
+Judge = Callable[[RunView], Finding | None]
+
+
+@dataclass(frozen=True)
+class VerdictKind:
+    id: str
+    severity: Severity
+    explanation: str  # one line, shown beside the verdict in report.txt and report.html
+    card: str | None  # the live card it stands for; None for the report's own verdicts
+    judge: Judge
+    # Verdicts that explain this one: found beside one of them, it is their evidence, not a
+    # second sickness, and is left out.
+    explained_by: frozenset[str]
+    # Given only when no other verdict is: the healthy run.
+    alone: bool
+
+
+# Every verdict, in the order they are judged; verdicts that tie on severity and first step are
+# listed in this order.
+VERDICTS: dict[str, VerdictKind] = {}
+
+
+def verdict(vid: str, severity: Severity, explanation: str, *, card: str | None = None,
+            explained_by: Iterable[str] = (), alone: bool = False) -> Callable[[Judge], Judge]:
+    """Register the decorated function as the judge of verdict ``vid``."""
+    def register(judge: Judge) -> Judge:
+        if vid in VERDICTS:
+            raise ValueError(f"verdict {vid!r} is registered twice")
+        VERDICTS[vid] = VerdictKind(vid, severity, explanation, card, judge,
+                                    frozenset(explained_by), alone)
+        return judge
+    return register
+
+
+def _written(kind: VerdictKind, found: Finding) -> dict[str, Any]:
+    return {"id": kind.id, "severity": kind.severity,
+            "steps": [int(found.steps[0]), int(found.steps[-1])], "card": kind.card,
+            "evidence": {k: (rounded(v) if isinstance(v, float) else v)
+                         for k, v in found.evidence.items()}}
+
+
+def diagnose(run: RunData | RunView) -> list[dict[str, Any]]:
+    """The run's verdicts, most severe (then earliest) first; ``healthy`` alone when nothing is
+    wrong; none for a run without steps."""
+    view = run if isinstance(run, RunView) else RunView(run)
+    if not view.steps:
+        return []
+    found = {kind.id: _written(kind, finding) for kind in VERDICTS.values()
+             if not kind.alone and (finding := kind.judge(view)) is not None}
+    out = [v for vid, v in found.items() if not VERDICTS[vid].explained_by & found.keys()]
+    if not out:
+        out = [_written(kind, finding) for kind in VERDICTS.values()
+               if kind.alone and (finding := kind.judge(view)) is not None]
+    out.sort(key=lambda v: (SEVERITY_ORDER[v["severity"]], v["steps"][0]))
+    return out
+
+
+# -- helpers shared by the verdicts -------------------------------------------------------------
+
+
+def _first_last(steps: list[int], mask: np.ndarray, start: int = 0) -> list[int] | None:
+    idx = [i for i in range(start, len(steps)) if mask[i]]
+    return [steps[idx[0]], steps[idx[-1]]] if idx else None
+
+
+def _short_window() -> int:
+    return th.count("early_window_steps")
+
+
+def _flagged(tr: Track, mask: np.ndarray, **at_first: np.ndarray) -> dict[str, Any] | None:
+    """Where ``mask`` holds: the first and last step, how many steps, and each of ``at_first``'s
+    series at the first one (the values the card fired on)."""
+    idx = np.flatnonzero(mask)
+    if not idx.size:
+        return None
+    i = int(idx[0])
+    return {"steps": [int(tr.steps[i]), int(tr.steps[idx[-1]])], "steps_flagged": int(idx.size),
+            **{k: rounded(float(v[i])) for k, v in at_first.items()}}
+
+
+def _branches(**found: dict[str, Any] | None) -> Finding | None:
+    """One verdict from a card's branches (its `reason`s): its span covers every branch that
+    fired, and the evidence keeps each branch's own steps and values."""
+    hits = {k: v for k, v in found.items() if v is not None}
+    if not hits:
+        return None
+    span = [min(v["steps"][0] for v in hits.values()), max(v["steps"][1] for v in hits.values())]
+    return Finding(span, hits)
+
+
+def _beyond(tr: Track, window: np.ndarray, mask: np.ndarray, name: str,
+            **extra: Any) -> dict[str, Any] | None:
+    """A card branch that fired where ``mask`` holds, with ``window`` (the window statistic it
+    compared) at the first such step and the signal's last value."""
+    hit = _flagged(tr, mask, **{name: window})
+    if hit is not None:
+        hit.update({k: rounded(v) if isinstance(v, float) else v for k, v in extra.items()},
+                   last=rounded(float(tr.values[-1])))
+    return hit
+
+
+def _level(view: RunView, key: str, above: float | None = None,
+           below: float | None = None) -> dict[str, Any] | None:
+    """A level card's branch: ``key`` above ``above`` in 90% of the short window (its p10 over
+    the line) or below ``below`` in 90% of it (its p90 under the line)."""
+    tr = view.track(key)
+    if tr is None:
+        return None
+    stats: dict[str, np.ndarray] = {}
+    mask = np.zeros(tr.steps.size, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        if above is not None:
+            stats["window_p10"] = tr.rolling(_short_window(), "p10")
+            mask |= stats["window_p10"] > above
+        if below is not None:
+            stats["window_p90"] = tr.rolling(_short_window(), "p90")
+            mask |= stats["window_p90"] < below
+    hit = _flagged(tr, mask, **stats)
+    if hit is not None:
+        hit.update({k: v for k, v in (("above", above), ("below", below)) if v is not None},
+                   window_steps=_short_window(), last=rounded(float(tr.values[-1])))
+    return hit
+
+
+# -- the three curves: reward, KL and loss read together, on the report's windows ---------------
+
+
+@verdict("nonfinite", "critical",
+         "NaN or inf in the training signals: roll back to the last good checkpoint",
+         card="GRPONonFiniteValues")
+def nonfinite(view: RunView) -> Finding | None:
+    """NaN / inf anywhere in a training signal (the red card); steps: the first and last such."""
+    bad_steps: list[int] = []
+    bad_keys: set[str] = set()
+    for st in view.steps:
+        for k, v in view.data.train[st].items():
+            if not math.isfinite(v):
+                bad_keys.add(k)
+                if not bad_steps or bad_steps[-1] != st:
+                    bad_steps.append(st)
+    if not bad_steps:
+        return None
+    return Finding([bad_steps[0], bad_steps[-1]],
+                   {"steps_affected": len(bad_steps), "keys": sorted(bad_keys)})
+
+
+def _kl_ratio(view: RunView) -> float:
+    """KL's last-window median over its reference-window median (inf from a zero reference)."""
+    kl_ref, kl_last = view.median("kl/mean", view.reference), view.median("kl/mean", view.last)
+    return kl_last / kl_ref if kl_ref > 0 else (math.inf if kl_last > 0 else math.nan)
+
+
+@verdict("reward_collapse_kl_blowup", "critical",
+         "reward turned down while KL blew up: the KL rein is too loose")
+def reward_collapse_kl_blowup(view: RunView) -> Finding | None:
+    """Reward's last window at least reward_drop under its best window while KL's last window is
+    kl_explosion_ratio times its reference window or more."""
+    if not (view.has("reward/mean") and view.has("kl/mean")):
+        return None
+    steps, reward = view.steps, view.series("reward/mean")
+    reward_last = view.median("reward/mean", view.last)
+    medians = [(median(reward[a:b]), a, b) for a, b in windows(steps, view.window)]
+    best, a, b = max((m for m in medians if math.isfinite(m[0])), default=(math.nan, 0, 0))
+    kl_ratio = _kl_ratio(view)
+    if not (best - reward_last >= th.value("reward_drop")
+            and kl_ratio >= th.value("kl_explosion_ratio")):
+        return None
+    return Finding([steps[b - 1], steps[-1]], {
+        "reward_best_window_median": best, "reward_last_median": reward_last,
+        "best_window_steps": [steps[a], steps[b - 1]],
+        "kl_ref_median": view.median("kl/mean", view.reference),
+        "kl_last_median": view.median("kl/mean", view.last), "kl_ratio": kl_ratio})
+
+
+def _length_surge(view: RunView) -> Finding | None:
+    """Reward up by reward_rise_min or more while the response length's last window is
+    hacking_length_ratio times its reference window or more; steps: where the length is."""
+    if not (view.has("reward/mean") and view.has("response/len_mean")):
+        return None
+    length = view.series("response/len_mean")
+    length_ref = view.median("response/len_mean", view.reference)
+    length_last = view.median("response/len_mean", view.last)
+    surge = th.value("hacking_length_ratio")
+    if not (length_ref > 0 and length_last / length_ref >= surge
+            and view.gain("reward/mean") >= th.value("reward_rise_min")):
+        return None
+    span = (_first_last(view.steps, length > surge * length_ref, view.reference.stop)
+            or view.span(view.last))
+    return Finding(span, {
+        "length_ref_median": length_ref, "length_last_median": length_last,
+        "length_ratio": length_last / length_ref,
+        "reward_ref_median": view.median("reward/mean", view.reference),
+        "reward_last_median": view.median("reward/mean", view.last)})
+
+
+def _accuracy_flat(view: RunView) -> Finding | None:
+    """For some window before the last, reward's gain from it to the last window at least
+    reward_rise while sample accuracy gained under acc_flat_fraction of that; the latest such
+    window is where the flat accuracy begins."""
+    if not (view.has("reward/mean") and view.has("eval/sample_acc")):
+        return None
+    steps, reward, acc = view.steps, view.series("reward/mean"), view.series("eval/sample_acc")
+    reward_last, acc_last = (view.median("reward/mean", view.last),
+                             view.median("eval/sample_acc", view.last))
+    latest = None
+    for a, b in windows(steps, view.window)[1:]:
+        if b > view.last.start:
+            break
+        reward_gain, acc_gain = reward_last - median(reward[a:b]), acc_last - median(acc[a:b])
+        if (reward_gain >= th.value("reward_rise")
+                and acc_gain < th.value("acc_flat_fraction") * reward_gain):
+            latest = (a, b, reward_gain, acc_gain)
+    if latest is None:
+        return None
+    a, b, reward_gain, acc_gain = latest
+    return Finding([steps[b - 1], steps[-1]], {
+        "accuracy_flat_from_steps": [steps[a], steps[b - 1]], "reward_gain": reward_gain,
+        "sample_acc_gain": acc_gain})
+
+
+@verdict("reward_hacking", "critical",
+         "reward up with a length surge or without sample accuracy: grader exploited",
+         card="GRPORewardHackingSuspected")
+def reward_hacking(view: RunView) -> Finding | None:
+    """Reward up with a length surge, or reward up while sample accuracy stays flat; the span and
+    the evidence cover both when both are seen."""
+    parts = [f for f in (_length_surge(view), _accuracy_flat(view)) if f is not None]
+    if not parts:
+        return None
+    return Finding([min(f.steps[0] for f in parts), max(f.steps[-1] for f in parts)],
+                   {k: v for f in parts for k, v in f.evidence.items()})
+
+
+def _plateau(view: RunView) -> dict[str, Any] | None:
+    """The evidence of a reward plateau: reward flat between the reference and the last window,
+    within reward_rise_min either way (a reward that fell is a collapse, its own verdict, and
+    blaming a loose grader or a large KL coefficient for it would send the reader the wrong
+    way); None when the reward moved, or the run has fewer than three windows."""
+    gain = view.gain("reward/mean")
+    if not (view.has("reward/mean") and len(view.steps) >= 3 * view.window
+            and abs(gain) < th.value("reward_rise_min")):
+        return None
+    return {"reward_ref_median": view.median("reward/mean", view.reference),
+            "reward_last_median": view.median("reward/mean", view.last), "reward_gain": gain,
+            "reference_steps": view.span(view.reference), "last_steps": view.span(view.last)}
+
+
+def _plateau_span(view: RunView) -> list[int]:
+    return [view.steps[view.reference.start], view.steps[-1]]
+
+
+# Verdicts that say "no learning signal": a reward that stays flat is their consequence, so the
+# plateau verdicts, which would blame the KL coefficient or the grader, are left out beside them.
+_NO_LEARNING_SIGNAL = ("dead_learning_signal", "advantage_vanishing", "prompts_too_hard",
+                       "prompts_too_easy")
+
+
+@verdict("reward_plateau_beta_too_large", "warning",
+         "reward flat with KL near 0: beta too large (or temperature too low)",
+         explained_by=_NO_LEARNING_SIGNAL)
+def reward_plateau_beta_too_large(view: RunView) -> Finding | None:
+    """A reward plateau with KL's last window under kl_near_zero."""
+    plateau = _plateau(view)
+    kl_last = view.median("kl/mean", view.last)
+    if plateau is None or not (view.has("kl/mean") and kl_last < th.value("kl_near_zero")):
+        return None
+    return Finding(_plateau_span(view), {"kl_last_median": kl_last, **plateau})
+
+
+@verdict("reward_plateau_grader_too_loose", "warning",
+         "reward flat, KL normal, sample accuracy flat: the grader is too loose",
+         explained_by=_NO_LEARNING_SIGNAL)
+def reward_plateau_grader_too_loose(view: RunView) -> Finding | None:
+    """A reward plateau with KL at work (not under kl_near_zero: that is the other plateau's
+    cause) and sample accuracy gaining under acc_flat_abs."""
+    plateau = _plateau(view)
+    kl_last = view.median("kl/mean", view.last)
+    if (plateau is None or not (view.has("eval/sample_acc") and view.has("kl/mean"))
+            or kl_last < th.value("kl_near_zero")):
+        return None
+    acc_gain = view.gain("eval/sample_acc")
+    if not acc_gain < th.value("acc_flat_abs"):
+        return None
+    return Finding(_plateau_span(view),
+                   {"kl_last_median": kl_last, "sample_acc_gain": acc_gain, **plateau})
+
+
+@verdict("loss_without_reward", "warning",
+         "loss went down while reward stayed flat: shrinking KL, not learning")
+def loss_without_reward(view: RunView) -> Finding | None:
+    """A reward plateau while the loss's last window fell more than loss_drop_sd reference
+    stddevs under its reference window."""
+    plateau = _plateau(view)
+    if plateau is None or not view.has("loss"):
+        return None
+    loss_ref = view.series("loss")[view.reference]
+    ref_median, last_median = median(loss_ref), view.median("loss", view.last)
+    stddev = float(np.nanstd(loss_ref, ddof=1)) if np.isfinite(loss_ref).sum() > 1 else 0.0
+    if not ref_median - last_median > max(th.value("loss_drop_sd") * stddev, 1e-12):
+        return None
+    return Finding(_plateau_span(view), {"loss_ref_median": ref_median,
+                                         "loss_last_median": last_median,
+                                         "loss_ref_stddev": stddev, **plateau})
+
+
+# -- the cluster, per rank, as its cards --------------------------------------------------------
+
+
+def _ranks_off(view: RunView, series_of: Callable[[RankPerf], tuple[np.ndarray, str]],
+               sick: Callable[[Any, float], Any]) -> Finding | None:
+    """The ranks (with three windows of performance steps) whose signal's last window is
+    ``sick`` against its reference window; steps: where it is, on every such rank."""
+    w = view.window
+    ranks: dict[str, dict[str, Any]] = {}
+    span: list[int] | None = None
+    for perf in view.ranks:
+        m = len(perf.steps)
+        if m < 3 * w:
+            continue
+        series, signal = series_of(perf)
+        x_ref, x_last = median(series[w:2 * w]), median(series[m - w:])
+        if not (x_ref > 0 and sick(x_last, x_ref)):
+            continue
+        ranks[str(perf.rank)] = {"signal": signal, "ref_median": rounded(x_ref),
+                                 "last_median": rounded(x_last), "ratio": rounded(x_last / x_ref)}
+        at = _first_last(perf.steps, sick(series, x_ref), 2 * w)
+        if at:
+            span = at if span is None else [min(span[0], at[0]), max(span[1], at[1])]
+    if not ranks:
+        return None
+    return Finding(span or view.span(view.last),
+                   {"ranks": ranks, "checkpoint_steps_excluded": len(view.checkpoint_steps)})
+
+
+@verdict("throughput_drop", "warning",
+         "samples/s fell on some ranks: look at the cluster, not the curves",
+         card="GRPOThroughputDrop")
+def throughput_drop(view: RunView) -> Finding | None:
+    """Per rank, samples/s (else tokens/s, else 1 / step time) down by more than
+    throughput_drop_ratio, checkpoint steps left out."""
+    drop = th.value("throughput_drop_ratio")
+    return _ranks_off(view, lambda p: (p.throughput, p.throughput_signal),
+                      lambda x, ref: x < (1 - drop) * ref)
+
+
+@verdict("step_time_drift", "warning",
+         "step time moved away from its reference on some ranks: the cluster changed, not the "
+         "model", card="GRPOStepTimeDrift")
+def step_time_drift(view: RunView) -> Finding | None:
+    """Per rank, the step time (else 1 / throughput) off its reference by more than
+    step_time_drift_ratio, either way, checkpoint steps left out."""
+    drift = th.value("step_time_drift_ratio")
+    return _ranks_off(view, lambda p: (p.step_time, p.step_time_signal),
+                      lambda x, ref: np.abs(x / ref - 1) > drift)
+
+
+@verdict("rank_straggler", "warning",
+         "a rank's steps take far longer than the other ranks': every rank waits for it at each "
+         "gradient sync", card="GRPORankStraggler")
+def rank_straggler(view: RunView) -> Finding | None:
+    """A rank's last-window step time over (1 + straggler_ratio) x the median rank's. Only ranks
+    that log their own step time count: the inverse of throughput is the same on every rank of
+    a synchronous run, straggler or not."""
+    own = {str(p.rank): p.own_step_time for p in view.ranks if p.own_step_time is not None}
+    if len(own) < th.count("straggler_min_ranks"):
+        return None
+    middle = float(np.median(list(own.values())))
+    slow = {rank: rounded(t / middle) for rank, t in own.items()
+            if middle > 0 and t > (1 + th.value("straggler_ratio")) * middle}
+    if not slow:
+        return None
+    return Finding(view.span(view.last),
+                   {"ratio_to_median": slow, "median_rank_step_time": middle})
+
+
+@verdict("rank_stalled", "critical", "a rank stopped advancing while the others went on",
+         card="GRPORankStalled")
+def rank_stalled(view: RunView) -> Finding | None:
+    """A rank whose last step is more than rank_lag_steps behind the furthest rank's."""
+    lasts = {rank: max(by_step) for rank, by_step in view.data.perf.items() if by_step}
+    lasts[0] = max(lasts.get(0, view.steps[-1]), view.steps[-1])
+    furthest = max(lasts.values())
+    behind = {str(rank): furthest - st for rank, st in lasts.items()
+              if furthest - st > th.value("rank_lag_steps")}
+    if not behind:
+        return None
+    return Finding(view.span(view.last), {"steps_behind": behind})
+
+
+# -- cards judged on the report's windows -------------------------------------------------------
+
+
+@verdict("kl_tail_outliers", "warning",
+         "a few samples carry most of the KL: look for reward-hacking prompts",
+         card="GRPOKLTailOutliers")
+def kl_tail_outliers(view: RunView) -> Finding | None:
+    """KL's max over its p95 (last window medians) over kl_tail_ratio, and over
+    kl_tail_baseline_ratio times that ratio in the baseline window."""
+    tail_last = ratio(view.median("kl/max", view.last), view.median("kl/p95", view.last))
+    tail_base = ratio(view.median("kl/max", view.base), view.median("kl/p95", view.base))
+    if not (tail_last > th.value("kl_tail_ratio")
+            and tail_last > th.value("kl_tail_baseline_ratio") * tail_base):
+        return None
+    return Finding(view.span(view.last),
+                   {"tail_ratio_last": tail_last, "tail_ratio_baseline": tail_base})
+
+
+@verdict("reward_std_rising", "warning",
+         "reward spread kept rising: easy prompts farmed, hard ones abandoned",
+         card="GRPORewardStdRising")
+def reward_std_rising(view: RunView) -> Finding | None:
+    """reward/std's mean rising over reward_std_rising_windows consecutive windows of
+    rising_window_steps logged steps, or more."""
+    if not view.has("reward/std"):
+        return None
+    std, window = view.series("reward/std"), th.count("rising_window_steps")
+    streak, longest, previous = 0, 0, None
+    for i in range(0, len(std) - window + 1, window):
+        mean = float(np.nanmean(std[i:i + window]))
+        streak = streak + 1 if previous is not None and mean > previous else 0
+        longest, previous = max(longest, streak), mean
+    if not longest >= th.value("reward_std_rising_windows"):
+        return None
+    return Finding(view.whole, {"rising_windows": longest})
+
+
+@verdict("group_dominated", "warning", "one response per group dominated the gradient",
+         card="GRPOGroupDominated")
+def group_dominated(view: RunView) -> Finding | None:
+    """The within-group reward gap (last window median) over group_gap_sigmas reward stddevs,
+    and over its baseline median by group_gap_baseline_sigmas baseline stddevs."""
+    if not view.has("group/reward_gap"):
+        return None
+    gap = view.median("group/reward_gap", view.last)
+    reward_std = view.median("reward/std", view.last)
+    base = view.series("group/reward_gap")[view.base]
+    base_stddev = float(np.nanstd(base, ddof=1))
+    if not (gap > th.value("group_gap_sigmas") * reward_std
+            and gap > median(base) + th.value("group_gap_baseline_sigmas") * base_stddev):
+        return None
+    return Finding(view.span(view.last), {"group_gap_last": gap, "reward_std_last": reward_std})
+
+
+# -- the cards' own rules, on the cards' own step windows ---------------------------------------
+
+
+@verdict("kl_explosion", "critical",
+         f"KL jumped over {th.value('kl_explosion_ratio'):g}x its baseline: the policy is running "
+         "away from the reference model", card="GRPOKLExplosion")
+def kl_explosion(view: RunView) -> Finding | None:
+    """GRPOKLExplosion: KL's short-window p10 over 10x its baseline mean and over 3x its 50-step
+    mean 200 steps before; once raised, the card stays while the 50-step mean is over 10x."""
+    tr = view.track("kl/mean")
+    if tr is None:
+        return None
+    sus, back = th.count("sustain_steps"), th.count("lookback_steps")
+    limit = th.value("kl_explosion_ratio") * tr.baseline()
+    p10, mean = tr.rolling(_short_window(), "p10"), tr.rolling(sus, "mean")
+    before = tr.rolling(sus, "mean", offset=back)
+    raised = tr.ready() & (p10 > limit) & (p10 > th.value("kl_jump_ratio") * before)
+    stays = tr.ready() & (mean > limit)
+    firing = raised.copy()
+    for i in range(1, firing.size):  # the card's hysteresis: it reads its own ALERTS series
+        firing[i] |= firing[i - 1] and stays[i]
+    hit = _flagged(tr, firing, kl_window_p10=p10, kl_mean_200_steps_before=before)
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), {
+        "kl_baseline_mean": tr.baseline(), "limit": limit, "window_steps": _short_window(), **hit,
+        "kl_max": float(tr.values.max()), "kl_last": float(tr.values[-1])})
+
+
+def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
+    """The two entropy cards, one rule mirrored: 90% of the short window below ``ratio`` x the
+    initial value (collapse: the window's p90 under it) or above it (explosion: its p10 over)."""
+    tr = view.track("entropy/mean")
+    if tr is None or not tr.initial() > 0:
+        return None
+    vid, stat = ("entropy_collapse", "p90") if collapse else ("entropy_explosion", "p10")
+    limit = th.value(f"{vid}_ratio") * tr.initial()
+    window = tr.rolling(_short_window(), stat)
+    with np.errstate(invalid="ignore"):
+        beyond = window < limit if collapse else window > limit
+    hit = _flagged(tr, beyond, **{f"entropy_window_{stat}": window})
+    if hit is None:
+        return None
+    extreme = {"entropy_min": float(tr.values.min())} if collapse else \
+        {"entropy_max": float(tr.values.max())}
+    return Finding(hit.pop("steps"), {
+        "entropy_initial": tr.initial(), "limit": limit, "window_steps": _short_window(), **hit,
+        **extreme, "entropy_last": float(tr.values[-1])})
+
+
+@verdict("entropy_collapse", "critical",
+         f"entropy stayed below {th.value('entropy_collapse_ratio'):g}x its initial value in 90% "
+         f"of {th.count('early_window_steps')} steps: the policy stopped exploring",
+         card="GRPOEntropyCollapse")
+def entropy_collapse(view: RunView) -> Finding | None:
+    """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value."""
+    return _entropy_beyond_initial(view, collapse=True)
+
+
+@verdict("entropy_explosion", "critical",
+         f"entropy stayed above {th.value('entropy_explosion_ratio'):g}x its initial value in 90% "
+         f"of {th.count('early_window_steps')} steps: the policy is turning to noise",
+         card="GRPOEntropyExplosion")
+def entropy_explosion(view: RunView) -> Finding | None:
+    """GRPOEntropyExplosion: entropy's p10 over the short window above 5x its initial value."""
+    return _entropy_beyond_initial(view, collapse=False)
+
+
+@verdict("reward_collapse", "critical",
+         "reward fell back to the floor from the level the run had reached",
+         card="GRPORewardCollapse")
+def reward_collapse(view: RunView) -> Finding | None:
+    """GRPORewardCollapse: reward's p90 over the sustain window in the lowest quarter of the
+    range between the run's floor and working level (its lowest and highest short-window mean
+    so far), a range of at least half the largest short-window mean of the reward's
+    within-batch stddev so far."""
+    tr, std = view.track("reward/mean"), view.track("reward/std")
+    if tr is None or std is None:
+        return None
+    means = tr.rolling(_short_window(), "mean")
+    with np.errstate(invalid="ignore"):
+        top, floor = np.fmax.accumulate(means), np.fmin.accumulate(means)
+        spread = np.fmax.accumulate(std.rolling(_short_window(), "mean"))
+    spread_now = std.asof(tr.steps, spread)
+    line = floor + th.value("reward_collapse_ratio") * (top - floor)
+    needed = th.value("reward_collapse_spread_ratio") * spread_now
+    window = th.count("sustain_steps")
+    p90 = tr.rolling(window, "p90")
+    with np.errstate(invalid="ignore"):
+        mask = (p90 < line) & (top - floor > needed)
+    hit = _flagged(tr, mask, reward_window_p90=p90, working_level=top, floor=floor, limit=line,
+                   range_needed=needed)
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), {"window_steps": window, **hit,
+                                      "reward_last": float(tr.values[-1])})
+
+
+@verdict("kl_growth_accelerating", "warning",
+         f"KL grew by over {100 * th.value('kl_growth_ratio'):g}% per 100 steps for 300 steps, "
+         "and faster lately: the policy keeps drifting", card="GRPOKLGrowthAccelerating")
+def kl_growth_accelerating(view: RunView) -> Finding | None:
+    """GRPOKLGrowthAccelerating: KL's 100-step mean up by over 20% per 100 steps in each of the
+    last three 100-step windows, and the last increment larger than the one 200 steps before."""
+    tr = view.track("kl/mean")
+    if tr is None:
+        return None
+    means = [tr.rolling(GROWTH_WINDOW, "mean", offset=o)
+             for o in (*GROWTH_OFFSETS, GROWTH_OFFSETS[-1] + GROWTH_WINDOW)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # The exporter publishes no growth over a zero mean: NaN, never a card.
+        growth = np.min([np.where(means[j + 1] != 0, means[j] / means[j + 1] - 1, math.nan)
+                         for j in range(len(GROWTH_OFFSETS))], axis=0)
+    accel = (means[0] - means[1]) - (means[2] - means[3])
+    hit = _flagged(tr, tr.ready() & (growth > th.value("kl_growth_ratio")) & (accel > 0),
+                   least_growth_per_window=growth, acceleration=accel)
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), {"limit": th.value("kl_growth_ratio"),
+                                      "window_steps": GROWTH_WINDOW, **hit})
+
+
+@verdict("length_shift", "warning",
+         f"response length moved by more than {100 * th.value('length_shift_ratio'):g}% (within "
+         "200 steps, or early on against its initial value)", card="GRPOResponseLengthShift",
+         # A length surge that reward hacking explains is that verdict's evidence.
+         explained_by=("reward_hacking",))
+def length_shift(view: RunView) -> Finding | None:
+    """GRPOResponseLengthShift: the 50-step mean over the one 200 steps before off 1 by more than
+    0.5; before that comparison exists, the short window off the initial length by as much in
+    90% of its steps (its p90 below, or its p10 above)."""
+    tr = view.track("response/len_mean")
+    if tr is None:
+        return None
+    shift, sus, back = (th.value("length_shift_ratio"), th.count("sustain_steps"),
+                        th.count("lookback_steps"))
+    before = tr.rolling(sus, "mean", offset=back)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_before = tr.rolling(sus, "mean") / before
+        low = tr.rolling(_short_window(), "p90") / tr.initial()
+        high = tr.rolling(_short_window(), "p10") / tr.initial()
+    to_initial = np.where(low < 1, low, np.where(high > 1, high, 1.0))
+    late = _flagged(tr, np.abs(to_before - 1) > shift, ratio=to_before)
+    early = _flagged(tr, np.isnan(before) & (np.abs(to_initial - 1) > shift),
+                     ratio_to_initial=to_initial)
+    if late is not None:
+        late.update(window_steps=sus, lookback_steps=back)
+    if early is not None:
+        early.update(length_initial=rounded(tr.initial()), window_steps=_short_window())
+    return _branches(within_200_steps=late, against_initial=early)
+
+
+@verdict("completions_truncated", "warning",
+         f"over {100 * th.value('truncated_ratio'):g}% of the completions were cut at the length "
+         f"limit in 90% of {th.count('early_window_steps')} steps", card="GRPOCompletionsTruncated")
+def completions_truncated(view: RunView) -> Finding | None:
+    """GRPOCompletionsTruncated: the truncated share's p10 over the short window above 0.9."""
+    tr = view.track("response/clip_ratio")
+    if tr is None:
+        return None
+    p10 = tr.rolling(_short_window(), "p10")
+    hit = _flagged(tr, p10 > th.value("truncated_ratio"), truncated_window_p10=p10)
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), {
+        "limit": th.value("truncated_ratio"), "window_steps": _short_window(), **hit,
+        "truncated_last": float(tr.values[-1])})
+
+
+@verdict("reward_quantile_extreme", "warning", "a reward quantile fell far below its baseline",
+         card="GRPORewardQuantileExtreme")
+def reward_quantile_extreme(view: RunView) -> Finding | None:
+    """GRPORewardQuantileExtreme, downward only: once the baseline is ready, a reward quantile's
+    50-step mean below its baseline mean - 3 baseline stddevs, or fallen by more than 3 of them
+    below its 50-step mean 200 steps before."""
+    sigmas, sus, back = (th.value("reward_quantile_sigmas"), th.count("sustain_steps"),
+                         th.count("lookback_steps"))
+    found: dict[str, dict[str, Any] | None] = {}
+    for q in ("reward/p25", "reward/p50", "reward/p75", "reward/p95"):
+        tr = view.track(q)
+        if tr is None:
+            continue
+        drop = sigmas * tr.baseline_stddev()
+        mean = tr.rolling(sus, "mean")
+        fall = mean - tr.rolling(sus, "mean", offset=back)
+        found[q] = _flagged(tr, tr.ready() & ((mean < tr.baseline() - drop) | (fall < -drop)),
+                            window_mean=mean, fall_within_200_steps=fall)
+        if found[q] is not None:
+            found[q].update(baseline_mean=rounded(tr.baseline()), allowed_drop=rounded(drop),
+                            window_steps=sus)
+    return _branches(**found)
+
+
+@verdict("dead_learning_signal", "warning",
+         "from the first steps, nearly every prompt group had equal rewards (or the whole batch "
+         "did): nothing to learn from", card="GRPOAdvantageVanishing")
+def dead_learning_signal(view: RunView) -> Finding | None:
+    """GRPOAdvantageVanishing from the first steps (reasons dead_groups, reward_constant): the
+    short-window mean of the zero-std group share over 0.9, or reward/std 0 in 90% of it."""
+    dead = reward_constant = None
+    zero = view.track("group/zero_std_frac")
+    if zero is not None:
+        mean = zero.rolling(_short_window(), "mean")
+        dead = _flagged(zero, mean > th.value("dead_signal_zero_std_ratio"),
+                        zero_std_share_window_mean=mean)
+        if dead is not None:
+            dead.update(limit=th.value("dead_signal_zero_std_ratio"), window_steps=_short_window(),
+                        zero_std_share_run_mean=rounded(float(zero.values.mean())))
+    std = view.track("reward/std")
+    if std is not None:
+        p90 = std.rolling(_short_window(), "p90")
+        reward_constant = _flagged(std, p90 <= 0, reward_std_window_p90=p90)
+        if reward_constant is not None:
+            reward_constant.update(window_steps=_short_window(),
+                                   steps_with_reward_std_0=int((std.values <= 0).sum()),
+                                   steps_logged=int(std.values.size))
+    return _branches(dead_groups=dead, reward_constant=reward_constant)
+
+
+@verdict("advantage_vanishing", "warning",
+         "after the baseline, most groups had equal rewards or |advantage| shrank: advantages "
+         "vanished", card="GRPOAdvantageVanishing")
+def advantage_vanishing(view: RunView) -> Finding | None:
+    """GRPOAdvantageVanishing once the baseline is ready: the zero-std group share over 0.5 in
+    90% of 50 steps, or |advantage| under 0.2x its baseline mean in 90% of 50 steps."""
+    sus = th.count("sustain_steps")
+    share = small = None
+    zero = view.track("group/zero_std_frac")
+    if zero is not None:
+        p10 = zero.rolling(sus, "p10")
+        share = _flagged(zero, zero.ready() & (p10 > th.value("zero_std_group_ratio")),
+                         zero_std_share_window_p10=p10)
+        if share is not None:
+            share.update(limit=th.value("zero_std_group_ratio"), window_steps=sus)
+    adv = view.track("adv/mean_abs")
+    if adv is not None:
+        limit = th.value("advantage_vanishing_ratio") * adv.baseline()
+        p90 = adv.rolling(sus, "p90")
+        small = _flagged(adv, adv.ready() & (p90 < limit), adv_abs_window_p90=p90)
+        if small is not None:
+            small.update(adv_abs_baseline=rounded(adv.baseline()), limit=rounded(limit),
+                         window_steps=sus)
+    return _branches(zero_std_share=share, advantage_small=small)
+
+
+@verdict("grad_norm_spike", "warning",
+         f"grad norm stayed over {th.value('grad_norm_spike_ratio'):g}x its baseline in 90% of "
+         f"{th.count('sustain_steps')} steps", card="GRPOGradNormSpike")
+def grad_norm_spike(view: RunView) -> Finding | None:
+    """GRPOGradNormSpike: grad norm's p10 over 50 steps above 5x its baseline mean."""
+    tr = view.track("grad/norm")
+    if tr is None:
+        return None
+    sus = th.count("sustain_steps")
+    limit = th.value("grad_norm_spike_ratio") * tr.baseline()
+    p10 = tr.rolling(sus, "p10")
+    hit = _flagged(tr, tr.ready() & (p10 > limit), grad_norm_window_p10=p10)
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), {"baseline_mean": tr.baseline(), "limit": limit,
+                                      "window_steps": sus, **hit})
+
+
+# -- the cards of the newer RL stacks' signals: rollout vs trainer, staleness, dead groups by
+# cause, the entropy's driver, the length bias, the entropy-reward law, prompt types.
+
+
+@verdict("rollout_mismatch", "warning",
+         f"the rollout engine and the trainer disagree on the policy (KL over "
+         f"{th.value('mismatch_kl'):g}, chi-square over {th.value('mismatch_chi2_token'):g}, mean "
+         f"importance weight outside [{th.value('mismatch_is_weight_low'):g}, "
+         f"{th.value('mismatch_is_weight_high'):g}] or effective sample share under "
+         f"{th.value('mismatch_ess_ratio'):g}): the gradient is for a policy the samples did not "
+         "come from", card="GRPORolloutMismatch")
+def rollout_mismatch(view: RunView) -> Finding | None:
+    """GRPORolloutMismatch (reasons kl, chi2_token, is_weight, ess): in 90% of the short window,
+    the rollout-to-trainer KL over mismatch_kl, the per-token chi-square over
+    mismatch_chi2_token, the mean importance weight outside [mismatch_is_weight_low, _high], or
+    the weights' effective sample share under mismatch_ess_ratio."""
+    return _branches(
+        kl=_level(view, "mismatch/kl", above=th.value("mismatch_kl")),
+        chi2_token=_level(view, "mismatch/chi2_token", above=th.value("mismatch_chi2_token")),
+        is_weight=_level(view, "mismatch/is_weight_mean", above=th.value("mismatch_is_weight_high"),
+                         below=th.value("mismatch_is_weight_low")),
+        ess=_level(view, "mismatch/is_ess_ratio", below=th.value("mismatch_ess_ratio")))
+
+
+# The mismatch signals whose slow rise the rising card follows, by its reason label.
+RISING_MISMATCH: dict[str, str] = {"kl": "mismatch/kl", "k3_kl": "mismatch/k3_kl",
+                                   "logprob_diff_mean": "mismatch/logprob_diff_mean"}
+
+
+@verdict("rollout_mismatch_rising", "warning",
+         f"a rollout-vs-trainer mismatch rose past {th.value('mismatch_rise_ratio'):g}x its start "
+         "and is still rising: precision drift, a stale weight sync or a growing lag",
+         card="GRPORolloutMismatchRising")
+def rollout_mismatch_rising(view: RunView) -> Finding | None:
+    """GRPORolloutMismatchRising: a mismatch signal's 50-step p10 over mismatch_rise_ratio x its
+    initial value and over mismatch_rise_floor, while its 50-step slope is still positive."""
+    sus, rise, floor = (th.count("sustain_steps"), th.value("mismatch_rise_ratio"),
+                        th.value("mismatch_rise_floor"))
+    found: dict[str, dict[str, Any] | None] = {}
+    for reason, key in RISING_MISMATCH.items():
+        tr = view.track(key)
+        if tr is None:
+            continue
+        p10, trend = tr.rolling(sus, "p10"), tr.slope(SLOPE_WINDOWS[0])
+        with np.errstate(invalid="ignore"):
+            mask = (p10 > rise * tr.initial()) & (p10 > floor) & (trend > 0)
+        found[reason] = _beyond(tr, p10, mask, "window_p10", initial=tr.initial(),
+                                limit=max(rise * tr.initial(), floor), window_steps=sus)
+        if found[reason] is not None:
+            i = int(np.searchsorted(tr.steps, found[reason]["steps"][0]))
+            found[reason]["slope_per_step"] = rounded(float(trend[i]))
+    return _branches(**found)
+
+
+@verdict("stale_rollouts", "warning",
+         f"the trained trajectories were over {th.value('staleness_steps'):g} policy versions old "
+         "on average: the rollout side has fallen behind", card="GRPOStaleRollouts")
+def stale_rollouts(view: RunView) -> Finding | None:
+    """GRPOStaleRollouts: the trajectories' mean age over staleness_steps policy versions in 90%
+    of the short window."""
+    hit = _level(view, "staleness/mean", above=th.value("staleness_steps"))
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), hit)
+
+
+def _dead_cause(view: RunView, key: str) -> Finding | None:
+    hit = _level(view, key, above=th.value("dead_group_cause_ratio"))
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), {"signal": key, **hit})
+
+
+@verdict("prompts_too_hard", "warning",
+         f"over {100 * th.value('dead_group_cause_ratio'):g}% of the prompt groups had every "
+         "answer wrong: the prompts are too hard for the policy (easier prompts, a curriculum)",
+         card="GRPOPromptsTooHard")
+def prompts_too_hard(view: RunView) -> Finding | None:
+    """GRPOPromptsTooHard: over dead_group_cause_ratio of the groups all wrong in 90% of the
+    short window."""
+    return _dead_cause(view, "group/all_wrong_frac")
+
+
+@verdict("prompts_too_easy", "warning",
+         f"over {100 * th.value('dead_group_cause_ratio'):g}% of the prompt groups had every "
+         "answer right: the prompts are solved (drop them, dynamic sampling)",
+         card="GRPOPromptsTooEasy")
+def prompts_too_easy(view: RunView) -> Finding | None:
+    """GRPOPromptsTooEasy: over dead_group_cause_ratio of the groups all right in 90% of the
+    short window."""
+    return _dead_cause(view, "group/all_right_frac")
+
+
+@verdict("entropy_covariance_surge", "warning",
+         f"the covariance of token log-probability and advantage rose over "
+         f"{th.value('entropy_cov_ratio'):g}x its start: it drives entropy down, a collapse is "
+         "coming", card="GRPOEntropyCovarianceSurge")
+def entropy_covariance_surge(view: RunView) -> Finding | None:
+    """GRPOEntropyCovarianceSurge: the covariance of the sampled tokens' log-probability and
+    advantage positive and over entropy_cov_ratio x its (positive) initial value in 90% of the
+    short window, while entropy's 50-step trend is down by over entropy_cov_fall_ratio of its
+    initial value."""
+    tr = view.track("entropy/logp_adv_cov")
+    if tr is None or not tr.initial() > 0:
+        return None
+    limit = th.value("entropy_cov_ratio") * tr.initial()
+    p10 = tr.rolling(_short_window(), "p10")
+    # Entropy's 50-step trend, as it stood at each of the covariance's steps, against its start.
+    ent = view.track(LAW_ENTROPY)
+    if ent is None or not ent.initial() > 0:
+        return None
+    window = SLOPE_WINDOWS[0]
+    fall = ent.asof(tr.steps, ent.slope(window) * window / ent.initial())
+    with np.errstate(invalid="ignore"):
+        mask = (p10 > 0) & (p10 > limit) & (fall < -th.value("entropy_cov_fall_ratio"))
+    hit = _beyond(tr, p10, mask, "window_p10", initial=tr.initial(), limit=limit,
+                  window_steps=_short_window())
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), hit)
+
+
+@verdict("length_bias", "warning",
+         f"wrong answers grew over {100 * th.value('length_bias_growth_ratio'):g}% longer while "
+         f"right ones grew under {100 * th.value('length_bias_correct_ratio'):g}%: the loss's "
+         "length normalisation favours long wrong answers", card="GRPOLengthBias")
+def length_bias(view: RunView) -> Finding | None:
+    """GRPOLengthBias: the incorrect responses' 50-step mean length grown by over
+    length_bias_growth_ratio of its initial value, while the correct ones' grew by under
+    length_bias_correct_ratio."""
+    wrong = view.track("response/len_incorrect_mean")
+    right = view.track("response/len_correct_mean")
+    if wrong is None or right is None or not (wrong.initial() > 0 and right.initial() > 0):
+        return None
+    sus = th.count("sustain_steps")
+    grown = wrong.rolling(sus, "mean") / wrong.initial() - 1
+    # The correct responses' growth as it stood at each of the incorrect ones' steps.
+    right_grown = right.asof(wrong.steps, right.rolling(sus, "mean") / right.initial() - 1)
+    with np.errstate(invalid="ignore"):
+        mask = (grown > th.value("length_bias_growth_ratio")) & \
+            (right_grown < th.value("length_bias_correct_ratio"))
+    hit = _beyond(wrong, grown, mask, "incorrect_growth", window_steps=sus,
+                  incorrect_initial=wrong.initial(), correct_initial=right.initial(),
+                  growth_limit=th.value("length_bias_growth_ratio"),
+                  correct_limit=th.value("length_bias_correct_ratio"))
+    if hit is None:
+        return None
+    i = int(np.searchsorted(wrong.steps, hit["steps"][0]))
+    hit["correct_growth"] = rounded(float(right_grown[i]))
+    hit["incorrect_last"] = hit.pop("last")
+    return Finding(hit.pop("steps"), hit)
+
+
+@verdict("reward_ceiling_near", "warning",
+         f"entropy is nearly spent: the entropy-reward law leaves under "
+         f"{100 * th.value('ceiling_headroom_ratio'):g}% of the reward gain it promised at the "
+         "start; more steps buy little", card="GRPORewardCeilingNear")
+def reward_ceiling_near(view: RunView) -> Finding | None:
+    """GRPORewardCeilingNear: by the entropy-reward law fitted on the run so far (R² at least
+    forecast_min_r2, a > 0), the reward still to gain is under ceiling_headroom_ratio of what it
+    was at the start, and entropy is still falling."""
+    c = view.ceiling
+    if c is None:
+        return None
+    with np.errstate(invalid="ignore"):
+        reward_ceiling = c.b - c.a
+    hit = _flagged(c.track, c.near, headroom_ratio=c.headroom, entropy_window_mean=c.entropy_mean,
+                   entropy_slope_per_step=c.entropy_slope, law_a=c.a, law_b=c.b,
+                   reward_ceiling=reward_ceiling, law_r_squared=c.r_squared)
+    if hit is None:
+        return None
+    return Finding(hit.pop("steps"), {
+        "entropy_initial": c.track.initial(), "limit": th.value("ceiling_headroom_ratio"),
+        "window_steps": th.count("sustain_steps"), **hit})
+
+
+def _shortcut_branch(grid: np.ndarray, mean: dict[str, np.ndarray], ref: dict[str, np.ndarray],
+                     **extra: Any) -> dict[str, Any] | None:
+    """One branch of the shortcut card: at some step a type's 50-step mean reward at least
+    shortcut_delta below its reference while another type, higher at its own reference, rose
+    by as much over it. The pair the card saw first (the widest split) is the evidence."""
+    delta = th.value("shortcut_delta")
+    with np.errstate(invalid="ignore"):
+        change = {t: mean[t] - ref[t] for t in mean}
+        pairs = {(hard, easy): (change[hard] <= -delta) & (change[easy] >= delta)
+                 & (ref[easy] > ref[hard])
+                 for hard in mean for easy in mean if hard != easy}
+    mask = np.zeros(grid.size, dtype=bool)
+    for hit in pairs.values():
+        mask |= hit
+    idx = np.flatnonzero(mask)
+    if not idx.size:
+        return None
+    i = int(idx[0])
+    hard, easy = max((p for p, hit in pairs.items() if hit[i]),
+                     key=lambda p: change[p[1]][i] - change[p[0]][i])
+    return {"steps": [int(grid[i]), int(grid[idx[-1]])], "steps_flagged": int(idx.size),
+            "easy_type": easy, "hard_type": hard, "easy_reference": rounded(float(ref[easy][i])),
+            "hard_reference": rounded(float(ref[hard][i])),
+            "easy_change": rounded(float(change[easy][i])),
+            "hard_change": rounded(float(change[hard][i])), "limit": delta, **extra}
+
+
+@verdict("shortcut_learning", "warning",
+         f"a prompt type's 50-step reward fell {th.value('shortcut_delta'):g} or more below its "
+         "start (or its level 200 steps before) while one that was higher then rose as much: easy "
+         "types up, hard ones down, the model takes shortcuts", card="GRPOShortcutLearning")
+def shortcut_learning(view: RunView) -> Finding | None:
+    """GRPOShortcutLearning, per prompt type's reward (the records' by_type): branch
+    `against_initial`, a type's 50-step mean shortcut_delta or more below its initial value
+    while a type that started higher rose by as much over its own; branch `within_200_steps`,
+    the same against each type's 50-step mean 200 steps before."""
+    by_type = view.data.by_type
+    if not by_type:
+        return None
+    grid = np.asarray(view.steps)
+    sus, back = th.count("sustain_steps"), th.count("lookback_steps")
+    mean, initial, before = {}, {}, {}
+    for t in sorted({t for bt in by_type.values() for t in bt}):
+        logged = [(st, bt[t]["reward/mean"]) for st, bt in sorted(by_type.items())
+                  if math.isfinite(bt.get(t, {}).get("reward/mean", math.nan))]
+        if not logged:
+            continue
+        at, xs = zip(*logged)
+        tr = Track(np.asarray(at), np.asarray(xs, dtype=float), view.steps[0])
+        # Each type's gauges as they stand at every step of the run (a type not in a record
+        # keeps its last values, as the exporter keeps publishing them).
+        mean[t] = tr.asof(grid, tr.rolling(sus, "mean"))
+        initial[t] = np.full(grid.size, tr.initial())
+        before[t] = tr.asof(grid, tr.rolling(sus, "mean", offset=back))
+    return _branches(
+        against_initial=_shortcut_branch(grid, mean, initial, window_steps=sus),
+        within_200_steps=_shortcut_branch(grid, mean, before, window_steps=sus,
+                                          lookback_steps=back))
+
+
+# -- nothing found ----------------------------------------------------------------------------
+
+
+@verdict("healthy", "info", "reward rises, KL stays bounded, nothing sick was found", alone=True)
+def healthy(view: RunView) -> Finding:
+    """No other verdict: the reward and KL medians of the reference and last windows."""
+    evidence: dict[str, Any] = {"reward_ref_median": view.median("reward/mean", view.reference),
+                                "reward_last_median": view.median("reward/mean", view.last)}
+    if view.has("kl/mean"):
+        evidence.update(kl_ref_median=view.median("kl/mean", view.reference),
+                        kl_last_median=view.median("kl/mean", view.last))
+    return Finding(view.whole, evidence)
