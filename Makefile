@@ -74,6 +74,7 @@ bench: deps system-deps
 
 docs: deps
 	$(PY) -m grpo_monitor.tools.metrics_doc > docs/metrics.md
+	$(PY) -m grpo_monitor.tools.module_map > docs/modules.md
 	$(PY) -m grpo_monitor.contract.thresholds > prometheus/rules/grpo-thresholds.yml
 
 clean:

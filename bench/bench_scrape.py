@@ -32,7 +32,6 @@ import json
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.app import Exporter
 from grpo_monitor.runtime.config import ExporterConfig
+from grpo_monitor.tools.stack import free_port
 from results_io import machine, write_result
 
 RUN = "bench"
@@ -121,12 +121,6 @@ def time_scrapes(url: str, n: int, encoding: str,
     return times, body, wire
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_exporter(root: Path, ranks: int, n: int) -> tuple[dict[str, object], bytes]:
     cfg = ExporterConfig(snapshot_dir=root, listen_address="127.0.0.1:0")
     exporter: Exporter | None = None
@@ -194,7 +188,7 @@ def bench_node_exporter(text: str, n: int) -> dict[str, object]:
         prom_dir = Path(tmp) / "textfile"
         prom_dir.mkdir()
         (prom_dir / "bench.prom").write_text(text)
-        port = _free_port()
+        port = free_port()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile",

@@ -26,7 +26,7 @@ from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunStore
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.tools.simulate import generate
+from grpo_monitor.tools.simulate import Step, generate, write_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_FILES = [str(ROOT / "prometheus" / "rules" / f) for f in
@@ -85,14 +85,14 @@ def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: i
         root = Path(tmp)
         recorder = Recorder(root)
         writers = [SnapshotWriter(root, scenario, rank=r, world_size=ranks) for r in range(ranks)]
-        for st in generate(scenario, steps=steps, ranks=ranks, step_seconds=step_seconds):
-            if st.step % log_every:
-                continue
-            for rec in st.records:
-                writers[rec.rank].log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
-                                      timestamp=rec.timestamp)
+
+        def scrape(st: Step) -> None:
             if st.step % scrape_every == 0:
                 recorder.scrape(st.step, [Path(w.path) for w in writers])
+
+        write_steps(writers, (st for st in generate(scenario, steps=steps, ranks=ranks,
+                                                     step_seconds=step_seconds)
+                              if st.step % log_every == 0), after=scrape)
         for w in writers:
             w.close()
     return recorder.played()

@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from grpo_monitor.runtime.health import ERROR_REASONS
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.tools.simulate import Step, generate
+from grpo_monitor.tools.simulate import Step, generate, write_steps
 from grpo_monitor.tools.stack import Child
 from polling import wait_for
 from processes import log_tail, start_child, start_listening
@@ -148,23 +148,23 @@ def writer_main(argv: Sequence[str] | None = None) -> int:
     writers = {r: SnapshotWriter(args.snapshot_dir, RUN, rank=r, world_size=args.world_size,
                                  max_bytes=max_bytes[r], keep_segments=args.keep_segments)
                for r in own}
-    written = dict.fromkeys(own, 0)
-    last_step = dict.fromkeys(own, 0)
     lateness = 0.0
-    for st in itertools.chain([first], steps):
+
+    def pace(st: Step) -> None:
         # Pacing on a schedule, not on the previous write: a late step is written at once and
         # the next ones catch up, so that every rank writes exactly --records records.
+        nonlocal lateness
         delay = args.start_at + (st.step - 1) / args.rate - time.time()
         if delay > 0:
             time.sleep(delay)
         else:
             lateness = max(lateness, -delay)
-        for rec in st.records:
-            writer = writers.get(rec.rank)
-            if writer is not None and writer.log(rec.metrics, st.step, by_type=rec.by_type,
-                                                 events=_with_count_event(rec.events)):
-                written[rec.rank] += 1
-                last_step[rec.rank] = st.step
+
+    # Stamped with the wall clock, as a live trainer's records are.
+    done = write_steps(writers, itertools.chain([first], steps), wall_clock=True, before=pace,
+                       record=lambda rec: replace(rec, events=_with_count_event(rec.events)))
+    written = {r: done.records.get(r, 0) for r in own}
+    last_step = {r: done.last_step.get(r, 0) for r in own}
     for writer in writers.values():
         writer.close()  # the clean end: a run_end mark per rank
     Path(args.report).write_text(json.dumps({

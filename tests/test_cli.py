@@ -8,11 +8,10 @@ import dataclasses
 import inspect
 import json
 import os
-import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import requests
 
 from conftest import scrape, value
 from polling import wait_for
+from processes import log_tail, start_listening
 from grpo_monitor.cli import COMMANDS, ENV_PREFIX, _config, build_parser, env_name, main
 from grpo_monitor.contract import thresholds
 from grpo_monitor.runtime.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
@@ -27,7 +27,7 @@ from grpo_monitor.runtime.signals import BASELINE_STEPS
 from grpo_monitor.runtime.store import Limits
 from grpo_monitor.tools import train_demo
 from grpo_monitor.tools.simulate import write_run
-from grpo_monitor.tools.stack import StackConfig
+from grpo_monitor.tools.stack import Child, StackConfig
 
 CLI = [sys.executable, "-m", "grpo_monitor.cli"]
 
@@ -184,40 +184,23 @@ def test_schema_is_json_schema_for_all_three_shapes() -> None:
     assert "by_type" in native["properties"] and "samples" in native["properties"]
 
 
-class Served:
-    """`grpo-monitor serve` as a child process; its URL is read from its own log line."""
-
-    def __init__(self, snapshot_dir: Path) -> None:
-        # Root reads any file whatever its mode: drop the capabilities that let it, so that an
-        # unreadable file is unreadable to the exporter as it is for a normal user.
-        prefix = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-                  if os.geteuid() == 0 else [])
-        env = {**os.environ, "GRPO_MONITOR_SNAPSHOT_DIR": str(snapshot_dir),
-               "GRPO_MONITOR_WEB_LISTEN_ADDRESS": "127.0.0.1:0", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([*prefix, *CLI, "serve"], env=env, stderr=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, text=True)
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        try:
-            match = wait_for(lambda: next((m for line in self.log
-                                           if (m := re.search(r"serving (http://\S+)/metrics", line))), None))
-            self.url = match.group(1)  # type: ignore[union-attr]
-            wait_for(lambda: requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200)
-        except AssertionError:
-            self.stop()
-            raise AssertionError("grpo-monitor serve did not get ready:\n" + "".join(self.log)) from None
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line)
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        return self.proc.wait(timeout=10)
+def serve(stack: ExitStack, snapshot_dir: Path, workdir: Path) -> Child:
+    """`grpo-monitor serve` as a child process on a free port, its snapshot folder from the
+    environment; ``stack`` stops it."""
+    # Root reads any file whatever its mode: drop the capabilities that let it, so that an
+    # unreadable file is unreadable to the exporter as it is for a normal user.
+    prefix = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+              if os.geteuid() == 0 else [])
+    env = {**os.environ, "GRPO_MONITOR_SNAPSHOT_DIR": str(snapshot_dir), "PYTHONUNBUFFERED": "1"}
+    child, _ = start_listening(
+        stack, "serve",
+        lambda port: [*prefix, *CLI, "serve", "--web.listen-address", f"127.0.0.1:{port}"],
+        workdir, env=env)
+    return child
 
 
-def test_serve_process_unreadable_file_and_promtool(world_readable_dir: Path) -> None:
+def test_serve_process_unreadable_file_and_promtool(world_readable_dir: Path,
+                                                    tmp_path: Path) -> None:
     run = world_readable_dir / "exp"
     run.mkdir(mode=0o777)
     secret = run / "rank-1.jsonl"
@@ -225,13 +208,19 @@ def test_serve_process_unreadable_file_and_promtool(world_readable_dir: Path) ->
     secret.chmod(0o000)
     (run / "rank-0.jsonl").write_text(json.dumps({"step": 1, "metrics": {
         "loss": float("nan"), "reward/p50": 0.3, "kl/p95": 0.2, "odd key": 1}}) + "\n")
-    served = Served(world_readable_dir)
-    try:
+    with ExitStack() as stack:
+        served = serve(stack, world_readable_dir, tmp_path)
+        # It says where it serves, and what it reads (logged once its server is up, so it may
+        # follow the first ready answer).
+        said = f"serving {served.url}/metrics for snapshots under {world_readable_dir}"
+        wait_for(lambda: said in served.log.read_text(), what=said,
+                 diagnose=lambda: log_tail(served))
         wait_for(lambda: value(scrape(served.url), "grpo_step", run="exp", rank="0") == 1)
         s = scrape(served.url)
         assert value(s, "grpo_snapshot_errors_total", reason="read_error") == 1
         assert value(s, "grpo_step", run="exp", rank="1") is None
-        assert sum("rank-1.jsonl" in line and "read_error" in line for line in served.log) == 1
+        assert sum("rank-1.jsonl" in line and "read_error" in line
+                   for line in served.log.read_text().splitlines()) == 1
         # promtool's linter on a real scrape prints nothing.
         body = requests.get(f"{served.url}/metrics", timeout=5).content
         lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
@@ -241,5 +230,6 @@ def test_serve_process_unreadable_file_and_promtool(world_readable_dir: Path) ->
         secret.chmod(0o644)
         wait_for(lambda: value(scrape(served.url), "grpo_step", run="exp", rank="1") == 2)
         assert requests.get(f"{served.url}/-/healthy", timeout=2).text == "OK\n"
-    finally:
-        assert served.stop() == 0
+        # A clean exit on SIGTERM, not the SIGKILL that follows a hung shutdown.
+        served.stop()
+        assert served.proc.returncode == 0, log_tail(served)

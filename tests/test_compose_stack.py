@@ -39,6 +39,7 @@ import containers
 from conftest import scrape, value
 from containers import ANY_ERROR, Podman
 from polling import wait_for
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.tools.compose_init import EXPORTER_UID, user_has_acl
 from grpo_monitor.tools.stack import free_port
 
@@ -283,7 +284,7 @@ def test_a_nan_pauses_a_run_of_an_ordinary_user_and_reaches_a_person(stack: Stac
     t0 = time.monotonic()
     _write_snapshots(run_dir / "rank-0.jsonl", range(1, 11), loss=0.5)
     _write_snapshots(run_dir / "rank-0.jsonl", range(11, 13), loss=float("nan"))
-    control = run_dir / ".grpo-control.json"
+    control = run_dir / PAUSE_RECORD
     wait_for(control.exists, 180, 1, what="the pause record appears", diagnose=stack.logs,
              retry_on=ANY_ERROR)
     stack.timings["nan->pause"] = time.monotonic() - t0
@@ -337,7 +338,7 @@ def test_a_nan_pauses_a_run_of_an_ordinary_user_and_reaches_a_person(stack: Stac
 
 
 def test_down_and_up_keep_prometheus_data_and_the_pause_state(stack: Stack) -> None:
-    control = stack.snapshots / "exp-nan" / ".grpo-control.json"
+    control = stack.snapshots / "exp-nan" / PAUSE_RECORD
     before = control.read_text()
     assert json.loads(before)["state"] == "paused"
     token_volume = Path(stack.podman("volume", "inspect", "--format", "{{.Mountpoint}}",

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +37,7 @@ from fake_pynvml import FakeDevice, FakeNVML
 from grpo_monitor.runtime.app import Exporter
 from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.sdk.writer import SnapshotWriter
-from grpo_monitor.tools.simulate import generate, write_run
+from grpo_monitor.tools.simulate import RankRecord, generate, write_run, write_steps
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from polling import wait_for
 from prometheus_harness import alert_stack
@@ -617,16 +617,17 @@ def write_training_run(snapshots: Path) -> None:
     whose rank 0 also logs unsimulated_signals(); the simulator's values win where it has its
     own."""
     rng = random.Random(14)
+
+    def with_unsimulated(rec: RankRecord) -> RankRecord:
+        if rec.rank != 0:
+            return rec
+        return replace(rec, metrics={**unsimulated_signals(rng), **rec.metrics})
+
     with ExitStack() as stack:
         writers = [stack.enter_context(SnapshotWriter(snapshots, TRAINING_RUN, rank=r,
                                                       world_size=4)) for r in range(4)]
-        for st in generate("kl_explosion", steps=TRAINING_STEPS, ranks=4,
-                           start_time=time.time()):
-            for rec in st.records:
-                metrics = {**unsimulated_signals(rng), **rec.metrics} if rec.rank == 0 \
-                    else rec.metrics
-                writers[rec.rank].log(metrics, st.step, by_type=rec.by_type, events=rec.events,
-                                      timestamp=rec.timestamp)
+        write_steps(writers, generate("kl_explosion", steps=TRAINING_STEPS, ranks=4,
+                                      start_time=time.time()), record=with_unsimulated)
 
 
 class MovingCounters:

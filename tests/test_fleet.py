@@ -36,6 +36,7 @@ from polling import holds_for, wait_for
 from prometheus_harness import PROMETHEUS_DIR, REPO
 from test_dashboards import queries, substitute
 
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.contract.thresholds import TABLE
 from grpo_monitor.runtime.config import parse_duration
 
@@ -208,7 +209,7 @@ def test_rank_stalled_fires_when_only_another_exporter_shows_the_lag(fleet: Flee
     wait_for(lambda: in_alertmanager() == {"2", "3"}, DEADLINE_S, what="card in Alertmanager",
              diagnose=fleet.diagnose)
     assert fleet.webhook_node is a
-    control = a.snapshot_dir / STALL / ".grpo-control.json"
+    control = a.snapshot_dir / STALL / PAUSE_RECORD
     wait_for(control.is_file, DEADLINE_S, what=f"{control} written by node-a's webhook",
              diagnose=fleet.diagnose)
     record = json.loads(control.read_text())
@@ -216,7 +217,7 @@ def test_rank_stalled_fires_when_only_another_exporter_shows_the_lag(fleet: Flee
         ("paused", "GRPORankStalled", STALL)
     assert (value(scrape(a.url), "grpo_webhook_requests_total", outcome="paused") or 0) >= 1
     # Only the webhook's node: node-b's exporter got no request.
-    assert not (b.snapshot_dir / STALL / ".grpo-control.json").exists()
+    assert not (b.snapshot_dir / STALL / PAUSE_RECORD).exists()
 
 
 # --- c: one exporter going down -----------------------------------------------------------------
@@ -344,9 +345,9 @@ def test_a_red_card_pauses_both_nodes_and_resume_rolls_back(fleet: Fleet, jobs: 
     wait_for(lambda: all(job.events(r, "paused") for r in range(4)) or len(job.alive()) < 4,
              DEADLINE_S * 2, interval=0.2, what="every rank paused", diagnose=fleet.logs)
     assert job.alive() == [0, 1, 2, 3], job.logs()
-    record = json.loads((a.snapshot_dir / REDCARD / ".grpo-control.json").read_text())
+    record = json.loads((a.snapshot_dir / REDCARD / PAUSE_RECORD).read_text())
     assert (record["state"], record["alertname"]) == ("paused", "GRPONonFiniteValues")
-    assert not (b.snapshot_dir / REDCARD / ".grpo-control.json").exists()
+    assert not (b.snapshot_dir / REDCARD / PAUSE_RECORD).exists()
     (k,) = {job.events(r, "paused")[0]["step"] for r in range(4)}  # one step for every rank
     assert k >= NAN_AT and all(job.steps(r)[-1] == k for r in range(4))
     # The fleet sees a run that waits on purpose, on both nodes (no hung-run card).

@@ -21,11 +21,12 @@ from fuzz_strategies import (dates, encode, fuzz, json_object, json_text, lines,
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_monitor.contract.control import CONTROL_FILE, MAX_CONTROL_BYTES, ControlRecord, read_control
+from grpo_monitor.contract.control import MAX_CONTROL_BYTES, ControlRecord, read_control
+from grpo_monitor.contract.run_layout import PAUSE_RECORD, REBASELINE_REQUEST
 from grpo_monitor.contract.snapshot import MAX_INT
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
-from grpo_monitor.runtime.rebaseline import CONTROL_NAME, RebaselineRequest, newest_step
+from grpo_monitor.runtime.rebaseline import RebaselineRequest, newest_step
 from grpo_monitor.runtime.store import RunStore
 from grpo_monitor.sdk.pause import GroupState, PauseGate, ResumeDecision
 from grpo_monitor.sdk.writer import SnapshotWriter
@@ -67,7 +68,7 @@ def run_dir(root: Path) -> tuple[str, Path]:
 @given(data=contents)
 def test_read_control_gives_a_record_none_or_value_error(tmp_path: Path, data: bytes) -> None:
     run, folder = run_dir(tmp_path)
-    (folder / CONTROL_FILE).write_bytes(data)
+    (folder / PAUSE_RECORD).write_bytes(data)
     try:
         record = read_control(tmp_path, run)
     except ValueError:
@@ -135,7 +136,7 @@ def counted(ingest: Ingestor) -> float:
 @given(data=st.one_of(rebaseline_requests.map(encode), contents))
 def test_a_rebaseline_request_is_applied_or_counted(ingest: Ingestor, data: bytes) -> None:
     run, folder = run_dir(ingest.root)
-    path = folder / CONTROL_NAME
+    path = folder / REBASELINE_REQUEST
     path.write_bytes(data)
     before = counted(ingest)
     ingest.process(path)
@@ -164,7 +165,7 @@ def test_the_newest_step_of_any_run_folder(tmp_path: Path, files: list[list[byte
 
 def test_a_folder_in_place_of_the_control_record(tmp_path: Path) -> None:
     # read_control raised IsADirectoryError, and `grpo-monitor resume` printed a traceback.
-    (tmp_path / "run" / CONTROL_FILE).mkdir(parents=True)
+    (tmp_path / "run" / PAUSE_RECORD).mkdir(parents=True)
     with pytest.raises(ValueError, match="cannot read"):
         read_control(tmp_path, "run")
     res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "resume", "run",
@@ -179,7 +180,7 @@ def test_a_folder_in_place_of_the_control_record(tmp_path: Path) -> None:
 
 def test_a_huge_control_record_is_not_read_whole(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / CONTROL_FILE).write_bytes(
+    (tmp_path / "run" / PAUSE_RECORD).write_bytes(
         b'{"state": "paused"' + b" " * MAX_CONTROL_BYTES + b"}")
     with pytest.raises(ValueError, match="over"):
         read_control(tmp_path, "run")
@@ -217,19 +218,19 @@ def test_the_gate_waits_and_resumes_whatever_the_record_says(tmp_path: Path, rec
 
 def test_a_folder_named_like_the_rebaseline_request(ingest: Ingestor) -> None:
     run, folder = run_dir(ingest.root)
-    (folder / CONTROL_NAME).mkdir()
+    (folder / REBASELINE_REQUEST).mkdir()
     before = counted(ingest)
     ingest.rescan()  # a scan lists files only: nothing to read, nothing to count
     assert counted(ingest) == before
-    ingest.process(folder / CONTROL_NAME)  # as a watcher's event would name it
+    ingest.process(folder / REBASELINE_REQUEST)  # as a watcher's event would name it
     assert counted(ingest) == before + 1
 
 
 def test_a_huge_rebaseline_request_is_counted_not_read_whole(ingest: Ingestor) -> None:
     run, folder = run_dir(ingest.root)
-    (folder / CONTROL_NAME).write_bytes(b'{"at_step": 1, "steps": 1' + b" " * (1 << 20) + b"}")
+    (folder / REBASELINE_REQUEST).write_bytes(b'{"at_step": 1, "steps": 1' + b" " * (1 << 20) + b"}")
     before = counted(ingest)
-    ingest.process(folder / CONTROL_NAME)
+    ingest.process(folder / REBASELINE_REQUEST)
     assert counted(ingest) == before + 1
 
 

@@ -23,6 +23,7 @@ from fuzz_strategies import fuzz, lines
 from hypothesis import given
 from hypothesis import strategies as st
 
+from grpo_monitor import cli
 from grpo_monitor.tools import report
 
 # The report's core signals (its CSV columns) and keys that only its verdicts read.
@@ -125,7 +126,7 @@ def test_the_command_writes_every_output_or_exits_2(tmp_path: Path, files: dict[
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     # In-process, plots included (curves.png, report.html): matplotlib with any values.
     run_dir = write_folder(tmp_path, files)
-    code = report.main(["report", str(run_dir), "--format", "json"])
+    code = cli.main(["report", str(run_dir), "--format", "json"])
     out, err = capsys.readouterr()
     if code == 2:
         assert err == f"grpo-monitor report: no records in {run_dir}\n"

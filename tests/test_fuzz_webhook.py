@@ -23,7 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from grpo_monitor.contract.control import CONTROL_FILE, read_control
+from grpo_monitor.contract.control import read_control
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.contract.snapshot import is_text
 from grpo_monitor.runtime.card_pause import CardPauser
 from grpo_monitor.runtime.notify import Message, Notifier, Sink
@@ -156,7 +157,7 @@ bodies = st.one_of(
 def test_any_body_is_answered_and_counted_once(hook: WebhookHandler, registry: CollectorRegistry,
                                                folder: Path, body: bytes) -> None:
     for run in KNOWN:  # every example starts unpaused, so that each red card shows
-        (folder / "snapshots" / run / CONTROL_FILE).unlink(missing_ok=True)
+        (folder / "snapshots" / run / PAUSE_RECORD).unlink(missing_ok=True)
     before, paths_before = outcomes(registry), tree(folder)
     code, msg = hook.handle(body)
     after, paths_after = outcomes(registry), tree(folder)
@@ -167,7 +168,7 @@ def test_any_body_is_answered_and_counted_once(hook: WebhookHandler, registry: C
     assert len(changed) == 1 and list(changed.values()) == [1], changed
     new = paths_after - paths_before
     written = {p.split("/")[1] for p in new if p.startswith("snapshots/")}
-    assert new == {f"snapshots/{run}/{CONTROL_FILE}" for run in written}, new
+    assert new == {f"snapshots/{run}/{PAUSE_RECORD}" for run in written}, new
     assert written <= red_cards_for_known_runs(body)
     assert (changed.get("paused") == 1) == bool(written)
     for run in written:
@@ -180,10 +181,10 @@ def test_any_body_is_answered_and_counted_once(hook: WebhookHandler, registry: C
 def test_a_red_card_for_a_run_folder_here_pauses_it(hook: WebhookHandler, folder: Path,
                                                      body: bytes) -> None:
     for run in KNOWN:
-        (folder / "snapshots" / run / CONTROL_FILE).unlink(missing_ok=True)
+        (folder / "snapshots" / run / PAUSE_RECORD).unlink(missing_ok=True)
     code, msg = hook.handle(body)
     assert code == 200, msg
-    paused = {run for run in KNOWN if (folder / "snapshots" / run / CONTROL_FILE).exists()}
+    paused = {run for run in KNOWN if (folder / "snapshots" / run / PAUSE_RECORD).exists()}
     assert paused == red_cards_for_known_runs(body)
     said = msg.split(";")[0]
     assert set(said.removeprefix("paused: ").split(", ")) == paused if paused else (
@@ -255,17 +256,17 @@ def test_a_payload_alertmanager_would_not_send_is_a_bad_request(
         handle: Handle, folder: Path, payload: dict[str, Any]) -> None:
     # The relay to a person read these as Alertmanager's string maps and raised (TypeError,
     # AttributeError) out of the handler, after the pause record was written.
-    (folder / "snapshots" / "exp-1" / CONTROL_FILE).unlink(missing_ok=True)
+    (folder / "snapshots" / "exp-1" / PAUSE_RECORD).unlink(missing_ok=True)
     code, msg, counted = handle(payload)
     assert (code, counted) == (400, {"bad_request": 1}), msg
-    assert not (folder / "snapshots" / "exp-1" / CONTROL_FILE).exists()
+    assert not (folder / "snapshots" / "exp-1" / PAUSE_RECORD).exists()
 
 
 @pytest.mark.parametrize("starts", ["0001-01-01T00:00:00Z", "0001-01-01T00:00:00+14:00"])
 def test_an_onset_at_the_calendars_start_still_pauses(handle: Handle, folder: Path,
                                                       starts: str) -> None:
     # Dating the last healthy checkpoint raised (year 0), and the card answered 500 forever.
-    (folder / "snapshots" / "exp-2" / CONTROL_FILE).unlink(missing_ok=True)
+    (folder / "snapshots" / "exp-2" / PAUSE_RECORD).unlink(missing_ok=True)
     code, msg, counted = handle({"version": "4", "alerts": [_alert("exp-2", startsAt=starts)]})
     assert (code, counted) == (200, {"paused": 1}), msg
     record = read_control(folder / "snapshots", "exp-2")
@@ -284,7 +285,7 @@ def test_a_card_for_a_run_without_a_folder_here_creates_nothing(
 
 
 def test_a_folder_in_place_of_the_record_is_a_counted_error(handle: Handle, folder: Path) -> None:
-    record = folder / "snapshots" / "exp-1" / CONTROL_FILE
+    record = folder / "snapshots" / "exp-1" / PAUSE_RECORD
     record.unlink(missing_ok=True)
     record.mkdir()
     try:

@@ -134,7 +134,7 @@ def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_monitor.contract.control import ControlRecord, now_rfc3339, write_control
-    from grpo_monitor.integrations.trl import ROLLBACK_FILE
+    from grpo_monitor.contract.run_layout import ROLLBACK_TARGET
 
     calls = {"n": 0}
 
@@ -168,7 +168,7 @@ def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
                       ("run_end", 3)]
     # ... and, with save_total_limit=1, rotation kept the newest checkpoint from before the
     # card's onset (not the suspect checkpoint-3): the rollback target survives.
-    rollback = json.loads((snapshot_dir / "trl-red" / ROLLBACK_FILE).read_text())
+    rollback = json.loads((snapshot_dir / "trl-red" / ROLLBACK_TARGET).read_text())
     assert rollback["step"] == 2 and rollback["alertname"] == "GRPONonFiniteValues"
     assert Path(rollback["checkpoint"]).name == "checkpoint-2"
     assert (out / "checkpoint-2").is_dir()
@@ -197,7 +197,7 @@ def test_red_card_stops_training_and_keeps_the_last_healthy_checkpoint(
 def test_two_processes_stop_at_one_step_when_one_folder_holds_the_card(tmp_path: Path) -> None:
     # torchrun, two processes, accelerate's gloo group; each process writes its own folder (two
     # "nodes"), and the record lands in process 1's folder only, while step 3 generates.
-    from grpo_monitor.integrations.trl import ROLLBACK_FILE
+    from grpo_monitor.contract.run_layout import ROLLBACK_TARGET
 
     from gloo_job import clean_env
 
@@ -216,7 +216,7 @@ def test_two_processes_stop_at_one_step_when_one_folder_holds_the_card(tmp_path:
         assert [(e["type"], e["step"]) for r in recs for e in r.get("events", [])][-2:] == [
             ("checkpoint_save", 3), ("run_end", 3)]
     # The main process knew the target without holding the record.
-    rollback = json.loads((tmp_path / "node-0" / "trl-ranks" / ROLLBACK_FILE).read_text())
+    rollback = json.loads((tmp_path / "node-0" / "trl-ranks" / ROLLBACK_TARGET).read_text())
     assert Path(rollback["checkpoint"]).name == "checkpoint-2"
 
 

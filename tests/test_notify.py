@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from conftest import Running, scrape, value
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.runtime import notify
 from grpo_monitor.tools.compose_init import Secret, ensure_secret, prepare_snapshot_dir, user_has_acl
 from prometheus_harness import WebhookListener
@@ -145,10 +146,10 @@ def test_a_failed_relay_answers_502_and_the_retry_pauses_once(
     headers = {"Authorization": f"Bearer {TOKEN}"}
     first = requests.post(ex.url + HOOK, json=_payload(), headers=headers, timeout=30)
     assert first.status_code == 502 and first.text.startswith("paused: exp-7")
-    record = (snapshot_dir / "exp-7" / ".grpo-control.json").read_text()
+    record = (snapshot_dir / "exp-7" / PAUSE_RECORD).read_text()
     again = requests.post(ex.url + HOOK, json=_payload(), headers=headers, timeout=30)
     assert again.status_code == 502 and again.text.startswith("nothing to pause")
-    assert (snapshot_dir / "exp-7" / ".grpo-control.json").read_text() == record
+    assert (snapshot_dir / "exp-7" / PAUSE_RECORD).read_text() == record
     assert value(scrape(ex.url), "grpo_notifications_total", outcome="failed") == 2
 
 
@@ -193,7 +194,7 @@ def test_run_folders_of_an_ordinary_user_open_to_the_exporter(tmp_path: Path) ->
             folder = snapshots / run
             assert folder.stat().st_uid == 1000 and user_has_acl(folder, 10001)
             # The exporter's uid writes the pause record; a stranger still may not.
-            subprocess.run(["sh", "-c", f"echo x > {folder}/.grpo-control.json"], user=10001,
+            subprocess.run(["sh", "-c", f"echo x > {folder / PAUSE_RECORD}"], user=10001,
                            group=10001, extra_groups=[], check=True, timeout=30)
             denied = subprocess.run(["sh", "-c", f"echo x > {folder}/intruder"], user=10002,
                                     group=10002, extra_groups=[], capture_output=True, timeout=30)

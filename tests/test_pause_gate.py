@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from polling import wait_for
-from grpo_monitor.contract.control import CONTROL_FILE, ControlRecord, write_control
+from grpo_monitor.contract.control import ControlRecord, write_control
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.runtime.card_pause import ScrapePace, healthy_before
 from grpo_monitor.sdk.pause import PauseGate, ResumeDecision
 from grpo_monitor.sdk.writer import SnapshotWriter
@@ -92,7 +93,7 @@ def test_the_newest_record_wins(snapshot_dir: Path, writer: SnapshotWriter) -> N
     _pause(snapshot_dir, paused_at="2030-01-01T00:00:00Z")
     assert gate.paused() is True
     # A record that says paused is paused, whatever stamps it carries (written by hand).
-    (snapshot_dir / RUN / CONTROL_FILE).write_text('{"state": "paused"}')
+    (snapshot_dir / RUN / PAUSE_RECORD).write_text('{"state": "paused"}')
     assert gate.paused() is True
 
 
@@ -100,7 +101,7 @@ def test_every_and_a_bad_record(snapshot_dir: Path, writer: SnapshotWriter) -> N
     _pause(snapshot_dir)
     gate = PauseGate(writer, poll_interval=0.02, every=5)
     assert gate.check(12) is None  # not a deciding step
-    (snapshot_dir / RUN / CONTROL_FILE).write_text("{half")
+    (snapshot_dir / RUN / PAUSE_RECORD).write_text("{half")
     assert gate.check(15) is None  # unreadable: not paused, and no exception
     with pytest.raises(ValueError):
         PauseGate()

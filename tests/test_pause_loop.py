@@ -25,11 +25,11 @@ import requests
 from conftest import Running, value
 from polling import wait_for
 from grpo_monitor.contract.control import (
-    CONTROL_FILE,
     ControlRecord,
     read_control,
     write_control,
 )
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.sdk.writer import SnapshotWriter
 
 TOKEN = "pause-loop-token-0123456789abcdef"
@@ -90,7 +90,7 @@ def test_webhook_rejects_wrong_or_missing_token(hooked: Running, snapshot_dir: P
     r = requests.post(hooked.url + HOOK, json=_payload(_alert()),
                       headers={"Authorization": f"Basic {TOKEN}"}, timeout=5)
     assert r.status_code == 401
-    assert not (snapshot_dir / "r1" / CONTROL_FILE).exists()
+    assert not (snapshot_dir / "r1" / PAUSE_RECORD).exists()
     assert _outcome(hooked, "unauthorized") == 3
 
 
@@ -140,7 +140,7 @@ def test_critical_firing_pauses_idempotently_and_resolved_does_not_resume(
     assert rec.onset == "2025-01-01T00:00:00.000Z" and rec.fingerprint == "fp1"
     assert rec.paused_at and rec.resumed_at is None and rec.rollback_to is None
     assert _outcome(hooked, "paused") == 1
-    path = run_dir / CONTROL_FILE
+    path = run_dir / PAUSE_RECORD
     before = (path.read_bytes(), path.stat().st_ino)
 
     # The same alert again (Alertmanager re-sends), and a second red card: nothing changes.
@@ -221,7 +221,7 @@ def test_sdk_should_pause_and_wait_if_paused(snapshot_dir: Path,
 def test_sdk_never_raises_on_a_bad_control_record(snapshot_dir: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     w = SnapshotWriter(snapshot_dir, "r3", rank=0, world_size=1)
-    (snapshot_dir / "r3" / CONTROL_FILE).write_text("{half")
+    (snapshot_dir / "r3" / PAUSE_RECORD).write_text("{half")
     with caplog.at_level(logging.WARNING, logger="grpo_monitor.sdk"):
         assert w.should_pause() is False
         assert w.should_pause() is False
@@ -300,7 +300,7 @@ def test_red_card_pauses_the_training_loop_end_to_end(
 
         wait_for(scraped, 20, 0.1)
         loop.inject_nan.set()
-        control = snapshot_dir / run / CONTROL_FILE
+        control = snapshot_dir / run / PAUSE_RECORD
         try:
             wait_for(lambda: loop.paused_at is not None, 25, 0.01)
         except AssertionError:

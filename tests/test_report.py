@@ -16,6 +16,7 @@ import pytest
 
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.runtime.signals import SLOPE_WINDOWS
+from grpo_monitor import cli
 from grpo_monitor.tools import report
 from grpo_monitor.tools.simulate import SCENARIOS, write_run
 
@@ -181,11 +182,11 @@ def test_latest_record_per_step_wins_and_segments(tmp_path: Path) -> None:
 
 def test_cli_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_run(tmp_path, "run", "healthy", steps=300, ranks=1)
-    assert report.main(["report", str(tmp_path / "run"), "--format", "json"]) == 0
+    assert cli.main(["report", str(tmp_path / "run"), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [v["id"] for v in out["verdicts"]] == ["healthy"]
     assert (tmp_path / "run" / ".report" / "report.html").exists()
-    assert report.main(["report", str(tmp_path / "nothing")]) == 2
+    assert cli.main(["report", str(tmp_path / "nothing")]) == 2
 
 
 def test_python_m_report_is_the_cli_command(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from grpo_monitor.tools import report
+from grpo_monitor import cli
 from promtool_harness import fired
 from real_runs import load, play_real, write_snapshots
 
@@ -34,7 +34,7 @@ WITH_ENTROPY = (COLLAPSE, "verl-grpo-qwen2-7b-gsm8k-megatron-base", AT_CEILING)
 def _report_json(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     """What `grpo-monitor report RUN_DIR --format json` prints for the run."""
     write_snapshots(load(name), tmp_path / "snapshots", name)
-    code = report.main(["report", str(tmp_path / "snapshots" / name), "--out",
+    code = cli.main(["report", str(tmp_path / "snapshots" / name), "--out",
                         str(tmp_path / "out"), "--format", "json"])
     assert code == 0
     out: dict[str, Any] = json.loads(capsys.readouterr().out)

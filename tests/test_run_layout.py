@@ -163,7 +163,7 @@ def test_segments_sort_by_number_not_by_name(tmp_path: Path) -> None:
 def test_dot_folders_dotfiles_and_other_files_are_skipped(tmp_path: Path) -> None:
     kept = ["rank-0.jsonl", "node-1/rank-1.jsonl", "metrics.json"]
     skipped = [".report/rank-0.jsonl", ".trash/deep/rank-0.jsonl", ".rank-0.jsonl",
-               PAUSE_RECORD, REBASELINE_REQUEST, ROLLBACK_TARGET, ".grpo-control.json.x.tmp",
+               PAUSE_RECORD, REBASELINE_REQUEST, ROLLBACK_TARGET, f"{PAUSE_RECORD}.x.tmp",
                "notes.txt", "rank-0.jsonl.tmp", "node-1/.old.jsonl"]
     for name in kept + skipped:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -290,6 +290,9 @@ def _string_constants(path: Path) -> list[str]:
 def test_control_file_names_are_spelt_in_the_run_layout_alone() -> None:
     package = Path(grpo_monitor.__file__).parent
     names = (PAUSE_RECORD, REBASELINE_REQUEST, ROLLBACK_TARGET)
+    # The names are public (trainers, operators and older SDKs read and write these files):
+    # the one place outside run_layout that spells them, so that a rename cannot go unseen.
+    assert names == (".grpo-control.json", ".grpo-baseline.json", ".grpo-rollback.json")
     spelt = {path.relative_to(package).as_posix()
              for path in package.rglob("*.py")
              for text in _string_constants(path) if any(name in text for name in names)}

@@ -29,7 +29,7 @@ from prometheus_harness import alert_stack, find_binary
 from grpo_monitor.cli import build_parser
 from grpo_monitor.runtime import runbook
 from grpo_monitor.runtime.app import Exporter
-from grpo_monitor.runtime.config import ExporterConfig
+from grpo_monitor.runtime.config import DEFAULT_RUNBOOK_URL, ExporterConfig
 from grpo_monitor.tools.simulate import write_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_every_runbook_url_is_the_base_and_a_section_of_the_runbook() -> None:
     assert cards
     for rule in cards:
         anchor = rule["alert"].lower()
-        expected = f'{{{{ or $externalLabels.{runbook.LABEL} "{runbook.DEFAULT_URL}" }}}}#{anchor}'
+        expected = f'{{{{ or $externalLabels.{runbook.LABEL} "{DEFAULT_RUNBOOK_URL}" }}}}#{anchor}'
         assert rule["annotations"].get("runbook_url") == expected, rule["alert"]
         assert anchor in sections, f"docs/runbook.md has no section #{anchor}"
 
@@ -65,7 +65,7 @@ def test_every_runbook_url_is_the_base_and_a_section_of_the_runbook() -> None:
 def test_the_default_base_is_the_exporter_on_its_default_address() -> None:
     default_listen = next(f.default for f in dataclasses.fields(ExporterConfig)
                           if f.name == "listen_address")
-    url = urlsplit(runbook.DEFAULT_URL)
+    url = urlsplit(DEFAULT_RUNBOOK_URL)
     assert (url.scheme, url.hostname, url.port, url.path) == (
         "http", "localhost", int(str(default_listen).rpartition(":")[2]), runbook.PATH)
 
@@ -101,13 +101,13 @@ def test_promtool_applies_the_configured_base(tmp_path: Path) -> None:
     test = tmp_path / "test.yml"
     test.write_text(yaml.safe_dump({
         "rule_files": [str(rules)], "evaluation_interval": "1m",
-        "tests": [case(None, runbook.DEFAULT_URL), case({runbook.LABEL: hosted}, hosted)]}))
+        "tests": [case(None, DEFAULT_RUNBOOK_URL), case({runbook.LABEL: hosted}, hosted)]}))
     res = subprocess.run([find_binary("promtool"), "test", "rules", str(test)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     # And a wrong expectation fails: the test can tell the two apart.
     test.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m",
-                                    "tests": [case({runbook.LABEL: hosted}, runbook.DEFAULT_URL)]}))
+                                    "tests": [case({runbook.LABEL: hosted}, DEFAULT_RUNBOOK_URL)]}))
     res = subprocess.run([find_binary("promtool"), "test", "rules", str(test)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode != 0, res.stdout + res.stderr

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from grpo_monitor import SnapshotWriter
+from grpo_monitor.contract.run_layout import rank_file, rotation_of, run_files
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -55,9 +56,10 @@ def open_fds_to(path: str | Path) -> int:
 
 
 def step_files(run_dir: Path, rank: int = 0) -> list[Path]:
-    """Rotated segments oldest first, then the live file."""
-    segments = sorted(run_dir.glob(f"rank-{rank}.[0-9]*.jsonl"))
-    return segments + [run_dir / f"rank-{rank}.jsonl"]
+    """The rank's files in the order they were written, as the exporter reads them: rotated
+    segments oldest first, then the live file."""
+    base, _ = rotation_of(rank_file(rank))
+    return [p for p in run_files(run_dir, nested=False) if rotation_of(p.name)[0] == base]
 
 
 # -- record format ---------------------------------------------------------------------------
@@ -245,9 +247,10 @@ def test_rotation_prunes_oldest_segments(tmp_path: Path) -> None:
     with SnapshotWriter(tmp_path, "r", rank=0, max_bytes=1500, keep_segments=3) as w:
         for step in range(400):
             assert w.log({"reward/mean": step / 3}, step)
-    segments = sorted(run_dir.glob("rank-0.[0-9]*.jsonl"))
-    assert len(segments) == 3
-    seqs = [int(p.name.split(".")[1]) for p in segments]
+    files = step_files(run_dir)
+    assert files[-1].name == rank_file(0)
+    seqs = [seq for p in files[:-1] if (seq := rotation_of(p.name)[1]) is not None]
+    assert len(seqs) == len(files) - 1 == 3
     assert seqs == list(range(seqs[0], seqs[0] + 3)) and seqs[0] > 42
     assert (run_dir / "rank-1.000001.jsonl").exists()
     steps = [r["step"] for p in step_files(run_dir) for r in read_records(p)]

@@ -1,5 +1,7 @@
-"""``grpo-monitor``: the exporter (serve), the snapshot schema, the native stack and the demo, and
-the tools around a run (simulate, train-demo, report, replay, rebaseline, resume, compose-init).
+"""``grpo-monitor``: every subcommand and its flags, in one registry.
+
+The exporter (serve), the snapshot schema, the native stack and the demo, and the tools around a
+run (simulate, train-demo, report, replay, rebaseline, resume, compose-init).
 
 One registry: every command is one :class:`Command` in :data:`COMMANDS` (its name, help, flags and
 handler), every flag one :class:`Flag` with its ``dest``, the attribute the handler reads
@@ -691,8 +693,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     saved before the card's onset. On a fleet with node-local snapshot folders, run it on any
     node that holds ranks of the run."""
     from grpo_monitor.contract.control import ControlRecord, now_rfc3339, read_control, write_control
+    from grpo_monitor.contract.run_layout import is_run_name
 
     snapshot_dir = args.snapshot_dir
+    # A name that cannot be a run folder is the caller's typo, not a damaged record: say so, as
+    # replay does, before read_control turns it into a ValueError.
+    if not is_run_name(args.run):
+        print(f"grpo-monitor resume: invalid run name {args.run!r}", file=sys.stderr)
+        return 2
     try:
         record = read_control(snapshot_dir, args.run)
     except ValueError as exc:

@@ -24,9 +24,6 @@ from grpo_monitor.contract.run_layout import (
     write_control_file,
 )
 
-# The older name, kept for code that imports it from here.
-CONTROL_FILE = PAUSE_RECORD
-
 
 class ControlRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")

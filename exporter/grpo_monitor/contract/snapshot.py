@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from grpo_monitor.contract.keys import match_key
+from grpo_monitor.contract.run_layout import DEFAULT_RUN
 
 Shape = Literal["native", "verl", "flat"]
 
@@ -177,7 +178,6 @@ class RecordError(ValueError):
 
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)", re.IGNORECASE)
-DEFAULT_RUN = "default"
 
 
 def is_text(s: str) -> bool:

@@ -38,9 +38,6 @@ from grpo_monitor.contract.run_layout import ROLLBACK_TARGET, run_name_from, wri
 from grpo_monitor.sdk.pause import PauseGate, rollback_mode
 from grpo_monitor.sdk.writer import SnapshotWriter
 
-# The older name, kept for code that imports it from here.
-ROLLBACK_FILE = ROLLBACK_TARGET
-
 __all__ = ["TRL_KEYS", "GRPOMonitorCallback", "map_trl_logs", "rollback_checkpoint"]
 
 _log = logging.getLogger("grpo_monitor.integrations.trl")

@@ -1,5 +1,5 @@
 """The exporter assembled: store, ingestion, watcher, GPU collector, HTTP server, and the
-red-card inputs (webhook, Alertmanager poll)."""
+red-card inputs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""A red card becomes its run's pause record: the one rule both ways of hearing about a card
-share (Alertmanager's webhook, webhook.py, and asking Alertmanager, alertmanager_poll.py).
+"""A red card becomes its run's pause record.
+
+The one rule both ways of hearing about a card share (Alertmanager's webhook, webhook.py, and
+asking Alertmanager, alertmanager_poll.py).
 
 For every FIRING alert with ``severity="critical"`` and a ``run`` label naming a run this
 exporter reads (a folder of the snapshot folder: ``run_folder``), the run's control record

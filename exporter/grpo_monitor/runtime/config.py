@@ -11,9 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.runtime import runbook
 from grpo_monitor.runtime.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT
 from grpo_monitor.runtime.ingest import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_LINE_BYTES
 from grpo_monitor.runtime.store import Limits
+
+# The exporter's port when none is given, for serve's --web.listen-address and the native
+# stack's exporter alike. The docs, the committed Prometheus config and the Dockerfile spell
+# it out as 9400: change them together.
+DEFAULT_PORT = 9400
+# Where the cards' runbook_url points when Prometheus has no grpo_runbook_url external label:
+# the runbook this exporter serves on its default port (runbook.py).
+DEFAULT_RUNBOOK_URL = f"http://localhost:{DEFAULT_PORT}{runbook.PATH}"
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -69,7 +78,7 @@ def format_bytes(n: int) -> str:
 @dataclass
 class ExporterConfig:
     snapshot_dir: Path
-    listen_address: str = ":9400"
+    listen_address: str = f":{DEFAULT_PORT}"
     poll: bool = False
     poll_interval: float = 1.0
     rescan_interval: float = 30.0

@@ -1,7 +1,9 @@
-"""The HTTP side: /metrics, /-/healthy, /-/ready, the runbook (/docs/runbook.md, where the
-cards' runbook_url points by default, and /docs/background.md, which it links), /replay (with
---web.enable-replay) and (with a token file) the Alertmanager webhook POST
-/-/alertmanager/webhook, on a threading server.
+"""The HTTP side: /metrics, the health endpoints, /docs/, /replay and the webhook's transport.
+
+/metrics, /-/healthy, /-/ready, the runbook (/docs/runbook.md, where the cards' runbook_url
+points by default, and /docs/background.md, which it links), /replay (with --web.enable-replay)
+and (with a token file) the Alertmanager webhook POST /-/alertmanager/webhook, on a threading
+server.
 
 With ``--web.config.file`` (web_config.py) the server speaks TLS, asks for basic auth on every
 path but the webhook's (Alertmanager sends that one its bearer token, and a request carries one

@@ -16,8 +16,6 @@ from pydantic import BaseModel, PositiveInt
 from grpo_monitor.contract.run_layout import REBASELINE_REQUEST, check_run_name, run_files, write_control_file
 from grpo_monitor.contract.snapshot import MAX_INT, Count, decode_record
 
-# The older name, kept for code that imports it from here.
-CONTROL_NAME = REBASELINE_REQUEST
 _TAIL_BYTES = 1 << 16
 
 

@@ -1,10 +1,11 @@
-"""The runbook, served by the exporter at ``/docs/runbook.md`` so that every card's
-``runbook_url`` works without a docs host; with it ``/docs/background.md``, the domain rules the
-runbook's sections link to.
+"""The runbook and the background, rendered for the exporter's ``/docs/`` pages.
+
+Served at ``/docs/runbook.md`` so that every card's ``runbook_url`` works without a docs host;
+with it ``/docs/background.md``, the domain rules the runbook's sections link to.
 
 The alert rules build the link as ``<runbook URL>#<alert name, lower case>``. The runbook URL is
 Prometheus' external label ``grpo_runbook_url`` when it is set (a hosted copy of the repository,
-an internal docs site), else ``DEFAULT_URL``: this exporter on its default port. The pages are
+an internal docs site), else ``config.DEFAULT_RUNBOOK_URL``: this exporter on its default port. The pages are
 ``docs/<name>`` (packaged as ``grpo_monitor/runtime/<name>``, symbolic links in the checkout) rendered to
 HTML with heading ids computed as GitHub computes them, so one fragment works on both.
 
@@ -19,14 +20,12 @@ import html
 import re
 from importlib import resources
 
-__all__ = ["DEFAULT_URL", "LABEL", "PAGES", "PATH", "anchors", "page", "render_html", "slug",
+__all__ = ["LABEL", "PAGES", "PATH", "anchors", "page", "render_html", "slug",
            "source"]
 
 PAGES = ("runbook.md", "background.md")  # served at /docs/<name>
 PATH = "/docs/runbook.md"
-# The exporter's default listen port (config.py's --web.listen-address default, :9400).
-DEFAULT_URL = f"http://localhost:9400{PATH}"
-LABEL = "grpo_runbook_url"  # Prometheus external label that overrides DEFAULT_URL
+LABEL = "grpo_runbook_url"  # Prometheus external label that overrides config.DEFAULT_RUNBOOK_URL
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")

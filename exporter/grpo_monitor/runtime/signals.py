@@ -122,6 +122,34 @@ class KeyHistory:
         self.first_step = None
         self.rising, self.last_block_mean, self.block = 0, None, None
 
+    def add_initial(self, step: int, value: float, initial_steps: int) -> None:
+        """The key's own first steps make its initial reference: a key first logged late (an
+        eval every 100 steps) starts when it starts, not with the run; a resume to an earlier
+        step does not reopen it."""
+        if self.initial_done:
+            return
+        if self.initial_first is None:
+            self.initial_first = step
+        if step < self.initial_first + initial_steps:
+            self.initial.add(value)
+        else:
+            self.initial_done = True
+
+    def initial_mean(self, now: int, initial_steps: int) -> float | None:
+        """The initial reference, once its steps are over; None before."""
+        if self.initial.n > 0 and (self.initial_done or now >= self.initial_first + initial_steps - 1):
+            return self.initial.mean
+        return None
+
+    def restart_initial(self, now: int, initial_steps: int) -> None:
+        """The last ``initial_steps`` steps become the initial reference (a re-baseline): a
+        person who says "this is normal now" means the initial value too, or the early cards
+        would keep judging the run against the policy it started from."""
+        self.initial, self.initial_done = Welford(), True
+        for s, v in zip(list(self.steps), list(self.values)):
+            if s > now - initial_steps:
+                self.initial.add(v)
+
     def window(self, now: int, window: int, offset: int) -> list[float] | None:
         """The values of steps (now - offset - window, now - offset]; None while the history
         does not reach back that far."""
@@ -270,28 +298,12 @@ class RankSignals:
             h.values.append(value)
             if in_baseline:
                 h.baseline.add(value)
-            self._add_initial(h, step, value)
+            h.add_initial(step, value, self.initial_steps)
             if not is_perf(key):
                 self._advance_range(h, step)
         for h in self.keys.values():
             while h.nonfinite_steps and h.nonfinite_steps[0] <= step - NONFINITE_WINDOW:
                 h.nonfinite_steps.popleft()
-
-    def _add_initial(self, h: KeyHistory, step: int, value: float) -> None:
-        """The key's own first steps make its initial reference: a key first logged late (an
-        eval every 100 steps) starts when it starts, not with the run; a resume to an earlier
-        step does not reopen it."""
-        if h.initial_done:
-            return
-        if h.initial_first is None:
-            h.initial_first = step
-        if step < h.initial_first + self.initial_steps:
-            h.initial.add(value)
-        else:
-            h.initial_done = True
-
-    def _initial_ready(self, h: KeyHistory) -> bool:
-        return h.initial.n > 0 and (h.initial_done or self.step >= h.initial_first + self.initial_steps - 1)
 
     def _advance_range(self, h: KeyHistory, step: int) -> None:
         """Track the highest and lowest complete RANGE_WINDOW-step mean of the key."""
@@ -327,14 +339,10 @@ class RankSignals:
         self.baseline_from = self.step - steps
         for h in self.keys.values():
             h.baseline = Welford()
-            # A person who says "this is normal now" means the initial value too: the early
-            # cards would otherwise keep judging the run against the policy it started from.
-            h.initial, h.initial_done = Welford(), True
             for s, v in zip(list(h.steps), list(h.values)):
                 if s > self.step - steps:
                     h.baseline.add(v)
-                if s > self.step - self.initial_steps:
-                    h.initial.add(v)
+            h.restart_initial(self.step, self.initial_steps)
 
     def features(self) -> Features:
         ready = self.ready
@@ -383,11 +391,59 @@ class RankSignals:
                 trend = None if points is None else slope(*points)
                 if trend is not None:
                     slopes.append((key, window, trend))
-            if self._initial_ready(h):
-                initial[key] = h.initial.mean
+            if (first := h.initial_mean(now, self.initial_steps)) is not None:
+                initial[key] = first
             if h.range_max is not None and h.range_min is not None:
                 ranges[key] = (h.range_min, h.range_max)
             if h.last_block_mean is not None:
                 rising[key] = h.rising
         return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
                         rising, nonfinite, slopes, self.law.fit())
+
+
+class PromptTypeSignals:
+    """One prompt type's PROMPT_TYPE_KEYS on one rank: the PROMPT_TYPE_MEANS windows and the
+    initial mean, and nothing else (a rank keeps up to max_prompt_types of these; the full
+    RankSignals feature set per type would be computed for every render and never published)."""
+
+    def __init__(self, initial_steps: int = INITIAL_STEPS) -> None:
+        self.initial_steps = initial_steps
+        self.step = 0
+        self.keys: dict[str, KeyHistory] = {}
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        if self.keys and step < self.step:  # resumed from an earlier checkpoint
+            for h in self.keys.values():
+                h.restart()
+                h.first_step = step
+        self.step = step
+        for key, value in values.items():
+            if not math.isfinite(value):  # counted by the rank, as every by_type NaN
+                continue
+            h = self.keys.get(key)
+            if h is None:
+                h = self.keys[key] = KeyHistory(first_step=step)
+            if h.steps and h.steps[-1] == step:  # a second record for the same step wins
+                h.steps.pop()
+                h.values.pop()
+            h.steps.append(step)
+            h.values.append(value)
+            h.add_initial(step, value, self.initial_steps)
+
+    def rebaseline(self) -> None:
+        for h in self.keys.values():
+            h.restart_initial(self.step, self.initial_steps)
+
+    def means(self) -> list[tuple[str, int, int, float]]:
+        """(key, window, offset, mean) of each PROMPT_TYPE_MEANS window the history covers."""
+        out = []
+        for key, h in self.keys.items():
+            for window, offset in PROMPT_TYPE_MEANS:
+                chunk = h.window(self.step, window, offset)
+                if chunk is not None:
+                    out.append((key, window, offset, sum(chunk) / len(chunk)))
+        return out
+
+    def initial(self) -> dict[str, float]:
+        return {key: first for key, h in self.keys.items()
+                if (first := h.initial_mean(self.step, self.initial_steps)) is not None}

@@ -17,6 +17,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.contract.snapshot import Snapshot
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.signals import (
     BASELINE_STEPS,
@@ -24,13 +25,12 @@ from grpo_monitor.runtime.signals import (
     INITIAL_STEPS,
     NONFINITE_WINDOW,
     PROMPT_TYPE_KEYS,
-    PROMPT_TYPE_MEANS,
     RANGE_WINDOW,
     RISING_WINDOW,
     STALL_EVENTS,
+    PromptTypeSignals,
     RankSignals,
 )
-from grpo_monitor.contract.snapshot import Snapshot
 
 # The event that marks a run's clean end (SnapshotWriter.close(), the TRL callback's
 # on_train_end, or a line a launch script appends for verl / flat-dict runs).
@@ -80,7 +80,7 @@ class RankState:
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     signals: RankSignals = field(default_factory=lambda: RankSignals(BASELINE_STEPS))
     # The step history of each prompt type's PROMPT_TYPE_KEYS (types under the run's cap).
-    type_signals: dict[str, RankSignals] = field(default_factory=dict)
+    type_signals: dict[str, PromptTypeSignals] = field(default_factory=dict)
     # A re-baseline asked for a step this rank has not reached yet: (at_step, steps).
     pending_rebaseline: tuple[int, int] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
@@ -98,7 +98,7 @@ class RankState:
         """The last ``steps`` steps become the rank's baseline, and its prompt types' too."""
         self.signals.rebaseline(steps)
         for history in self.type_signals.values():
-            history.rebaseline(steps)
+            history.rebaseline()
 
     def intervals(self) -> tuple[float, float] | None:
         """(seconds per step, seconds per record): medians over the pace window; None before
@@ -196,13 +196,11 @@ class RankState:
                 out[fam.name].append(f"{fam.name}{{{base}}} {fv(value)}\n")
         for ptype, history in self.type_signals.items():
             lbl = f'{base},prompt_type="{ex.escape_label(ptype)}"'
-            tf = history.features()
-            for key, window, offset, mean in tf.means:
-                if (window, offset) in PROMPT_TYPE_MEANS:
-                    out[ex.PROMPT_TYPE_WINDOW_MEAN.name].append(
-                        f'{ex.PROMPT_TYPE_WINDOW_MEAN.name}{{{lbl},key="{key}",window_steps="{window}",'
-                        f'offset_steps="{offset}"}} {fv(mean)}\n')
-            for key, mean in tf.initial.items():
+            for key, window, offset, mean in history.means():
+                out[ex.PROMPT_TYPE_WINDOW_MEAN.name].append(
+                    f'{ex.PROMPT_TYPE_WINDOW_MEAN.name}{{{lbl},key="{key}",window_steps="{window}",'
+                    f'offset_steps="{offset}"}} {fv(mean)}\n')
+            for key, mean in history.initial().items():
                 out[ex.PROMPT_TYPE_INITIAL_MEAN.name].append(
                     f'{ex.PROMPT_TYPE_INITIAL_MEAN.name}{{{lbl},key="{key}"}} {fv(mean)}\n')
 
@@ -343,8 +341,8 @@ class RunStore:
                 if followed:
                     history = rank.type_signals.get(ptype)
                     if history is None:
-                        history = rank.type_signals[ptype] = RankSignals(lim.baseline_steps, lim.initial_steps)
-                    history.add(snap.step, followed, stalled=False)
+                        history = rank.type_signals[ptype] = PromptTypeSignals(lim.initial_steps)
+                    history.add(snap.step, followed)
                 self._count_nonfinite(rank, typed, snap.step)
                 for name, value in snap.by_type_unknown.get(ptype, {}).items():
                     if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):

@@ -1,5 +1,7 @@
-"""``grpo-monitor compose-init``: what docker-compose.yml's one-shot ``init`` service does before
-the stack starts, so that ``docker compose up`` needs no preparation.
+"""``grpo-monitor compose-init``: the compose stack's one-shot set-up.
+
+What docker-compose.yml's ``init`` service does before the stack starts, so that ``docker
+compose up`` needs no preparation.
 
 1. Secrets, each in its own named volume, created when missing and never replaced: the
    webhook's bearer token (read by the exporter and by Alertmanager) and Grafana's admin

@@ -17,7 +17,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -577,6 +577,55 @@ def generate(
         yield Step(step, records)
 
 
+@dataclass
+class Written:
+    """What write_steps wrote: the steps it went through, and per rank the records that reached
+    the file and the step of the last of them."""
+
+    steps: int = 0
+    records: dict[int, int] = field(default_factory=dict)
+    last_step: dict[int, int] = field(default_factory=dict)
+
+
+def write_steps(
+    writers: Mapping[int, SnapshotWriter] | Sequence[SnapshotWriter],
+    steps: Iterable[Step],
+    *,
+    wall_clock: bool = False,
+    record: Callable[[RankRecord], RankRecord] | None = None,
+    before: Callable[[Step], None] | None = None,
+    after: Callable[[Step], None] | None = None,
+) -> Written:
+    """Write ``steps`` (generate's, or a subset of them) through ``writers``, one per rank.
+
+    ``writers`` by rank; a rank without a writer is skipped, so that a process holding some of a
+    run's ranks writes only its own. ``wall_clock`` stamps each record with the time it is
+    written instead of its simulated step time. ``record`` rewrites a record before it is logged
+    (extra metrics or events). ``before`` and ``after`` run around each step: pacing on a
+    schedule or a fixed sleep, a scrape of what was written. The writers stay open: their owner
+    closes them, which marks the run's end.
+    """
+    by_rank = writers if isinstance(writers, Mapping) else dict(enumerate(writers))
+    written = Written()
+    for st in steps:
+        if before is not None:
+            before(st)
+        for rec in st.records:
+            writer = by_rank.get(rec.rank)
+            if writer is None:
+                continue
+            if record is not None:
+                rec = record(rec)
+            if writer.log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
+                          timestamp=None if wall_clock else rec.timestamp):
+                written.records[rec.rank] = written.records.get(rec.rank, 0) + 1
+                written.last_step[rec.rank] = st.step
+        written.steps += 1
+        if after is not None:
+            after(st)
+    return written
+
+
 def write_run(
     snapshot_dir: Path,
     run: str,
@@ -595,17 +644,15 @@ def write_run(
     demo); otherwise it writes as fast as the disk allows, on a simulated clock (tests).
     """
     start = time.time()
-    n = 0
     # Each writer as a context manager: the run's end is marked when the scenario is written (or
     # a person interrupts it), not when it crashes (docs/sdk.md).
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(SnapshotWriter(snapshot_dir, run, rank=r, world_size=ranks))
                    for r in range(ranks)]
-        for n, st in enumerate(generate(scenario, steps=steps, onset=onset, ranks=ranks,
-                                        step_seconds=step_seconds, start_time=start, seed=seed), 1):
-            for rec in st.records:
-                writers[rec.rank].log(rec.metrics, st.step, by_type=rec.by_type, events=rec.events,
-                                      timestamp=None if realtime else rec.timestamp)
-            if realtime:
-                time.sleep(step_seconds)
-    return n
+        written = write_steps(
+            writers,
+            generate(scenario, steps=steps, onset=onset, ranks=ranks, step_seconds=step_seconds,
+                     start_time=start, seed=seed),
+            wall_clock=realtime,
+            after=(lambda st: time.sleep(step_seconds)) if realtime else None)
+    return written.steps

@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from grpo_monitor.runtime.config import DEFAULT_PORT
+
 WEBHOOK_RECEIVER = "grpo-webhook"
 
 
@@ -151,7 +153,7 @@ class StackConfig:
     snapshot_dir: Path
     state_dir: Path
     config_dir: Path
-    exporter_port: int = 9400
+    exporter_port: int = DEFAULT_PORT
     prometheus_port: int = 9090
     alertmanager_port: int = 9093
     grafana_port: int = 3000

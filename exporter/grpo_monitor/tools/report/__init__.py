@@ -1,5 +1,6 @@
-"""``grpo-monitor report RUN_DIR``: the offline post-mortem of one run (quick decisions with live
-dashboards, deep attribution with local snapshots).
+"""``grpo-monitor report RUN_DIR``: the offline post-mortem of one run.
+
+Quick decisions with live dashboards, deep attribution with local snapshots.
 
 It reads every snapshot record of the run folder (``load``), summarises each core signal by
 quantiles rather than means and reads reward, KL and loss together (``statistics``,
@@ -19,7 +20,6 @@ the extra in one line, instead of failing on ``import numpy`` here.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
 from typing import Any
 
 # The package's public names, by the module that defines them.
@@ -35,14 +35,7 @@ _PUBLIC: dict[str, str] = {
     "html_report": "render", "write_csv": "render", "plot_curves": "render",
     "plot_law": "render", "CSV_COLUMNS": "render",
 }
-__all__ = sorted([*_PUBLIC, "main"])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The CLI itself (``argv`` as ``grpo-monitor`` takes it: ``["report", RUN_DIR, ...]``)."""
-    from grpo_monitor.cli import main as cli_main
-
-    return cli_main(argv)
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:

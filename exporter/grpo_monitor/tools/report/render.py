@@ -1,5 +1,7 @@
-"""The report's outputs: report.txt, verdicts.json, summary.json, reward-vs-step.csv, curves.png,
-law.png and report.html (self-contained, opens offline); and ``grpo-monitor report``'s command.
+"""The report's outputs, and ``grpo-monitor report``'s command.
+
+report.txt, verdicts.json, summary.json, reward-vs-step.csv, curves.png, law.png and report.html
+(self-contained, opens offline).
 
 matplotlib (the ``report`` extra) is imported only to draw the plots: the CLI checks for it
 first and names the extra in one line when it is missing.

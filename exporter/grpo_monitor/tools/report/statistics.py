@@ -1,7 +1,9 @@
-"""The numbers every part of the report reads: quantiles, the report's windows over the logged
-steps, each signal on the cards' step windows (``Track``), the cluster's per-rank series and the
-exporter's entropy-reward law fits. ``RunView`` holds them for one run, each computed on first
-use, so that the verdicts and the summary share one reading of the run.
+"""The numbers every part of the report reads, in one view of the run (``RunView``).
+
+Quantiles, the report's windows over the logged steps, each signal on the cards' step windows
+(``Track``), the cluster's per-rank series and the exporter's entropy-reward law fits.
+``RunView`` holds them for one run, each computed on first use, so that the verdicts and the
+summary share one reading of the run.
 
 Every threshold is read from grpo_monitor.contract.thresholds at each use (a test patches the table and
 reads the run again), never kept here.

@@ -1,7 +1,9 @@
-"""summary.json: each core signal by quantiles rather than means, over the run and per window,
-and the report's two sections: rollout vs trainer (the mismatch and staleness keys of the newer
-RL stacks, first and last window medians) and the entropy-reward law (fitted on the first half
-of the run, judged on the second).
+"""summary.json: each core signal by quantiles, and the report's two sections.
+
+Each core signal by quantiles rather than means, over the run and per window, and the report's
+two sections: rollout vs trainer (the mismatch and staleness keys of the newer RL stacks, first
+and last window medians) and the entropy-reward law (fitted on the first half of the run,
+judged on the second).
 """
 
 from __future__ import annotations
