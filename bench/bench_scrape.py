@@ -1,11 +1,13 @@
 """One /metrics scrape of 1024 ranks x every canonical signal, with node_exporter beside it.
 
-Usage: python bench/bench_scrape.py [--out PATH] [--ranks N] [-n N] [--node-n N]
+Usage: python bench/bench_scrape.py [--out PATH] [--ranks N] [--keys K] [-n N] [--node-n N]
 
 Method.
 1. A temporary snapshot folder gets ``<dir>/bench/rank-<N>.jsonl`` for N in 0..ranks-1, each one
    native record (run "bench", world_size = ranks) with every canonical key of
-   ``grpo_monitor.contract.keys.SIGNALS`` set to a random float (seeded), written directly as JSON lines.
+   ``grpo_monitor.contract.keys.SIGNALS`` (or, with --keys K, its first K: the signal set of an
+   earlier release, for a like-for-like comparison) set to a random float (seeded), written
+   directly as JSON lines.
 2. Cold start: perf_counter() right before ``Exporter(config).start()`` to the moment the
    watcher is ready and ``grpo_snapshots_ingested_total`` (read in-process from the health
    registry every 2 ms) has reached the number of ranks: the replay (parse + pre-render) of
@@ -82,10 +84,11 @@ def _name(line: str) -> str:
     return line[:cut]
 
 
-def fill(root: Path, ranks: int, seed: int) -> int:
-    """Write one record with every canonical key per rank; the bytes written."""
+def fill(root: Path, ranks: int, seed: int, n_keys: int | None = None) -> int:
+    """Write one record with every canonical key (or the first ``n_keys``) per rank; the bytes
+    written."""
     rng = random.Random(seed)
-    keys = [s.key for s in SIGNALS]
+    keys = [s.key for s in SIGNALS][:n_keys]
     now = time.time()
     run_dir = root / RUN
     run_dir.mkdir(parents=True)
@@ -243,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parent / "results" / "scrape.json")
     parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--keys", type=int, default=len(SIGNALS),
+                        help="canonical keys per record, the first K of the catalog (default: all)")
     parser.add_argument("-n", type=int, default=50, help="timed exporter scrapes (and renders)")
     parser.add_argument("--node-n", type=int, default=20, help="timed node_exporter scrapes (0 skips)")
     parser.add_argument("--seed", type=int, default=0)
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = Path(tmp)
         t = time.perf_counter()
-        written = fill(root, args.ranks, args.seed)
+        written = fill(root, args.ranks, args.seed, args.keys)
         fill_ms = (time.perf_counter() - t) * 1000
         ours, body = bench_exporter(root, args.ranks, args.n)
     finally:
@@ -264,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "one /metrics scrape of N ranks x every canonical signal",
         "ranks": args.ranks,
-        "keys_per_record": len(SIGNALS),
+        "keys_per_record": min(args.keys, len(SIGNALS)),
         "seed": args.seed,
         "snapshot_bytes": written,
         "fill_ms": fill_ms,
@@ -277,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     cold, rj, mc = ours["cold_start"], ours["store_render_join"], ours["exporter_metrics_call"]
-    print(f"{args.ranks} ranks x {len(SIGNALS)} keys: {ours['series']} series "
+    print(f"{args.ranks} ranks x {min(args.keys, len(SIGNALS))} keys: {ours['series']} series "
           f"({ours['run_family_series']} in run families), {ours['body_bytes']} B")
     print(f"  cold start: ready {cold['ready_ms']:.0f} ms, all ingested {cold['all_ingested_ms']:.0f} ms")
     print(f"  store.render()+join: median {rj['median_ms']:.2f} ms; exporter.metrics(): "
