@@ -307,3 +307,10 @@ def test_the_sdk_side_of_the_layout_is_standard_library_only() -> None:
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+@pytest.mark.parametrize("name, appended", [("rank-0.jsonl", True), ("rank-0.000003.jsonl", True),
+                                            ("rank-0.json", False), ("state.json", False)])
+def test_appended_files_are_the_jsonl_ones(name: str, appended: bool) -> None:
+    assert run_layout.is_appended(Path("run") / name) is appended
+    assert run_layout.is_appended(f"run/{name}") is appended

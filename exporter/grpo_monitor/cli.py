@@ -184,7 +184,13 @@ def _simulated_steps(default: int | None, shown: str | None = None) -> Flag:
 
 def _serve_flags() -> list[Flag]:
     # dest is the ExporterConfig (or Limits) field the flag sets; _config() relies on it.
-    from grpo_monitor.runtime.config import ExporterConfig, format_bytes, format_duration, parse_bytes, parse_duration
+    from grpo_monitor.runtime.config import (
+        ExporterConfig,
+        format_bytes,
+        format_duration,
+        parse_bytes,
+        parse_duration,
+    )
     from grpo_monitor.runtime.store import Limits
 
     d, lim = _model_defaults(ExporterConfig), _model_defaults(Limits)
@@ -516,7 +522,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _train_demo_flags() -> list[Flag]:
     # dest is the train_demo.Config field the flag sets (train_demo.config_from_args reads them).
     # train_demo imports torch only when training starts: its Config is there without it.
-    from grpo_monitor.tools.train_demo import DIFFICULTIES, LOSS_AGGREGATIONS, ROLLOUT_PRECISIONS, Config
+    from grpo_monitor.tools.train_demo import (
+        DIFFICULTIES,
+        LOSS_AGGREGATIONS,
+        ROLLOUT_PRECISIONS,
+        Config,
+    )
 
     d = _model_defaults(Config)
 
@@ -692,7 +703,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
     goes on together (sdk PauseGate), by default from the last healthy checkpoint: the newest one
     saved before the card's onset. On a fleet with node-local snapshot folders, run it on any
     node that holds ranks of the run."""
-    from grpo_monitor.contract.control import ControlRecord, now_rfc3339, read_control, write_control
+    from grpo_monitor.contract.control import (
+        ControlRecord,
+        now_rfc3339,
+        read_control,
+        write_control,
+    )
     from grpo_monitor.contract.run_layout import is_run_name
 
     snapshot_dir = args.snapshot_dir

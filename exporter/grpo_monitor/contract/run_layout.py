@@ -23,7 +23,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES",
     "PAUSE_RECORD", "REBASELINE_REQUEST", "REPORT_FOLDER", "ROLLBACK_TARGET", "SNAPSHOT_SUFFIXES",
-    "check_run_name", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
+    "check_run_name", "is_appended", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
     "rotation_of", "run_files", "run_name_from", "run_name_problem", "segment_file",
     "write_control_file",
 ]
@@ -106,6 +106,13 @@ def run_name_from(text: str) -> str:
 # -- snapshot files ---------------------------------------------------------------------------
 
 SNAPSHOT_SUFFIXES = (".jsonl", ".json")
+
+
+def is_appended(path: str | os.PathLike[str]) -> bool:
+    """A ``*.jsonl`` file: records appended one a line, read from where the reader left off. The
+    other snapshot file, ``*.json``, holds one record and is read whole."""
+    return os.fspath(path).endswith(SNAPSHOT_SUFFIXES[0])
+
 # A rotated segment: <base>.<seq>.jsonl, the sequence growing (rank-0.jsonl -> rank-0.000001.jsonl).
 _SEGMENT = re.compile(r"(?P<base>.+)\.(?P<seq>[0-9]+)\.jsonl")
 # The SDK's segments carry at least this many digits, so that they also sort by name.

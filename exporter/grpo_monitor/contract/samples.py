@@ -1,4 +1,5 @@
-"""The order of a sample's responses, shared by the SDK that logs them and the replay that shows them.
+"""The order of a sample's responses, shared by the SDK that logs them and the replay that
+shows them.
 
 Standard library only: the SDK imports it inside a training job.
 """

@@ -34,7 +34,11 @@ from transformers import (
 
 from grpo_monitor.contract.control import read_control
 from grpo_monitor.contract.keys import canonical_key
-from grpo_monitor.contract.run_layout import ROLLBACK_TARGET, run_name_from, write_control_file
+from grpo_monitor.contract.run_layout import (
+    ROLLBACK_TARGET,
+    run_name_from,
+    write_control_file,
+)
 from grpo_monitor.sdk.pause import PauseGate, rollback_mode
 from grpo_monitor.sdk.writer import SnapshotWriter
 

@@ -25,7 +25,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.contract.control import ControlRecord, control_path, now_rfc3339, read_control, write_control
+from grpo_monitor.contract.control import (
+    ControlRecord,
+    control_path,
+    now_rfc3339,
+    read_control,
+    write_control,
+)
 from grpo_monitor.runtime.store import RunStore
 
 log = logging.getLogger("grpo_monitor.pause")

@@ -18,16 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from grpo_monitor.runtime.health import ExporterHealth
-from grpo_monitor.runtime.rebaseline import RebaselineRequest
 from grpo_monitor.contract.run_layout import (
     MAX_CONTROL_BYTES,
     REBASELINE_REQUEST,
+    is_appended,
     is_hidden,
     is_snapshot_path,
     rotation_of,
 )
-from grpo_monitor.contract.snapshot import RecordError, decode_record, identity_from_path, parse_record
+from grpo_monitor.contract.snapshot import (
+    RecordError,
+    decode_record,
+    identity_from_path,
+    parse_record,
+)
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.rebaseline import RebaselineRequest
 from grpo_monitor.runtime.store import RunStore
 
 log = logging.getLogger("grpo_monitor.runtime.ingest")
@@ -291,7 +297,7 @@ class Ingestor:
             # a file changed since a scan began may have older segments that scan missed.
             changed_since_listed = (listed_inode is not None
                                     and st.st_ctime_ns >= self._listed_ns - CLOCK_SLACK_NS)
-            if (state is None and path.suffix == ".jsonl"
+            if (state is None and is_appended(path)
                     and (history or changed_since_listed or path in self._vacated)):
                 # A new file under a name whose file went away (a rotation), or a name new to
                 # us: what came before it is read first, so that a rank's records are applied
@@ -302,7 +308,7 @@ class Ingestor:
             self._vacated.discard(path)
             state = state or FileState(inode=st.st_ino)
             self._track(path, state)
-        if path.suffix == ".jsonl":
+        if is_appended(path):
             self._tail(path, state, st, fh)
         else:
             self._reread(path, state, st, fh)

@@ -13,7 +13,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, PositiveInt
 
-from grpo_monitor.contract.run_layout import REBASELINE_REQUEST, check_run_name, run_files, write_control_file
+from grpo_monitor.contract.run_layout import (
+    REBASELINE_REQUEST,
+    check_run_name,
+    is_appended,
+    run_files,
+    write_control_file,
+)
 from grpo_monitor.contract.snapshot import MAX_INT, Count, decode_record
 
 _TAIL_BYTES = 1 << 16
@@ -28,7 +34,7 @@ def newest_step(run_dir: Path) -> int | None:
     """The highest step in the last lines of the run's *.jsonl files (run_layout.run_files)."""
     best: int | None = None
     for path in run_files(run_dir):
-        if path.suffix != ".jsonl":  # a *.json file is one record, its step not in a last line
+        if not is_appended(path):  # a *.json file is one record, its step not in a last line
             continue
         try:
             with open(path, "rb") as fh:

@@ -21,7 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from grpo_monitor.contract.run_layout import DEFAULT_RUN, is_run_name, run_files
+from grpo_monitor.contract.run_layout import (
+    DEFAULT_RUN,
+    is_appended,
+    is_run_name,
+    run_files,
+)
 from grpo_monitor.contract.samples import reward_sort_key
 from grpo_monitor.contract.snapshot import (
     RecordError,
@@ -92,7 +97,7 @@ def _index(snapshot_dir: Path, run: str) -> _Index:
     for path in files:
         try:
             mtime = path.stat().st_mtime
-            if path.suffix == ".json":
+            if not is_appended(path):
                 if path.stat().st_size > MAX_JSON_FILE_BYTES:
                     continue
                 found = _parse(path.read_bytes(), path, snapshot_dir, mtime)

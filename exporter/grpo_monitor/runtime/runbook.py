@@ -5,9 +5,10 @@ with it ``/docs/background.md``, the domain rules the runbook's sections link to
 
 The alert rules build the link as ``<runbook URL>#<alert name, lower case>``. The runbook URL is
 Prometheus' external label ``grpo_runbook_url`` when it is set (a hosted copy of the repository,
-an internal docs site), else ``config.DEFAULT_RUNBOOK_URL``: this exporter on its default port. The pages are
-``docs/<name>`` (packaged as ``grpo_monitor/runtime/<name>``, symbolic links in the checkout) rendered to
-HTML with heading ids computed as GitHub computes them, so one fragment works on both.
+an internal docs site), else ``config.DEFAULT_RUNBOOK_URL``: this exporter on its default port.
+The pages are ``docs/<name>`` (packaged as ``grpo_monitor/runtime/<name>``, symbolic links in the
+checkout) rendered to HTML with heading ids computed as GitHub computes them, so one fragment
+works on both.
 
 The renderer knows the Markdown these pages use (headings, paragraphs, lists, pipe tables,
 fenced code, code spans, emphasis, links) and nothing more; everything is HTML-escaped.

@@ -35,7 +35,12 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from grpo_monitor.contract.run_layout import check_run_name, rank_file, rotation_of, segment_file
+from grpo_monitor.contract.run_layout import (
+    check_run_name,
+    rank_file,
+    rotation_of,
+    segment_file,
+)
 from grpo_monitor.sdk.pause import Checkpoint, ControlWatcher
 
 __all__ = ["SnapshotWriter"]

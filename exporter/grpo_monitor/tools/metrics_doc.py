@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime import exposition as ex
-from grpo_monitor.runtime import forecast
+from grpo_monitor.runtime import forecast, store
 from grpo_monitor.runtime import signals as sig
-from grpo_monitor.runtime import store
 from grpo_monitor.runtime.collectors import gpu
 from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.runtime.health import ERROR_REASONS

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_monitor.contract.run_layout import run_files
+from grpo_monitor.contract.run_layout import is_appended, run_files
 from grpo_monitor.contract.snapshot import (
     RecordError,
     as_text,
@@ -64,14 +64,14 @@ def load_run(run_dir: Path | str) -> RunData:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        if path.suffix == ".jsonl":
+        if is_appended(path):
             raws = [ln for ln in text.splitlines() if ln.strip()]
         else:
             raws = [text]
         for raw in raws:
             try:
                 obj = decode_record(raw)
-                objs = obj if isinstance(obj, list) and path.suffix == ".json" else [obj]
+                objs = obj if isinstance(obj, list) and not is_appended(path) else [obj]
                 snaps = [parse_record(o, run=run, rank=rank, mtime=mtime) for o in objs]
             except RecordError:
                 data.bad_lines += 1

@@ -20,7 +20,6 @@ import numpy as np
 
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, block_means
-from grpo_monitor.tools.report.load import RunData
 from grpo_monitor.runtime.signals import (
     INITIAL_STEPS,
     LAW_ENTROPY,
@@ -29,6 +28,7 @@ from grpo_monitor.runtime.signals import (
     LawTracker,
     slope,
 )
+from grpo_monitor.tools.report.load import RunData
 
 # The throughput signals of a rank, the first one it logs read (else 1 / its step time).
 THROUGHPUT_KEYS = ("perf/samples_per_s", "perf/tokens_per_s")

@@ -15,7 +15,14 @@ import numpy as np
 
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.keys import SIGNALS
-from grpo_monitor.runtime.forecast import BLOCK_STEPS, MIN_BLOCKS, MIN_ENTROPY_SPREAD, LawFit, fit_law
+from grpo_monitor.runtime.forecast import (
+    BLOCK_STEPS,
+    MIN_BLOCKS,
+    MIN_ENTROPY_SPREAD,
+    LawFit,
+    fit_law,
+)
+from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.statistics import (
     RunView,
     block_steps,
@@ -27,7 +34,6 @@ from grpo_monitor.tools.report.statistics import (
     rounded,
     windows,
 )
-from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
 
 SUMMARY_SIGNALS: tuple[str, ...] = (
     "reward/mean", "reward/std", "kl/mean", "loss", "eval/sample_acc", "entropy/mean",

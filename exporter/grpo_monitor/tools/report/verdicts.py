@@ -31,6 +31,12 @@ from typing import Any, Literal
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
+from grpo_monitor.runtime.signals import (
+    GROWTH_OFFSETS,
+    GROWTH_WINDOW,
+    LAW_ENTROPY,
+    SLOPE_WINDOWS,
+)
 from grpo_monitor.tools.report.load import RunData
 from grpo_monitor.tools.report.statistics import (
     RankPerf,
@@ -41,7 +47,6 @@ from grpo_monitor.tools.report.statistics import (
     rounded,
     windows,
 )
-from grpo_monitor.runtime.signals import GROWTH_OFFSETS, GROWTH_WINDOW, LAW_ENTROPY, SLOPE_WINDOWS
 
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
