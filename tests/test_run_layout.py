@@ -37,6 +37,7 @@ from grpo_monitor.contract.run_layout import (
     segment_file,
     write_control_file,
 )
+from grpo_monitor.contract.snapshot import RecordError, parse_record
 from grpo_monitor.sdk.pause import PauseGate
 from grpo_monitor.sdk.writer import SnapshotWriter
 
@@ -82,11 +83,17 @@ def test_writer_pause_record_replay_and_rebaseline_share_the_rule(tmp_path: Path
     snapshot_dir.mkdir()
     # The trainer's writer.
     if valid:
-        SnapshotWriter(snapshot_dir, run, rank=0, world_size=1).close(end=False)
-        assert (snapshot_dir / run / rank_file(0)).is_file()
+        with SnapshotWriter(snapshot_dir, run, rank=0, world_size=1) as writer:
+            writer.log({"loss": 1.0}, 1)
+        # The exporter's parser takes every record the writer writes under the name.
+        for record in lines_of(snapshot_dir / run / rank_file(0)):
+            assert parse_record(record, run=run, rank=0, mtime=0.0).run == run
     else:
         with pytest.raises(ValueError, match="plain folder name"):
             SnapshotWriter(snapshot_dir, run, rank=0, world_size=1)
+        # A record that claims the name is refused, as the writer refuses to write it.
+        with pytest.raises(RecordError, match="plain folder name"):
+            parse_record({"run": run, "step": 1, "metrics": {}}, run=DEFAULT_RUN, rank=0, mtime=0.0)
     # The pause record (the exporter's webhook, `grpo-monitor resume`).
     if valid:
         assert control_path(snapshot_dir, run) == snapshot_dir / run / PAUSE_RECORD
@@ -95,9 +102,12 @@ def test_writer_pause_record_replay_and_rebaseline_share_the_rule(tmp_path: Path
             control_path(snapshot_dir, run)
     # Replay over HTTP: a valid name without samples is 404, an invalid one 400.
     assert replay_http(snapshot_dir, {"run": [run]}, "*/*")[0] == (404 if valid else 400)
-    # `grpo-monitor rebaseline`: a valid name with a run folder gets past the name.
-    with pytest.raises(ValueError, match="no step found" if valid else "plain folder name"):
-        request_rebaseline(snapshot_dir, run, steps=10, at_step=None)
+    # `grpo-monitor rebaseline`: a valid name finds the run's newest step.
+    if valid:
+        assert request_rebaseline(snapshot_dir, run, steps=10, at_step=None)[1] == 1
+    else:
+        with pytest.raises(ValueError, match="plain folder name"):
+            request_rebaseline(snapshot_dir, run, steps=10, at_step=None)
     # Nothing was made outside the snapshot folder.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshots"]
 

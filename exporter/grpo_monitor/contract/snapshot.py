@@ -15,6 +15,7 @@ from pathlib import PurePath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -24,7 +25,7 @@ from pydantic import (
 )
 
 from grpo_monitor.contract.keys import match_key
-from grpo_monitor.contract.run_layout import DEFAULT_RUN
+from grpo_monitor.contract.run_layout import DEFAULT_RUN, MAX_RUN_NAME_BYTES, check_run_name
 
 Shape = Literal["native", "verl", "flat"]
 
@@ -53,6 +54,12 @@ MetricsMap = Annotated[
     WithJsonSchema({"type": "object", "additionalProperties": _METRIC_VALUE_SCHEMA}),
 ]
 NameStr = Annotated[str, Field(min_length=1, max_length=128)]
+# A record's run is held to the rule the SDK and the run folders follow (run_layout), so that a
+# name the writer accepts is one the exporter accepts.
+RunName = Annotated[str, AfterValidator(check_run_name), WithJsonSchema({
+    "type": "string", "minLength": 1,
+    "description": f"a plain folder name: not starting with '.', no '/', '\\' or NUL, at most "
+                   f"{MAX_RUN_NAME_BYTES} bytes of UTF-8"})]
 
 
 class SampleResponse(BaseModel):
@@ -87,7 +94,7 @@ class _Envelope(BaseModel):
     # Unknown top-level fields are tolerated so that newer writers stay readable (contract v1
     # only grows).
     model_config = ConfigDict(extra="allow")
-    run: NameStr | None = None
+    run: RunName | None = None
     rank: Count | None = None
     world_size: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
     step: Count
