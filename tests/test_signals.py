@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import Running, value
+from grpo_monitor.contract.snapshot import parse_record
 from grpo_monitor.runtime.signals import RankSignals
+from grpo_monitor.runtime.store import Limits, RunStore
 
 
 def feed(sig: RankSignals, steps: range, fn: Callable[[int], dict[str, float]], stalled: set[int] = frozenset()) -> None:  # type: ignore[assignment]
@@ -181,3 +183,19 @@ def test_run_range_is_the_highest_and_lowest_20_step_mean_and_never_forgets() ->
     assert (lo, hi) == (pytest.approx(0.0), pytest.approx(0.9))
     feed(sig, range(60, 70), lambda s: {"reward/mean": 0.5})  # a resume keeps the range
     assert sig.features().ranges["reward/mean"] == (pytest.approx(0.0), pytest.approx(0.9))
+
+
+def test_a_pending_rebaseline_takes_the_prompt_types_to_the_same_step() -> None:
+    """A re-baseline asked for a step the rank has not reached applies when the rank writes it,
+    to the rank's signals and its prompt types' alike: both initial means end at that step."""
+    store = RunStore(Limits(initial_steps=10))
+    store.rebaseline("run", at_step=50, steps=20)
+    for step in range(1, 51):
+        store.apply(parse_record({"step": step, "metrics": {"reward/mean": float(step)},
+                                  "by_type": {"math": {"reward/mean": float(step)}}},
+                                 run="run", rank=0, mtime=0.0), wrote_at=0.0)
+    store.flush()
+    body = "".join(store.render())
+    lbl = 'run="run",rank="0"'
+    assert f'grpo_initial_mean{{{lbl},key="reward/mean"}} 45.5\n' in body  # steps 41..50
+    assert f'grpo_prompt_type_initial_mean{{{lbl},prompt_type="math",key="reward/mean"}} 45.5\n' in body

@@ -113,14 +113,23 @@ class KeyHistory:
     last_block_mean: float | None = None
     block: int | None = None  # step // RISING_WINDOW of the last value
 
-    def restart(self) -> None:
-        """The run went back to an earlier step (resumed from a checkpoint): the windows start
-        over; the baseline stays, it described the same run."""
+    def restart(self, step: int) -> None:
+        """The run went back to ``step`` (resumed from a checkpoint): the windows start over
+        there; the baseline stays, it described the same run."""
         self.steps.clear()
         self.values.clear()
         self.nonfinite_steps.clear()
-        self.first_step = None
+        self.first_step = step
         self.rising, self.last_block_mean, self.block = 0, None, None
+
+    def put(self, step: int, value: float, initial_steps: int) -> None:
+        """A finite value of ``step``; a second record for the same step wins."""
+        if self.steps and self.steps[-1] == step:
+            self.steps.pop()
+            self.values.pop()
+        self.steps.append(step)
+        self.values.append(value)
+        self.add_initial(step, value, initial_steps)
 
     def add_initial(self, step: int, value: float, initial_steps: int) -> None:
         """The key's own first steps make its initial reference: a key first logged late (an
@@ -278,8 +287,7 @@ class RankSignals:
             self.first_step = self.baseline_from = step
         elif step < self.step:
             for h in self.keys.values():
-                h.restart()
-                h.first_step = step
+                h.restart(step)
         self.step = step
         self.law.add(step, values)
         in_baseline = not self.ready
@@ -290,15 +298,12 @@ class RankSignals:
                 continue
             if stalled and is_perf(key):
                 continue
-            if h.steps and h.steps[-1] == step:  # a second record for the same step wins
-                h.steps.pop()
-                h.values.pop()
+            # Before put(): a window that just ended is judged without this step's value (a
+            # second record of the same step stays in its block, so judges nothing).
             self._advance_rising(h, step)
-            h.steps.append(step)
-            h.values.append(value)
+            h.put(step, value, self.initial_steps)
             if in_baseline:
                 h.baseline.add(value)
-            h.add_initial(step, value, self.initial_steps)
             if not is_perf(key):
                 self._advance_range(h, step)
         for h in self.keys.values():
@@ -414,8 +419,7 @@ class PromptTypeSignals:
     def add(self, step: int, values: dict[str, float]) -> None:
         if self.keys and step < self.step:  # resumed from an earlier checkpoint
             for h in self.keys.values():
-                h.restart()
-                h.first_step = step
+                h.restart(step)
         self.step = step
         for key, value in values.items():
             if not math.isfinite(value):  # counted by the rank, as every by_type NaN
@@ -423,12 +427,7 @@ class PromptTypeSignals:
             h = self.keys.get(key)
             if h is None:
                 h = self.keys[key] = KeyHistory(first_step=step)
-            if h.steps and h.steps[-1] == step:  # a second record for the same step wins
-                h.steps.pop()
-                h.values.pop()
-            h.steps.append(step)
-            h.values.append(value)
-            h.add_initial(step, value, self.initial_steps)
+            h.put(step, value, self.initial_steps)
 
     def rebaseline(self) -> None:
         for h in self.keys.values():

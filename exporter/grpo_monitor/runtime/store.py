@@ -319,9 +319,6 @@ class RunStore:
             rank.note_pace(snap.step, snap.time)
             stalled = any(e.type in STALL_EVENTS for e in snap.events)
             rank.signals.add(snap.step, snap.metrics, stalled)
-            if rank.pending_rebaseline and snap.step >= rank.pending_rebaseline[0]:
-                rank.rebaseline(rank.pending_rebaseline[1])
-                rank.pending_rebaseline = None
             if snap.world_size is not None:
                 rank.world_size = snap.world_size
             if snap.placement is not None:
@@ -351,6 +348,11 @@ class RunStore:
             for event in snap.events:
                 if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
                     rank.events[event.type] += 1
+            # After the step is in every history (the rank's and its prompt types'): the
+            # re-baseline's window ends at this step for all of them.
+            if rank.pending_rebaseline and snap.step >= rank.pending_rebaseline[0]:
+                rank.rebaseline(rank.pending_rebaseline[1])
+                rank.pending_rebaseline = None
             self._dirty.add((snap.run, snap.rank))
 
     def flush(self) -> None:
