@@ -21,6 +21,7 @@ from conftest import Running, value
 from tiny_model import tiny_model_dir
 from grpo_monitor.integrations.trl import (
     TRL_KEYS,
+    TRL_NAMES,
     GRPOMonitorCallback,
     map_trl_logs,
     rollback_checkpoint,
@@ -40,6 +41,12 @@ def _count_vowels(completions: list[str], **_: Any) -> list[float]:
 
 def _read(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_trl_name_has_its_canonical_key() -> None:
+    # keys.py's aliases are the translation; one it lost would leave TRL's name untranslated.
+    assert list(TRL_KEYS) == list(TRL_NAMES)
+    assert TRL_KEYS["kl"] == "kl/mean" and TRL_KEYS["reward"] == "reward/mean"
 
 
 def test_grpo_trainer_run_is_exported(tmp_path: Path, snapshot_dir: Path, exporter: Running) -> None:

@@ -42,26 +42,22 @@ from grpo_monitor.contract.run_layout import (
 from grpo_monitor.sdk.pause import PauseGate, rollback_mode
 from grpo_monitor.sdk.writer import SnapshotWriter
 
-__all__ = ["TRL_KEYS", "GRPOMonitorCallback", "map_trl_logs", "rollback_checkpoint"]
+__all__ = ["TRL_KEYS", "TRL_NAMES", "GRPOMonitorCallback", "map_trl_logs", "rollback_checkpoint"]
 
 _log = logging.getLogger("grpo_monitor.integrations.trl")
 
 
-def _canonical(name: str) -> str:
-    key = canonical_key(name)
-    if key is None:
-        raise AssertionError(f"keys.py does not know TRL's {name!r}")
-    return key
-
-
 # The names a TRL GRPOTrainer (and the transformers Trainer under it) logs at every step whose
-# meaning is clear, and the canonical key each becomes: keys.py's translation, the exporter's.
-# Only these are renamed in the file; other names (vLLM's sampling/*, per reward function
-# rewards/*) are written as TRL logged them, so the file describes TRL's run.
-TRL_KEYS: dict[str, str] = {name: _canonical(name) for name in (
+# meaning is clear. Only these are renamed in the file; other names (vLLM's sampling/*, per reward
+# function rewards/*) are written as TRL logged them, so the file describes TRL's run.
+TRL_NAMES: tuple[str, ...] = (
     "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "completions/mean_length",
     "completions/max_length", "completions/clipped_ratio", "clip_ratio/region_mean", "step_time",
-    "grad_norm", "learning_rate", "loss")}
+    "grad_norm", "learning_rate", "loss")
+# The canonical key each becomes: keys.py's translation, the exporter's. A name keys.py stopped
+# knowing would be written as TRL logged it (a test checks that none is), never an import error
+# in the user's training job.
+TRL_KEYS: dict[str, str] = {name: key for name in TRL_NAMES if (key := canonical_key(name)) is not None}
 # Bookkeeping of the Trainer, not training signals.
 _SKIP = frozenset({"epoch", "step", "total_flos"})
 # The Trainer's last on_log is a summary of the whole run, not a step.
