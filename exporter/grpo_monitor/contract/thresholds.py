@@ -257,9 +257,9 @@ TABLE: tuple[Threshold, ...] = (
         Keep it below --snapshot.run-timeout (1 hour by default) or the card cannot fire."""),
     # -- the report's own numbers (not written to the rule file) -------------------------------
     Threshold("baseline_steps", 200, "report", """
-        The report's window length: the first 200 logged steps are the baseline period
-        (recorded, never judged), and the reference and last windows compared with it are as
-        long. The exporter's default baseline period has the same length."""),
+        The baseline period: the first 200 logged steps are recorded, never judged. The
+        exporter's default (--signals.baseline-steps), and the report's window length: the
+        reference and last windows compared with the baseline are as long."""),
     Threshold("min_window_steps", 10, "report", """
         A run shorter than five baseline periods gets windows of a fifth of its length, but
         never shorter than this: fewer steps make a median that one noisy step can move."""),

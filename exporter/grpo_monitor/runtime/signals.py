@@ -25,6 +25,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
+from grpo_monitor.contract import thresholds
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, LawSums
 
 # (window_steps, offset_steps) pairs published as grpo_window_mean.
@@ -41,9 +42,9 @@ RANGE_WINDOW = 20
 # enough to average a few noisy steps when the trainer logs every step.
 INITIAL_STEPS = 10
 # The baseline period: each rank's first BASELINE_STEPS steps (settable with
-# --signals.baseline-steps); the cards that compare with a baseline wait for it. The report's own
-# window (thresholds.py's baseline_steps) has the same length, which tests/test_cli.py keeps.
-BASELINE_STEPS = 200
+# --signals.baseline-steps); the cards that compare with a baseline wait for it. The thresholds
+# table holds the length, which the report's windows share.
+BASELINE_STEPS = thresholds.count("baseline_steps")
 # Performance signals are logged by every rank: a smaller menu keeps 1024 ranks affordable.
 PERF_MEANS: tuple[tuple[int, int], ...] = ((50, 0),)
 PERF_EXTREMES: tuple[int, ...] = (50,)
