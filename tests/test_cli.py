@@ -233,3 +233,11 @@ def test_serve_process_unreadable_file_and_promtool(world_readable_dir: Path,
         # A clean exit on SIGTERM, not the SIGKILL that follows a hung shutdown.
         served.stop()
         assert served.proc.returncode == 0, log_tail(served)
+
+
+@pytest.mark.parametrize("command", ["demo", "simulate"])
+def test_an_unknown_scenario_is_a_usage_error(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([command, "--scenario", "kl_explosoin"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'kl_explosoin'" in capsys.readouterr().err

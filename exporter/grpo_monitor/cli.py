@@ -174,6 +174,13 @@ def _write_run_defaults() -> dict[str, Any]:
     return _model_defaults(write_run)
 
 
+def _scenario(help: str, default: str) -> Flag:
+    from grpo_monitor.tools.simulate import SCENARIOS
+
+    # A typo is a usage error at once, not a feeder that dies after the stack started.
+    return Flag("--scenario", "scenario", help, default, choices=tuple(SCENARIOS), metavar="SCENARIO")
+
+
 def _simulated_steps(default: int | None, shown: str | None = None) -> Flag:
     return Flag("--simulated-steps", "simulated_steps", "Steps of the synthetic run to write.",
                 default, type=int, shown_default=shown, old_names=("--steps",))
@@ -417,8 +424,7 @@ def _demo_flags() -> list[Flag]:
         _snapshot_dir("Folder for the run's snapshots.", required=False),
         *_stack_flags("5s"),
         Flag("--run", "run", "Run name.", "demo"),
-        Flag("--scenario", "scenario", "Scenario to play (`grpo-monitor simulate --list` lists them).",
-             "kl_explosion"),
+        _scenario("Scenario to play (`grpo-monitor simulate --list` lists them).", "kl_explosion"),
         _simulated_steps(700),
         Flag("--onset", "onset", "Step the sickness starts.", 300, type=int),
         Flag("--step-seconds", "step_seconds", "Seconds per step.", 0.5, type=float),
@@ -479,7 +485,7 @@ def _simulate_flags() -> list[Flag]:
     run = _write_run_defaults()
     return [
         _snapshot_dir("Folder to write the run under.", required=False),
-        Flag("--scenario", "scenario", "Scenario; --list shows all.", run["scenario"]),
+        _scenario("Scenario; --list shows all.", run["scenario"]),
         Flag("--list", "list", "List the scenarios and the cards each raises.", False,
              action="store_true"),
         Flag("--run", "run", "Run name.", shown_default="the scenario's name"),
@@ -505,9 +511,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             cards = ", ".join(sc.alerts) or "none"
             print(f"{sc.name:26} cards: {cards}\n{'':26} {sc.description} ({sc.reference})")
         return 0
-    if args.scenario not in SCENARIOS:
-        print(f"unknown scenario {args.scenario!r}; --list shows them", file=sys.stderr)
-        return 2
     if args.snapshot_dir is None:
         print("--snapshot.dir is required", file=sys.stderr)
         return 2
