@@ -48,7 +48,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -637,22 +637,15 @@ def config_from_args(args: argparse.Namespace, snapshot_dir: Path) -> Config:
     field as dest) into a Config. A flag that differs from the healthy default is a sickness
     knob: with ``--onset`` it applies only from that step."""
     d = Config(snapshot_dir=snapshot_dir)
-    onset = args.onset
-    cfg = Config(
-        snapshot_dir=snapshot_dir, run=args.run, steps=args.steps, seed=args.seed,
-        prompts=args.prompts, inner_epochs=args.inner_epochs, max_new_tokens=args.max_new_tokens,
-        pretrain_steps=args.pretrain_steps, grader=args.grader, nan_reward_at=args.nan_reward_at,
-        onset=onset, difficulty=args.difficulty, length_penalty=args.length_penalty,
-        length_budget=args.length_budget,
-        loss_agg=args.loss_agg, rollout_precision=args.rollout_precision,
-        rollout_temperature=args.rollout_temperature, rollout_lag=args.rollout_lag,
-        rollout_lag_growth=args.rollout_lag_growth, slow_rank=args.slow_rank, ranks=args.ranks,
-        slow_factor=args.slow_factor, checkpoint_every=args.checkpoint_every,
-        checkpoint_dir=args.checkpoint_dir, threads=args.threads)
-    for name, sick_name in (("beta", "sick_beta"), ("lr", "sick_lr"),
-                            ("temperature", "sick_temperature"), ("group_size", "sick_group_size")):
-        value = getattr(args, name)
-        if onset > 0:
+    given = vars(args)
+    knobs = {"beta": "sick_beta", "lr": "sick_lr", "temperature": "sick_temperature",
+             "group_size": "sick_group_size"}
+    cfg = Config(snapshot_dir=snapshot_dir, **{
+        f.name: given[f.name] for f in fields(Config)
+        if f.name in given and f.name not in knobs and f.name != "snapshot_dir"})
+    for name, sick_name in knobs.items():
+        value = given[name]
+        if cfg.onset > 0:
             setattr(cfg, sick_name, value if value != getattr(d, name) else None)
         else:
             setattr(cfg, name, value)
