@@ -64,6 +64,15 @@ class Finding:
 Judge = Callable[[RunView], Finding | None]
 
 
+def _found(hit: dict[str, Any] | None, first: dict[str, Any] | None = None, **last: Any) -> Finding | None:
+    """The Finding of a hit (None for no hit): its steps, and its numbers after ``first`` and
+    before ``last``, in the order the verdict lists them."""
+    if hit is None:
+        return None
+    steps = hit.pop("steps")
+    return Finding(steps, {**(first or {}), **hit, **last})
+
+
 @dataclass(frozen=True)
 class VerdictKind:
     id: str
@@ -525,12 +534,9 @@ def kl_explosion(view: RunView) -> Finding | None:
     firing = raised.copy()
     for i in range(1, firing.size):  # the card's hysteresis: it reads its own ALERTS series
         firing[i] |= firing[i - 1] and stays[i]
-    hit = _flagged(tr, firing, kl_window_p10=p10, kl_mean_200_steps_before=before)
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), {
-        "kl_baseline_mean": tr.baseline(), "limit": limit, "window_steps": _short_window(), **hit,
-        "kl_max": float(tr.values.max()), "kl_last": float(tr.values[-1])})
+    return _found(_flagged(tr, firing, kl_window_p10=p10, kl_mean_200_steps_before=before),
+                  {"kl_baseline_mean": tr.baseline(), "limit": limit, "window_steps": _short_window()},
+                  kl_max=float(tr.values.max()), kl_last=float(tr.values[-1]))
 
 
 def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
@@ -544,14 +550,11 @@ def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
     window = tr.rolling(_short_window(), stat)
     with np.errstate(invalid="ignore"):
         beyond = window < limit if collapse else window > limit
-    hit = _flagged(tr, beyond, **{f"entropy_window_{stat}": window})
-    if hit is None:
-        return None
     extreme = {"entropy_min": float(tr.values.min())} if collapse else \
         {"entropy_max": float(tr.values.max())}
-    return Finding(hit.pop("steps"), {
-        "entropy_initial": tr.initial(), "limit": limit, "window_steps": _short_window(), **hit,
-        **extreme, "entropy_last": float(tr.values[-1])})
+    return _found(_flagged(tr, beyond, **{f"entropy_window_{stat}": window}),
+                  {"entropy_initial": tr.initial(), "limit": limit, "window_steps": _short_window()},
+                  **extreme, entropy_last=float(tr.values[-1]))
 
 
 @verdict("entropy_collapse", "critical",
@@ -594,12 +597,9 @@ def reward_collapse(view: RunView) -> Finding | None:
     p90 = tr.rolling(window, "p90")
     with np.errstate(invalid="ignore"):
         mask = (p90 < line) & (top - floor > needed)
-    hit = _flagged(tr, mask, reward_window_p90=p90, working_level=top, floor=floor, limit=line,
-                   range_needed=needed)
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), {"window_steps": window, **hit,
-                                      "reward_last": float(tr.values[-1])})
+    return _found(_flagged(tr, mask, reward_window_p90=p90, working_level=top, floor=floor,
+                           limit=line, range_needed=needed),
+                  {"window_steps": window}, reward_last=float(tr.values[-1]))
 
 
 @verdict("kl_growth_accelerating", "warning",
@@ -618,12 +618,9 @@ def kl_growth_accelerating(view: RunView) -> Finding | None:
         growth = np.min([np.where(means[j + 1] != 0, means[j] / means[j + 1] - 1, math.nan)
                          for j in range(len(GROWTH_OFFSETS))], axis=0)
     accel = (means[0] - means[1]) - (means[2] - means[3])
-    hit = _flagged(tr, tr.ready() & (growth > th.value("kl_growth_ratio")) & (accel > 0),
-                   least_growth_per_window=growth, acceleration=accel)
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), {"limit": th.value("kl_growth_ratio"),
-                                      "window_steps": GROWTH_WINDOW, **hit})
+    return _found(_flagged(tr, tr.ready() & (growth > th.value("kl_growth_ratio")) & (accel > 0),
+                           least_growth_per_window=growth, acceleration=accel),
+                  {"limit": th.value("kl_growth_ratio"), "window_steps": GROWTH_WINDOW})
 
 
 @verdict("length_shift", "warning",
@@ -665,12 +662,9 @@ def completions_truncated(view: RunView) -> Finding | None:
     if tr is None:
         return None
     p10 = tr.rolling(_short_window(), "p10")
-    hit = _flagged(tr, p10 > th.value("truncated_ratio"), truncated_window_p10=p10)
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), {
-        "limit": th.value("truncated_ratio"), "window_steps": _short_window(), **hit,
-        "truncated_last": float(tr.values[-1])})
+    return _found(_flagged(tr, p10 > th.value("truncated_ratio"), truncated_window_p10=p10),
+                  {"limit": th.value("truncated_ratio"), "window_steps": _short_window()},
+                  truncated_last=float(tr.values[-1]))
 
 
 @verdict("reward_quantile_extreme", "warning", "a reward quantile fell far below its baseline",
@@ -760,11 +754,8 @@ def grad_norm_spike(view: RunView) -> Finding | None:
     sus = th.count("sustain_steps")
     limit = th.value("grad_norm_spike_ratio") * tr.baseline()
     p10 = tr.rolling(sus, "p10")
-    hit = _flagged(tr, tr.ready() & (p10 > limit), grad_norm_window_p10=p10)
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), {"baseline_mean": tr.baseline(), "limit": limit,
-                                      "window_steps": sus, **hit})
+    return _found(_flagged(tr, tr.ready() & (p10 > limit), grad_norm_window_p10=p10),
+                  {"baseline_mean": tr.baseline(), "limit": limit, "window_steps": sus})
 
 
 # -- the cards of the newer RL stacks' signals: rollout vs trainer, staleness, dead groups by
@@ -827,17 +818,11 @@ def rollout_mismatch_rising(view: RunView) -> Finding | None:
 def stale_rollouts(view: RunView) -> Finding | None:
     """GRPOStaleRollouts: the trajectories' mean age over staleness_steps policy versions in 90%
     of the short window."""
-    hit = _level(view, "staleness/mean", above=th.value("staleness_steps"))
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), hit)
+    return _found(_level(view, "staleness/mean", above=th.value("staleness_steps")))
 
 
 def _dead_cause(view: RunView, key: str) -> Finding | None:
-    hit = _level(view, key, above=th.value("dead_group_cause_ratio"))
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), {"signal": key, **hit})
+    return _found(_level(view, key, above=th.value("dead_group_cause_ratio")), {"signal": key})
 
 
 @verdict("prompts_too_hard", "warning",
@@ -882,11 +867,8 @@ def entropy_covariance_surge(view: RunView) -> Finding | None:
     fall = ent.asof(tr.steps, ent.slope(window) * window / ent.initial())
     with np.errstate(invalid="ignore"):
         mask = (p10 > 0) & (p10 > limit) & (fall < -th.value("entropy_cov_fall_ratio"))
-    hit = _beyond(tr, p10, mask, "window_p10", initial=tr.initial(), limit=limit,
-                  window_steps=_short_window())
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), hit)
+    return _found(_beyond(tr, p10, mask, "window_p10", initial=tr.initial(), limit=limit,
+                          window_steps=_short_window()))
 
 
 @verdict("length_bias", "warning",
@@ -917,7 +899,7 @@ def length_bias(view: RunView) -> Finding | None:
     i = int(np.searchsorted(wrong.steps, hit["steps"][0]))
     hit["correct_growth"] = rounded(float(right_grown[i]))
     hit["incorrect_last"] = hit.pop("last")
-    return Finding(hit.pop("steps"), hit)
+    return _found(hit)
 
 
 @verdict("reward_ceiling_near", "warning",
@@ -936,11 +918,9 @@ def reward_ceiling_near(view: RunView) -> Finding | None:
     hit = _flagged(c.track, c.near, headroom_ratio=c.headroom, entropy_window_mean=c.entropy_mean,
                    entropy_slope_per_step=c.entropy_slope, law_a=c.a, law_b=c.b,
                    reward_ceiling=reward_ceiling, law_r_squared=c.r_squared)
-    if hit is None:
-        return None
-    return Finding(hit.pop("steps"), {
-        "entropy_initial": c.track.initial(), "limit": th.value("ceiling_headroom_ratio"),
-        "window_steps": th.count("sustain_steps"), **hit})
+    return _found(hit, {"entropy_initial": c.track.initial(),
+                        "limit": th.value("ceiling_headroom_ratio"),
+                        "window_steps": th.count("sustain_steps")})
 
 
 def _shortcut_branch(grid: np.ndarray, mean: dict[str, np.ndarray], ref: dict[str, np.ndarray],
