@@ -3,6 +3,6 @@
 ``keys`` (the canonical signal keys, their aliases and metric names), ``snapshot`` (the record
 models of contract v1), ``run_layout`` (a run folder's names, files and order), ``control`` (a
 run's pause record), ``samples`` (the order of a sample's responses) and ``thresholds`` (every
-number a card or a report verdict compares with). ``keys``, ``run_layout``, ``control`` and
-``samples`` use the standard library only: the SDK imports them inside a training job.
+number a card or a report verdict compares with). ``keys``, ``run_layout`` and ``samples`` use
+the standard library only: the SDK imports them inside a training job.
 """

@@ -1,7 +1,7 @@
 """Prometheus text exposition (format 0.0.4) for the per-run families.
 
-prometheus-client renders about 80k samples/s here, so 1024 ranks x the full signal set (24.5k
-series) would cost ~300 ms a scrape. Instead each (run, rank) keeps its sample lines rendered
+prometheus-client renders about 80k samples/s here, so 1024 ranks x the full signal set (61k
+series) would cost ~750 ms a scrape. Instead each (run, rank) keeps its sample lines rendered
 once when its snapshot arrives, and a scrape only joins cached strings family by family (the
 format requires one family's samples to be contiguous). See docs/benchmarks.md.
 """

@@ -14,7 +14,7 @@ per 100 steps; window min/max; window 10th/90th percentiles (a 90th percentile b
 steps = "below x for N consecutive steps", tolerating a noisy step in ten); the highest and lowest
 20-step mean since the run started (a "working level" and a "floor"); the count of consecutive
 rising window means; non-finite values within a window; the least-squares slope over a window;
-per prompt type, the reward's 50-step mean and initial value; and the entropy-reward law fitted
+per prompt type, the reward's 50-step means now and 200 steps ago and its initial value; and the entropy-reward law fitted
 on the run so far (forecast.py).
 """
 
