@@ -335,7 +335,6 @@ class Ingestor:
         except ValueError as exc:
             self.error(path, "invalid_control", str(exc).splitlines()[0])
             return
-        self._controls[path] = data
         run, _ = identity_from_path(path, self.root)
         log.info("run %s: re-baseline on the %d steps up to step %d", run, req.steps, req.at_step)
         self.store.rebaseline(run, req.at_step, req.steps)
