@@ -9,11 +9,14 @@ script measures how well a fit on a run's first steps predicts the run's later r
 
 Method. For every run, the steps that logged both entropy/mean and reward/mean (names mapped as
 the exporter maps them: grpo_monitor.contract.snapshot.parse_record) are averaged in 10-step blocks
-(grpo_monitor.runtime.forecast.block_means, the exporter's blocks). For each cut N (25% and 50% of the
-run's last step, and the fixed cuts 50 and 100 steps, each rounded down to a block boundary),
-grpo_monitor.runtime.forecast.fit_law fits the blocks before N. The fit then predicts each later block's
-reward from that block's *observed* mean entropy -- the law's claim is the exchange rate, not
-when the entropy will fall -- and is scored on those later blocks:
+(grpo_monitor.runtime.forecast.block_means, the exporter's blocks). For each cut -- 25% and 50% of
+the run's blocks (not of its steps: the cut of score_forecast and of the report's first half),
+and the fixed cuts 50 and 100 steps, rounded down to a block boundary --
+grpo_monitor.runtime.forecast.score_forecast fits the blocks before the cut with fit_law, predicts
+each later block's reward from that block's *observed* mean entropy -- the law's claim is the
+exchange rate, not when the entropy will fall -- and scores the later blocks as the report's
+entropy-reward section scores its second half (mae, mae_pct, persistence); forecast_r2, RMSE,
+bias and the ceiling against the best reward are this script's own:
 
   mae          mean |predicted - observed| block reward
   mae_pct      mae / (max - min of the run's block rewards), in %
@@ -23,15 +26,17 @@ when the entropy will fall -- and is scored on those later blocks:
   ceiling      b - a (the reward at H = 0) against the best 20-step mean reward of the whole run
 
 A cut is skipped when fewer than forecast.MIN_BLOCKS blocks precede it (the exporter does not
-publish such a fit either) or fewer than 2 blocks follow it.
+publish such a fit either) or fewer than 2 blocks follow it; a later block whose entropy is past
+exp()'s range is not scored, as in the report.
 
 Runs: the train demo (grpo_monitor.tools.train_demo, real GRPO on the CPU), healthy for --demo-steps
 (600) steps per seed (the first 300 steps of each are, exactly, the 300-step run of that seed:
 the loop is deterministic and nothing in it depends on the run's length), and the entropy
 collapse of docs/train-demo.md (--group-size 2 --temperature 0.15 from step 200, 300 steps); and
-every run of the shared collection (--real-runs, default ../shared/real-runs beside the
-repository) that logs entropy. The demo's snapshots are kept in --demo-dir when given, and a run
-found there complete is read instead of trained again.
+every run of the shared collection that logs entropy (--real-runs; by default the one the tests
+read, tests/real_runs.py: $GRPO_REAL_RUNS, else ../shared/real-runs beside the repository). The
+demo's snapshots are kept in --demo-dir when given, and a run found there complete is read
+instead of trained again.
 """
 
 from __future__ import annotations
@@ -47,14 +52,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.contract.snapshot import parse_record
-from grpo_monitor.runtime.forecast import BLOCK_STEPS, MIN_BLOCKS, block_means, fit_law
-from results_io import machine, write_result
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import real_runs  # noqa: E402
+
+from grpo_monitor.contract.snapshot import parse_record  # noqa: E402
+from grpo_monitor.runtime.forecast import (  # noqa: E402
+    BLOCK_STEPS,
+    MIN_BLOCKS,
+    block_means,
+    score_forecast,
+)
+from results_io import machine, write_result  # noqa: E402
+
 DEFAULT_OUT = ROOT / "bench" / "results" / "forecast.json"
-DEFAULT_REAL_RUNS = ROOT.parent / "shared" / "real-runs"
-STEPS_FILE = "derived_steps.jsonl"
 FRACTIONS = (0.25, 0.5)
 FIXED_CUTS = (50, 100)
 BEST_WINDOW = 20  # steps of the best observed mean reward the ceiling is compared with
@@ -87,24 +99,26 @@ def _points(name: str, source: str, what: str,
                [by_step[s][1] for s in steps])
 
 
-def real_runs(folder: Path) -> tuple[list[Run], list[dict[str, str]]]:
-    """Every run of the collection that logged entropy and reward, and the others with why."""
-    if not folder.is_dir():
+def shared_runs(folder: Path | None) -> tuple[list[Run], list[dict[str, str]]]:
+    """Every run of the collection (``folder``, else real_runs.runs_dir(): $GRPO_REAL_RUNS or
+    ../shared/real-runs) that logged entropy and reward, and the others with why."""
+    if folder is None:
+        try:
+            paths = [real_runs.steps_file(name) for name in real_runs.run_names()]
+        except real_runs.RealRunsMissing as exc:
+            raise SystemExit(f"{exc} Or pass them with --real-runs.") from None
+    elif folder.is_dir():
+        paths = sorted(folder.glob(f"*/{real_runs.STEPS_FILE}"))
+    else:
         raise SystemExit(f"{folder} is not a folder: pass the shared real runs with --real-runs")
     runs: list[Run] = []
     skipped: list[dict[str, str]] = []
-    for path in sorted(folder.glob(f"*/{STEPS_FILE}")):
+    for path in paths:
         name = path.parent.name
-        records: list[tuple[int, dict[str, float]]] = []
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                # The collection's own helper fields (_step_inferred, ...) are no trainer's keys.
-                raw = {k: v for k, v in json.loads(line).items()
-                       if not k.startswith("_") or k in ("_step", "_timestamp", "_runtime")}
-                rec = parse_record(raw, run=name, rank=0, mtime=0.0)
-                records.append((rec.step, rec.metrics))
+        records = []
+        for raw in real_runs.load(path):
+            rec = parse_record(raw, run=name, rank=0, mtime=0.0)
+            records.append((rec.step, rec.metrics))
         run = _points(name, "real", _framework(path.parent), records)
         if len(run.steps) < 2:
             logs_entropy = any(ENTROPY in m for _, m in records)
@@ -183,20 +197,22 @@ def best_window_mean(steps: Sequence[int], values: Sequence[float], window: int)
     return best
 
 
-def cuts(last_step: int) -> list[tuple[str, int]]:
-    """(label, first step not fitted) of every cut, rounded down to a block boundary."""
+def cuts(last_step: int, blocks: Sequence[int]) -> list[tuple[str, int]]:
+    """(label, blocks fitted) of every cut, each cut listed once. A fraction f of the run is
+    int(f * len(blocks)) of its blocks, the cut of score_forecast and of the report's first
+    half; a fixed cut of N steps fits the blocks before step N rounded down to a block."""
     out: list[tuple[str, int]] = []
     for f in FRACTIONS:
-        out.append((f"{round(f * 100)}%", int(f * last_step) // BLOCK_STEPS * BLOCK_STEPS))
+        out.append((f"{round(f * 100)}%", int(f * len(blocks))))
     for n in FIXED_CUTS:
         if n < last_step:
-            out.append((f"{n} steps", n // BLOCK_STEPS * BLOCK_STEPS))
+            out.append((f"{n} steps", sum(1 for b in blocks if b < n // BLOCK_STEPS)))
     seen: set[int] = set()
     unique = []
-    for label, n in out:
-        if n not in seen:
-            seen.add(n)
-            unique.append((label, n))
+    for label, k in out:
+        if k not in seen:
+            seen.add(k)
+            unique.append((label, k))
     return unique
 
 
@@ -205,19 +221,21 @@ def measure(run: Run) -> dict[str, Any]:
     r_blocks = block_means(run.steps, run.reward)
     blocks = sorted(h_blocks)
     rewards = [r_blocks[b] for b in blocks]
-    reward_range = max(rewards) - min(rewards)
     best = best_window_mean(run.steps, run.reward, BEST_WINDOW)
     result: dict[str, Any] = {
         "run": run.name, "source": run.source, "what": run.what, "last_step": run.steps[-1],
         "logged_steps": len(run.steps), "blocks": len(blocks),
         "entropy_first_block": h_blocks[blocks[0]], "entropy_last_block": h_blocks[blocks[-1]],
         "reward_first_block": rewards[0], "reward_last_block": rewards[-1],
-        "reward_block_range": reward_range, "best_20_step_mean_reward": best, "cuts": [],
+        "reward_block_range": max(rewards) - min(rewards), "best_20_step_mean_reward": best,
+        "cuts": [],
     }
-    for label, cut in cuts(run.steps[-1]):
-        fit_b = [b for b in blocks if (b + 1) * BLOCK_STEPS <= cut]
-        rest_b = [b for b in blocks if b * BLOCK_STEPS >= cut]
-        row: dict[str, Any] = {"cut": label, "fit_until_step": cut, "fit_blocks": len(fit_b),
+    for label, k in cuts(run.steps[-1], blocks):
+        score = score_forecast(h_blocks, r_blocks, k)
+        fit_b, rest_b = score.fit_blocks, score.forecast_blocks
+        # The first step not fitted: every fitted step is below it.
+        until = (fit_b[-1] + 1) * BLOCK_STEPS if fit_b else blocks[0] * BLOCK_STEPS
+        row: dict[str, Any] = {"cut": label, "fit_until_step": until, "fit_blocks": len(fit_b),
                                "forecast_blocks": len(rest_b)}
         result["cuts"].append(row)
         if len(fit_b) < MIN_BLOCKS or len(rest_b) < MIN_REST_BLOCKS:
@@ -225,32 +243,34 @@ def measure(run: Run) -> dict[str, Any]:
                 f"{len(fit_b)} blocks to fit (< {MIN_BLOCKS})" if len(fit_b) < MIN_BLOCKS
                 else f"{len(rest_b)} blocks to forecast (< {MIN_REST_BLOCKS})")
             continue
-        fit = fit_law([h_blocks[b] for b in fit_b], [r_blocks[b] for b in fit_b])
+        fit = score.fit
         if fit is None:
             row["skipped"] = "no fit: the entropy did not vary over the fitted blocks"
             continue
-        observed = [r_blocks[b] for b in rest_b]
-        predicted = [fit.predict(h_blocks[b]) for b in rest_b]
-        errors = [p - o for p, o in zip(predicted, observed)]
-        mae = statistics.fmean(abs(e) for e in errors)
+        if len(score.scored) < MIN_REST_BLOCKS:
+            row["skipped"] = (f"{len(score.scored)} blocks with an entropy exp() can take "
+                              f"(< {MIN_REST_BLOCKS})")
+            continue
+        # The extras of this benchmark, over the same scored blocks as the MAE.
+        errors = score.errors
+        observed = [r_blocks[b] for b in score.scored]
         mean_obs = statistics.fmean(observed)
         sst = sum((o - mean_obs) ** 2 for o in observed)
         sse = sum(e * e for e in errors)
-        last_fit_reward = r_blocks[fit_b[-1]]
         row.update({
             "a": fit.a, "b": fit.b, "fit_r2": fit.r_squared, "ceiling": fit.ceiling,
             "ceiling_minus_best_20_step": None if best is None else fit.ceiling - best,
-            "mae": mae, "rmse": math.sqrt(sse / len(errors)),
-            "mae_pct_of_range": 100 * mae / reward_range if reward_range > 0 else None,
+            "mae": score.mae, "rmse": math.sqrt(sse / len(errors)),
+            "mae_pct_of_range": score.mae_pct_of_range,
             "bias": statistics.fmean(errors),
             "forecast_r2": 1 - sse / sst if sst > 0 else None,
-            "persistence_mae": statistics.fmean(abs(last_fit_reward - o) for o in observed),
+            "persistence_mae": score.flat_mae,
             # How far the forecast extrapolates the fitted curve: the entropies it was fitted
             # on against the ones it predicts at.
             "fit_entropy_range": [min(h_blocks[b] for b in fit_b),
                                   max(h_blocks[b] for b in fit_b)],
-            "forecast_entropy_range": [min(h_blocks[b] for b in rest_b),
-                                       max(h_blocks[b] for b in rest_b)],
+            "forecast_entropy_range": [min(h_blocks[b] for b in score.scored),
+                                       max(h_blocks[b] for b in score.scored)],
         })
     return result
 
@@ -268,8 +288,9 @@ def _line(run: dict[str, Any], cut: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--real-runs", type=Path, default=DEFAULT_REAL_RUNS,
-                    help="the shared real runs (default: ../shared/real-runs beside the repo)")
+    ap.add_argument("--real-runs", type=Path, default=None,
+                    help="the shared real runs (default: $GRPO_REAL_RUNS, else ../shared/real-runs "
+                         "beside the repo)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--demo-dir", type=Path, default=None,
                     help="keep the train demo's snapshots here and reuse complete ones")
@@ -279,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-demo", action="store_true", help="only the real runs")
     args = ap.parse_args(argv)
 
-    runs, skipped = real_runs(args.real_runs)
+    runs, skipped = shared_runs(args.real_runs)
     if not args.no_demo:
         if args.demo_dir is not None:
             args.demo_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,13 @@ import pytest
 import requests
 
 from conftest import Running, value
-from grpo_monitor.runtime.forecast import BLOCK_STEPS, MIN_BLOCKS, block_means, fit_law
+from grpo_monitor.runtime.forecast import (
+    BLOCK_STEPS,
+    MIN_BLOCKS,
+    block_means,
+    fit_law,
+    score_forecast,
+)
 from grpo_monitor.runtime.signals import RankSignals
 
 
@@ -55,6 +61,36 @@ def test_block_means_average_each_block_of_steps() -> None:
     assert block_means(steps, [1.0, 2.0, 3.0, 10.0, math.nan, 7.0]) == {0: 2.0, 1: 10.0, 2: 7.0}
 
 
+def test_a_forecast_cut_counts_blocks_and_scores_the_later_ones() -> None:
+    # A run logged from step 400 on: half of it is its first 10 blocks, whatever its step numbers.
+    blocks = range(40, 60)
+    entropy = {b: 1.2 - 0.04 * (b - 40) for b in blocks}
+    reward = {b: law(entropy[b]) for b in blocks}
+    score = score_forecast(entropy, reward, len(blocks) // 2)
+    assert score.fit_blocks == tuple(range(40, 50)) and score.forecast_blocks == tuple(range(50, 60))
+    assert score.fit is not None and score.fit.a == pytest.approx(0.4)
+    assert score.scored == score.forecast_blocks
+    assert score.mae == pytest.approx(0.0, abs=1e-9)
+    # Holding block 49's reward flat misses every later block by what the law gained since.
+    assert score.flat_mae == pytest.approx(sum(reward[b] - reward[49] for b in range(50, 60)) / 10)
+    assert score.reward_range == pytest.approx(reward[59] - reward[40])
+    assert score.mae_pct_of_range == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_forecast_skips_an_absurd_entropy_and_needs_a_fit() -> None:
+    entropy = {b: 1.2 - 0.05 * b for b in range(12)}
+    reward = {b: law(h) for b, h in entropy.items()}
+    entropy[10] = 800.0  # exp() overflows: no prediction, no score
+    score = score_forecast(entropy, reward, 8)
+    assert score.scored == (8, 9, 11) and len(score.errors) == len(score.flat_errors) == 3
+    # Fewer blocks than a fit needs: nothing scored, and an unknown error rather than zero.
+    short = score_forecast(entropy, reward, MIN_BLOCKS - 1)
+    assert short.fit is None and short.scored == () and math.isnan(short.mae)
+    # A reward that never moved has no range to express the error in.
+    flat = score_forecast(entropy, dict.fromkeys(entropy, 0.5), 8)
+    assert flat.reward_range == 0 and flat.mae_pct_of_range is None
+
+
 def test_the_rank_fits_its_block_means_as_the_steps_arrive() -> None:
     rng = random.Random(1)
     sig = RankSignals(baseline_steps=200)
@@ -92,7 +128,7 @@ def test_the_window_slope_is_the_trend_per_step() -> None:
 
 
 def test_a_scrape_carries_the_forecast_the_slope_and_the_prompt_types(
-        exporter: Running, snapshot_dir: Path, tmp_path: Path) -> None:
+        exporter: Running, snapshot_dir: Path) -> None:
     lines = []
     for step in range(1, 61):
         h = 1.2 - 0.015 * step

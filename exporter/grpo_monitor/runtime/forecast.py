@@ -11,17 +11,18 @@ and the mean reward of each full block of BLOCK_STEPS consecutive steps. A step'
 mean over a small batch and noisy; averaging ten steps keeps the fit quality (R²) about the law
 rather than about batch noise, and makes a run logged every step and one logged every tenth
 comparable. Standard library only: the exporter keeps running sums per run; the report and the
-forecast benchmark fit recorded histories with the same function.
+forecast benchmark fit recorded histories with the same function, and judge a fit on a run's
+later blocks with the same scoring (score_forecast).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BLOCK_STEPS", "MIN_BLOCKS", "MIN_ENTROPY_SPREAD", "LawFit", "LawSums", "block_means",
-           "fit_law"]
+__all__ = ["BLOCK_STEPS", "MIN_BLOCKS", "MIN_ENTROPY_SPREAD", "ForecastScore", "LawFit", "LawSums",
+           "block_means", "fit_law", "score_forecast"]
 
 # Steps per block mean. Ten steps of a 16-prompt batch average out most of the reward's batch
 # noise and still give a 100-step run ten points.
@@ -119,3 +120,74 @@ def fit_law(entropy: Iterable[float], reward: Iterable[float],
     for h, r in zip(entropy, reward):
         sums.add(h, r)
     return sums.fit(min_points)
+
+
+@dataclass(frozen=True)
+class ForecastScore:
+    """A fit on a run's first blocks, judged on the blocks after them (:func:`score_forecast`)."""
+
+    fit_blocks: tuple[int, ...]  # the block indices fitted, ascending
+    forecast_blocks: tuple[int, ...]  # the block indices after the cut, ascending
+    fit: LawFit | None  # None where fit_law refuses: too few blocks, or an entropy that sat still
+    scored: tuple[int, ...]  # the forecast blocks given a prediction, ascending
+    errors: tuple[float, ...]  # predicted - observed reward, one per scored block
+    # The naive forecast a law must beat: the last fitted block's reward held flat, minus the
+    # observed reward, one per scored block.
+    flat_errors: tuple[float, ...]
+    reward_range: float  # max - min of every finite block reward of the run; NaN without any
+
+    @property
+    def mae(self) -> float:
+        """Mean absolute error of the law's predictions; NaN with none."""
+        return _mean_abs(self.errors)
+
+    @property
+    def flat_mae(self) -> float:
+        """Mean absolute error of holding the last fitted block's reward flat; NaN with none."""
+        return _mean_abs(self.flat_errors)
+
+    @property
+    def mae_pct_of_range(self) -> float | None:
+        """``mae`` as a percentage of ``reward_range``: None where the reward never moved, NaN
+        where no block was scored."""
+        return 100 * self.mae / self.reward_range if self.reward_range > 0 else None
+
+
+def _mean_abs(values: Sequence[float]) -> float:
+    return math.fsum(abs(v) for v in values) / len(values) if values else math.nan
+
+
+def score_forecast(entropy: Mapping[int, float], reward: Mapping[int, float],
+                   fit_blocks: int) -> ForecastScore:
+    """Fit the law on a run's first ``fit_blocks`` blocks and predict the reward of every later
+    block from that block's *observed* mean entropy: the law claims an exchange rate of entropy
+    for reward, not when the entropy will fall.
+
+    ``entropy`` and ``reward`` are block means (:func:`block_means`) over the same steps; a block
+    in one only is left out. The cut counts blocks, not steps: it falls after the run's first
+    ``fit_blocks`` blocks that hold a point, in block order. "The first half of a run" is
+    therefore ``len(blocks) // 2`` of its blocks, whatever step it starts at and whatever blocks
+    it skipped, and a cut "before step N" is the number of blocks whose index is below
+    N // BLOCK_STEPS. A forecast block whose entropy is past exp()'s range gets no prediction and
+    is not scored, as LawSums leaves such a point out of a fit.
+    """
+    blocks = sorted(entropy.keys() & reward.keys())
+    fitted, rest = blocks[:max(fit_blocks, 0)], blocks[max(fit_blocks, 0):]
+    finite = [reward[b] for b in blocks if math.isfinite(reward[b])]
+    span = max(finite) - min(finite) if finite else math.nan
+    fit = fit_law([entropy[b] for b in fitted], [reward[b] for b in fitted])
+    scored: list[int] = []
+    errors: list[float] = []
+    flat: list[float] = []
+    if fit is not None:
+        for b in rest:
+            try:
+                predicted = fit.predict(entropy[b])
+            except OverflowError:
+                continue
+            scored.append(b)
+            errors.append(predicted - reward[b])
+            flat.append(reward[fitted[-1]] - reward[b])
+    return ForecastScore(fit_blocks=tuple(fitted), forecast_blocks=tuple(rest), fit=fit,
+                         scored=tuple(scored), errors=tuple(errors), flat_errors=tuple(flat),
+                         reward_range=span)

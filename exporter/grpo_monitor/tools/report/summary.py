@@ -20,7 +20,7 @@ from grpo_monitor.runtime.forecast import (
     MIN_BLOCKS,
     MIN_ENTROPY_SPREAD,
     LawFit,
-    fit_law,
+    score_forecast,
 )
 from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.statistics import (
@@ -128,11 +128,11 @@ def _law_dict(fit: LawFit) -> dict[str, Any]:
 
 def law_section(view: RunView) -> dict[str, Any]:
     """The entropy-reward law R = -a exp(H) + b (forecast.fit_law) fitted on the first half of the
-    run's 10-step blocks and judged on the second half: the mean absolute error of its
-    predictions (also as a % of the range of the run's block-mean reward), against holding the
-    last fitted block's reward flat; the fit on the whole run as the exporter has it at the
-    end; and whether the run ended near its ceiling (GRPORewardCeilingNear's rule at the last
-    step)."""
+    run's 10-step blocks (half of its blocks, not of its steps: forecast.score_forecast's cut)
+    and judged on the second half: the mean absolute error of its predictions (also as a % of
+    the range of the run's block-mean reward), against holding the last fitted block's reward
+    flat; the fit on the whole run as the exporter has it at the end; and whether the run ended
+    near its ceiling (GRPORewardCeilingNear's rule at the last step)."""
     out: dict[str, Any] = {"entropy_key": LAW_ENTROPY, "reward_key": LAW_REWARD,
                            "block_steps": BLOCK_STEPS}
     blocks, entropy, reward, both = law_blocks(view.data)
@@ -142,9 +142,8 @@ def law_section(view: RunView) -> dict[str, Any]:
                 "reason": f"the run logs no {LAW_ENTROPY} beside {LAW_REWARD}"}
     # The first half: a forecast is only worth its horizon, and half the run is the longest
     # horizon that still leaves a 100-step run (10 blocks) the MIN_BLOCKS a fit needs.
-    half = len(blocks) // 2
-    fit_blocks, test_blocks = blocks[:half], blocks[half:]
-    fit = fit_law([entropy[b] for b in fit_blocks], [reward[b] for b in fit_blocks])
+    score = score_forecast(entropy, reward, len(blocks) // 2)
+    fit, fit_blocks = score.fit, list(score.fit_blocks)
     out["fitted"] = fit is not None
     if fit is None:
         out["reason"] = (f"{len(fit_blocks)} blocks in the first half, {MIN_BLOCKS} needed"
@@ -153,24 +152,14 @@ def law_section(view: RunView) -> dict[str, Any]:
                          f"{100 * MIN_ENTROPY_SPREAD:g}% of its largest block mean: a line "
                          "through it would fit noise")
     else:
-        errors, flat = [], []
-        for b in test_blocks:
-            try:
-                predicted = fit.predict(entropy[b])
-            except OverflowError:  # an entropy past exp()'s range: no prediction, as no fit point
-                continue
-            errors.append(abs(predicted - reward[b]))
-            flat.append(abs(reward[fit_blocks[-1]] - reward[b]))
-        finite = [r for r in reward.values() if math.isfinite(r)]
-        span = max(finite) - min(finite) if finite else math.nan
-        mae = float(np.mean(errors)) if errors else math.nan
+        pct = score.mae_pct_of_range
         out["first_half"] = {**_law_dict(fit), "steps": block_steps(both, fit_blocks),
                              "law_holds": bool(fit.a > 0 and fit.r_squared >= th.value("forecast_min_r2"))}
         out["prediction"] = {
-            "steps": block_steps(both, test_blocks), "blocks": len(errors),
-            "mean_abs_error": rounded(mae), "reward_range": rounded(span),
-            "error_pct_of_range": rounded(100 * ratio(mae, span)) if span > 0 else None,
-            "flat_mean_abs_error": rounded(float(np.mean(flat))) if flat else None}
+            "steps": block_steps(both, list(score.forecast_blocks)), "blocks": len(score.errors),
+            "mean_abs_error": rounded(score.mae), "reward_range": rounded(score.reward_range),
+            "error_pct_of_range": None if pct is None else rounded(pct),
+            "flat_mean_abs_error": rounded(score.flat_mae) if score.flat_errors else None}
     fits = view.law_fits
     if fits and fits[-1] is not None:
         out["whole_run"] = _law_dict(fits[-1])
