@@ -17,6 +17,11 @@ from grpo_monitor.runtime.config import ExporterConfig
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
+ROOT = Path(__file__).resolve().parents[1]
+# The docs a person reads: their links must resolve and the commands they name must exist.
+DOCS: list[Path] = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                    *sorted((ROOT / "examples").glob("*.md"))]
+
 
 def parse_samples(text: str) -> Samples:
     """Exposition text parsed with prometheus-client's parser: {(name, labels): value}."""

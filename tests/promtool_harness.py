@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,8 +30,25 @@ from grpo_monitor.sdk.writer import SnapshotWriter
 from grpo_monitor.tools.simulate import Step, generate, write_steps
 
 ROOT = Path(__file__).resolve().parents[1]
-RULE_FILES = [str(ROOT / "prometheus" / "rules" / f) for f in
-              ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml", "grpo-cluster.yml")]
+RULES_DIR = ROOT / "prometheus" / "rules"
+# Every rule file of the project, whatever it is called: a file added there is loaded by the
+# tests the day it is added, not the day someone remembers a list.
+RULE_FILES: list[Path] = sorted(RULES_DIR.glob("*.yml"))
+
+
+def rules(*names: str) -> list[dict[str, Any]]:
+    """Every rule (recording and alerting), in file order, of the rule files ``names`` (file
+    names in prometheus/rules/), or of all of RULE_FILES. Parsed afresh: a caller may edit them."""
+    paths = [RULES_DIR / n for n in names] if names else RULE_FILES
+    return [r for path in paths for g in yaml.safe_load(path.read_text())["groups"]
+            for r in g["rules"]]
+
+
+def alerts(*names: str) -> list[dict[str, Any]]:
+    """The alerting rules of ``rules(*names)``."""
+    return [r for r in rules(*names) if "alert" in r]
+
+
 # The series the rules read; the rest of a scrape only slows promtool down.
 RULE_INPUTS = ("grpo_step{", "grpo_kl_mean{", "grpo_baseline_", "grpo_initial_", "grpo_window_",
                "grpo_run_window_", "grpo_rising_windows{", "grpo_forecast_", "grpo_prompt_type_")
@@ -138,7 +156,7 @@ def promtool_test(played: Played, expr_tests: list[dict[str, object]], path: Pat
         return " ".join(samples)
 
     test = {
-        "rule_files": RULE_FILES,
+        "rule_files": [str(p) for p in RULE_FILES],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
@@ -266,8 +284,7 @@ def fired(played: Played, tmp: Path) -> Intervals:
 
 
 def _severities() -> dict[str, str]:
-    return {r["alert"]: r["labels"]["severity"] for f in RULE_FILES
-            for g in yaml.safe_load(Path(f).read_text())["groups"] for r in g["rules"] if "alert" in r}
+    return {r["alert"]: r["labels"]["severity"] for r in alerts()}
 
 
 SEVERITIES = _severities()  # alert name -> severity, from the rule files

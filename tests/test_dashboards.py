@@ -41,13 +41,13 @@ from grpo_monitor.tools.simulate import RankRecord, generate, write_run, write_s
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from polling import wait_for
 from prometheus_harness import alert_stack
+from promtool_harness import rules
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"
 DATASOURCES_YML = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDER_YML = GRAFANA / "provisioning" / "dashboards" / "grpo.yml"
-RULES = ROOT / "prometheus" / "rules"
 METRICS_MD = ROOT / "docs" / "metrics.md"
 
 # The uids are links: bookmarks, alert annotations and other dashboards point at them.
@@ -523,11 +523,7 @@ def test_rate_panels_use_rate_interval() -> None:
 
 
 def rule_records() -> set[str]:
-    names = set()
-    for f in RULES.glob("*.yml"):
-        for group in yaml.safe_load(f.read_text())["groups"]:
-            names |= {r["record"] for r in group["rules"] if "record" in r}
-    return names
+    return {r["record"] for r in rules() if "record" in r}
 
 
 def test_every_name_is_exported_or_recorded() -> None:

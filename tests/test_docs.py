@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import DOCS
 
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime.exposition import RANK_FAMILIES, RUN_FAMILIES
@@ -14,8 +15,6 @@ from grpo_monitor.runtime.runbook import anchors
 from grpo_monitor.tools import metrics_doc
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-        *sorted((ROOT / "examples").glob("*.md"))]
 
 
 def test_metrics_md_is_up_to_date() -> None:

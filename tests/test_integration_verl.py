@@ -246,21 +246,31 @@ def _log_run(snapshot_dir: Path, run: str, metrics: Any) -> Path:
     return path
 
 
-def test_verl_rollout_correction_metrics_become_mismatch_series(exporter: Running,
-                                                                snapshot_dir: Path) -> None:
-    _log_run(snapshot_dir, "verl-mismatch", verl_mismatch_metrics)
-    lbl = {"run": "verl-mismatch", "rank": "0"}
+def _scrape_mapped(exporter: Running, snapshot_dir: Path, run: str, metrics: Any,
+                   mapped: dict[str, str], generic: tuple[str, ...]) -> tuple[Any, dict[str, str]]:
+    """Log a run of ``metrics``, scrape it once its last step shows, and check that each key of
+    ``mapped`` became its metric (and not the generic family) while each of ``generic`` stayed
+    in the generic family; the scrape and the rank's labels, for more checks."""
+    _log_run(snapshot_dir, run, metrics)
+    lbl = {"run": run, "rank": "0"}
     exporter.wait_value("grpo_step", STEPS, **lbl)
     s = exporter.scrape()
-    data = verl_mismatch_metrics(STEPS)
-    assert {m: value(s, m, **lbl) for m in VERL_MISMATCH.values()} == {
-        m: pytest.approx(float(data[k])) for k, m in VERL_MISMATCH.items()}
-    for key in VERL_MISMATCH:
+    data = metrics(STEPS)
+    assert {m: value(s, m, **lbl) for m in mapped.values()} == {
+        m: pytest.approx(float(data[k])) for k, m in mapped.items()}
+    for key in mapped:
         assert value(s, "grpo_metric_value", key=key, **lbl) is None, key
-    # verl's neighbours without a canonical key stay in the generic family.
-    for key in ("rollout_corr/rollout_is_std", "rollout_corr/training_ppl",
-                "training/rollout_probs_diff_valid"):
+    for key in generic:
         assert value(s, "grpo_metric_value", key=key, **lbl) == float(data[key]), key
+    return s, lbl
+
+
+def test_verl_rollout_correction_metrics_become_mismatch_series(exporter: Running,
+                                                                snapshot_dir: Path) -> None:
+    # verl's neighbours without a canonical key stay in the generic family.
+    s, lbl = _scrape_mapped(exporter, snapshot_dir, "verl-mismatch", verl_mismatch_metrics,
+                            VERL_MISMATCH, ("rollout_corr/rollout_is_std", "rollout_corr/training_ppl",
+                                            "training/rollout_probs_diff_valid"))
     # The step-window feature the level card reads: the KL of steps 6..25.
     window = {**lbl, "key": "mismatch/kl", "window_steps": "20"}
     p10 = value(s, "grpo_window_p10", **window)
@@ -269,19 +279,10 @@ def test_verl_rollout_correction_metrics_become_mismatch_series(exporter: Runnin
 
 def test_verl_off_policy_metrics_become_staleness_series(exporter: Running,
                                                          snapshot_dir: Path) -> None:
-    _log_run(snapshot_dir, "verl-async", verl_async_metrics)
-    lbl = {"run": "verl-async", "rank": "0"}
-    exporter.wait_value("grpo_step", STEPS, **lbl)
-    s = exporter.scrape()
-    data = verl_async_metrics(STEPS)
-    assert {m: value(s, m, **lbl) for m in VERL_STALENESS.values()} == {
-        m: pytest.approx(float(data[k])) for k, m in VERL_STALENESS.items()}
-    for key in VERL_STALENESS:
-        assert value(s, "grpo_metric_value", key=key, **lbl) is None, key
     # The lag of the oldest weights a trajectory used, and the policy version: no canonical key.
-    for key in ("training/off_policy/trajectory_staleness_worst/mean",
-                "fully_async/count/current_param_version"):
-        assert value(s, "grpo_metric_value", key=key, **lbl) == float(data[key]), key
+    s, lbl = _scrape_mapped(exporter, snapshot_dir, "verl-async", verl_async_metrics, VERL_STALENESS,
+                            ("training/off_policy/trajectory_staleness_worst/mean",
+                             "fully_async/count/current_param_version"))
     # GRPOStaleRollouts reads the 20-step p10 of staleness/mean: 1.25 or 1.5 at every step.
     window = {**lbl, "key": "staleness/mean", "window_steps": "20"}
     assert value(s, "grpo_window_p10", **window) == pytest.approx(1.25)

@@ -11,17 +11,15 @@ from typing import Any
 
 import pytest
 import yaml
+from promtool_harness import RULE_FILES, alerts, rules
 
 ROOT = Path(__file__).resolve().parents[1]
 PROM = ROOT / "prometheus"
 RULES = PROM / "rules"
-RULE_FILES = [RULES / "grpo-thresholds.yml", RULES / "grpo-signals.yml", RULES / "grpo-alerts.yml",
-              RULES / "grpo-cluster.yml"]
 ALERTS_YML = RULES / "grpo-alerts.yml"
 CLUSTER_YML = RULES / "grpo-cluster.yml"
 # The training cards speak of a run's step; hardware and exporter alerts have none.
-STEP_FREE = {r["alert"] for g in yaml.safe_load(CLUSTER_YML.read_text())["groups"] for r in g["rules"]
-             if "alert" in r} - {"GRPORankStraggler"}
+STEP_FREE = {r["alert"] for r in alerts(CLUSTER_YML.name)} - {"GRPORankStraggler"}
 TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
 RUNBOOK = ROOT / "docs" / "runbook.md"
 
@@ -81,12 +79,7 @@ def load(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
-def alert_rules() -> list[dict[str, Any]]:
-    return [r for path in (ALERTS_YML, CLUSTER_YML) for g in load(path)["groups"] for r in g["rules"]
-            if "alert" in r]
-
-
-ALERTS = alert_rules()
+ALERTS = alerts()
 ALERT_IDS = [r["alert"] for r in ALERTS]
 
 
@@ -98,6 +91,14 @@ def test_promtool_check_rules(path: Path) -> None:
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "SUCCESS" in out, out
+
+
+def test_every_rule_file_is_a_yml() -> None:
+    """RULE_FILES is prometheus/rules/*.yml: a rule file spelled otherwise would go untested."""
+    others = sorted(p.name for p in RULES.iterdir() if p.suffix != ".yml")
+    assert not others, f"rule files must end in .yml: {others}"
+    assert {p.name for p in RULE_FILES} >= {"grpo-thresholds.yml", "grpo-signals.yml",
+                                            "grpo-alerts.yml", "grpo-cluster.yml"}
 
 
 def test_promtool_check_config() -> None:
@@ -164,7 +165,7 @@ def test_alert_contract(rule: dict[str, Any]) -> None:
 
 
 def test_every_threshold_is_used() -> None:
-    thresholds = [r["record"] for g in load(RULES / "grpo-thresholds.yml")["groups"] for r in g["rules"]]
+    thresholds = [r["record"] for r in rules("grpo-thresholds.yml")]
     assert all(t.startswith("grpo:threshold:") for t in thresholds), thresholds
     used = ALERTS_YML.read_text() + CLUSTER_YML.read_text() + (RULES / "grpo-signals.yml").read_text()
     unused = [t for t in thresholds if not re.search(re.escape(t) + r"\b", used)]
@@ -205,7 +206,7 @@ def test_unit_tests_cover_every_alert() -> None:
 
 def test_unit_tests_prove_the_forecast_records() -> None:
     """Every forecast recording rule's value is checked by a promql_expr_test."""
-    records = [r["record"] for g in load(RULES / "grpo-signals.yml")["groups"] for r in g["rules"]
+    records = [r["record"] for r in rules("grpo-signals.yml")
                if "record" in r and ":grpo_forecast_" in r["record"]]
     assert records, "grpo-signals.yml records no forecast"
     exprs = " ".join(case["expr"] for path in TEST_FILES for group in load(path).get("tests", [])

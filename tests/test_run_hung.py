@@ -29,6 +29,7 @@ from conftest import Samples, parse_samples, scrape
 from polling import wait_for
 from processes import log_tail, start_listening
 from prometheus_harness import prometheus_config, start_prometheus
+from promtool_harness import RULE_FILES
 
 import grpo_monitor
 from grpo_monitor.contract.snapshot import parse_record
@@ -36,7 +37,6 @@ from grpo_monitor.runtime.store import HUNG_RETAIN_INTERVALS, RunStore
 from grpo_monitor.tools.stack import Child
 
 ROOT = Path(__file__).resolve().parents[1]
-RULES = ROOT / "prometheus" / "rules"
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -223,8 +223,9 @@ DEADLINE_S = 30.0
 def _rules_with_floor(workdir: Path, floor_s: float) -> list[str]:
     """The committed rule files, copied, with run_hung_min_seconds set to ``floor_s``."""
     paths = []
-    for name in ("grpo-thresholds.yml", "grpo-signals.yml", "grpo-alerts.yml", "grpo-cluster.yml"):
-        doc = yaml.safe_load((RULES / name).read_text())
+    for rule_file in RULE_FILES:
+        name = rule_file.name
+        doc = yaml.safe_load(rule_file.read_text())
         if name == "grpo-thresholds.yml":
             (rule,) = [r for g in doc["groups"] for r in g["rules"]
                        if r["record"] == "grpo:threshold:run_hung_min_seconds"]

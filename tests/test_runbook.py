@@ -21,10 +21,11 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 import yaml
-from conftest import Running
+from conftest import DOCS, Running
 from fake_pynvml import FakeDevice, FakeNVML
 from polling import wait_for
 from prometheus_harness import alert_stack, find_binary
+from promtool_harness import alerts
 
 from grpo_monitor.cli import build_parser
 from grpo_monitor.runtime import runbook
@@ -34,17 +35,9 @@ from grpo_monitor.tools.simulate import write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK = ROOT / "docs" / "runbook.md"
-RULE_FILES = sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
-# The docs a person reads commands from.
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The run and rank the runbook's queries name ("replace exp-42 with the alert's run label").
 RUN = "exp-42"
 GPU_UUIDS = ("GPU-5f2a9c3e-1b7d-4e80-a6f1-3c9d2b8e7a10", "GPU-c81e4d07-92ab-4f3c-b5d6-0e7f18a29c44")
-
-
-def alerts() -> list[dict[str, Any]]:
-    return [r for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]
-            for r in g["rules"] if "alert" in r]
 
 
 # -- the links -------------------------------------------------------------------------------
@@ -335,7 +328,7 @@ def _check(cmd: str, parser: argparse.ArgumentParser) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_named_command_exists(path: Path) -> None:
     parser = build_parser()
     problems = [f"{path.name}:{n}: `{cmd}`: {p}" for n, cmd in named_commands(path)

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from promtool_harness import RULE_FILES, rules
 
 from grpo_monitor.runtime import forecast, signals
 
@@ -34,7 +35,6 @@ from grpo_monitor.runtime.store import INTERVAL_STEPS, Limits
 from grpo_monitor.tools import metrics_doc
 
 ROOT = Path(__file__).resolve().parents[1]
-RULES = ROOT / "prometheus" / "rules"
 COMMITTED = ROOT / th.RULE_FILE
 DASHBOARDS = ROOT / "grafana" / "dashboards"
 DASHBOARDS_MD = ROOT / "docs" / "dashboards.md"
@@ -43,22 +43,16 @@ SERIES = re.compile(r"grpo:threshold:([A-Za-z0-9_]+)")
 VECTOR = re.compile(r"\s*vector\(\s*([^()\s]+)\s*\)\s*")
 
 
-def _rules(path: Path) -> list[dict[str, Any]]:
-    doc = yaml.safe_load(path.read_text()) or {}
-    return [r for g in doc.get("groups") or [] for r in g.get("rules") or []]
-
-
 def _rule_files() -> list[Path]:
-    files = sorted(RULES.glob("*.yml")) + sorted(RULES.glob("*.yaml"))
-    assert COMMITTED in files, files
-    return files
+    assert COMMITTED in RULE_FILES, RULE_FILES
+    return RULE_FILES
 
 
 def recorded() -> dict[str, tuple[str, float]]:
     """Every ``grpo:threshold:*`` record in every rule file: name -> (file, value)."""
     out: dict[str, tuple[str, float]] = {}
     for path in _rule_files():
-        for rule in _rules(path):
+        for rule in rules(path.name):
             m = SERIES.fullmatch(str(rule.get("record", "")))
             if not m:
                 continue
@@ -73,7 +67,7 @@ def read_by_rules() -> dict[str, set[str]]:
     """Every ``grpo:threshold:*`` an expression reads: name -> the rules (record/alert) reading it."""
     out: dict[str, set[str]] = {}
     for path in _rule_files():
-        for rule in _rules(path):
+        for rule in rules(path.name):
             for name in SERIES.findall(str(rule.get("expr", ""))):
                 out.setdefault(name, set()).add(f"{path.name}:{rule.get('alert') or rule.get('record')}")
     return out
@@ -140,8 +134,8 @@ def test_a_new_threshold_is_one_entry(monkeypatch: pytest.MonkeyPatch, tmp_path:
     extra = Threshold("example_report_steps", 7, "report", "Only the report reads this one.")
     monkeypatch.setattr(th, "TABLE", (*th.TABLE, new, extra))
     text = th.render()
-    rules = {r["record"]: r["expr"] for r in yaml.safe_load(text)["groups"][0]["rules"]}
-    assert rules["grpo:threshold:example_spike_ratio"] == "vector(0.0025)"
+    records = {r["record"]: r["expr"] for r in yaml.safe_load(text)["groups"][0]["rules"]}
+    assert records["grpo:threshold:example_spike_ratio"] == "vector(0.0025)"
     assert "example_report_steps" not in text
     block = text.split("# -- yellow cards")[1].split("# -- cluster")[0]
     comment = block.split("# An example rule")[1].split("- record: grpo:threshold:example_spike_ratio")[0]
@@ -153,7 +147,7 @@ def test_a_new_threshold_is_one_entry(monkeypatch: pytest.MonkeyPatch, tmp_path:
     path.write_text(text)
     res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"{len(rules)} rules found" in res.stdout + res.stderr
+    assert f"{len(records)} rules found" in res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("v, text", [(10, "10"), (0.1, "0.1"), (1.5, "1.5"), (85, "85"), (1e-12, "1e-12")])
@@ -294,11 +288,11 @@ def hand_written_rule_files() -> list[Path]:
 def hand_written_rules() -> list[Rule]:
     out = []
     for path in hand_written_rule_files():
-        rules, blocks = _rules(path), _comment_blocks(path.read_text())
-        assert len(rules) == len(blocks), path.name
+        in_file, blocks = rules(path.name), _comment_blocks(path.read_text())
+        assert len(in_file) == len(blocks), path.name
         out += [Rule(path.name, str(r.get("alert") or r.get("record")), "alert" in r, str(r["expr"]),
                      str(r.get("for", "")), comment, dict(r.get("annotations") or {}))
-                for r, comment in zip(rules, blocks)]
+                for r, comment in zip(in_file, blocks)]
     return out
 
 
