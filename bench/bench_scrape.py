@@ -5,9 +5,9 @@ Usage: python bench/bench_scrape.py [--out PATH] [--ranks N] [--keys K] [-n N] [
 Method.
 1. A temporary snapshot folder gets ``<dir>/bench/rank-<N>.jsonl`` for N in 0..ranks-1, each one
    native record (run "bench", world_size = ranks) with every canonical key of
-   ``grpo_monitor.contract.keys.SIGNALS`` (or, with --keys K, its first K: the signal set of an
-   earlier release, for a like-for-like comparison) set to a random float (seeded), written
-   directly as JSON lines.
+   ``grpo_monitor.contract.keys.SIGNALS`` (or, with --keys K, the catalog's first K: as many keys
+   as an earlier release had, for a comparison at the same size) set to a random float
+   (seeded), written directly as JSON lines.
 2. Cold start: perf_counter() right before ``Exporter(config).start()`` to the moment the
    watcher is ready and ``grpo_snapshots_ingested_total`` (read in-process from the health
    registry every 2 ms) has reached the number of ranks: the replay (parse + pre-render) of
@@ -43,12 +43,16 @@ from pathlib import Path
 
 import requests
 
-from grpo_monitor.contract.keys import SIGNALS
-from grpo_monitor.runtime import exposition as ex
-from grpo_monitor.runtime.app import Exporter
-from grpo_monitor.runtime.config import ExporterConfig
-from grpo_monitor.tools.stack import free_port
-from results_io import machine, write_result
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from polling import wait_for  # noqa: E402
+
+from grpo_monitor.contract.keys import SIGNALS  # noqa: E402
+from grpo_monitor.runtime import exposition as ex  # noqa: E402
+from grpo_monitor.runtime.app import Exporter  # noqa: E402
+from grpo_monitor.runtime.config import ExporterConfig  # noqa: E402
+from grpo_monitor.tools.stack import free_port  # noqa: E402
+from results_io import machine, write_result  # noqa: E402
 
 RUN = "bench"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
@@ -134,10 +138,10 @@ def bench_exporter(root: Path, ranks: int, n: int) -> tuple[dict[str, object], b
             raise RuntimeError("exporter not ready after 120 s")
         t_ready = time.perf_counter()
         reg = exporter.health.registry
-        while (reg.get_sample_value("grpo_snapshots_ingested_total", {"shape": "native"}) or 0) < ranks:
-            if time.perf_counter() - t0 > 120:
-                raise RuntimeError("not every rank ingested after 120 s")
-            time.sleep(0.002)
+        # Polled every 2 ms: the poll's period bounds how late the cold start is measured.
+        wait_for(lambda: (reg.get_sample_value("grpo_snapshots_ingested_total",
+                                               {"shape": "native"}) or 0) >= ranks,
+                 timeout=120, interval=0.002, what="every rank ingested")
         t_all = time.perf_counter()
 
         render_ms, metrics_ms = [], []
@@ -199,18 +203,16 @@ def bench_node_exporter(text: str, n: int) -> dict[str, object]:
                  f"--web.listen-address=127.0.0.1:{port}"],
                 stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/metrics"
-        deadline = time.monotonic() + 20
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"node_exporter exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-            try:
-                if requests.get(url, headers={"Accept-Encoding": "identity"}, timeout=5).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("node_exporter did not serve within 20 s")
-            time.sleep(0.05)
+        node = proc
+
+        def serving() -> bool:
+            # An exited node_exporter will never serve: fail now, with its log.
+            if node.poll() is not None:
+                raise RuntimeError(f"node_exporter exited {node.returncode}: {log_path.read_text()[-2000:]}")
+            return requests.get(url, headers={"Accept-Encoding": "identity"}, timeout=5).ok
+
+        wait_for(serving, timeout=20, interval=0.05, what="node_exporter serving /metrics",
+                 diagnose=lambda: log_path.read_text()[-2000:])
         times, body, wire = time_scrapes(url, n, "identity")
         series = _series(body)
         grpo = [ln for ln in series if ln.startswith(b"grpo_")]
