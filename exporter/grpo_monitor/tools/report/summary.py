@@ -34,6 +34,7 @@ from grpo_monitor.tools.report.statistics import (
     rounded,
     windows,
 )
+from grpo_monitor.tools.report.verdicts import RISING_MISMATCH
 
 SUMMARY_SIGNALS: tuple[str, ...] = (
     "reward/mean", "reward/std", "kl/mean", "loss", "eval/sample_acc", "entropy/mean",
@@ -73,18 +74,20 @@ def summarize(view: RunView) -> dict[str, Any]:
 
 
 def _card_lines() -> dict[str, str]:
-    """The line each rollout-vs-trainer card draws for a key, in words (thresholds.py's values)."""
-    rise = (f"rising: 50-step p10 > {th.value('mismatch_rise_ratio'):g}x initial and > "
+    """The line each rollout-vs-trainer card draws for a key, in words: the thresholds table's
+    numbers and windows, and the keys the rising card watches (verdicts.RISING_MISMATCH)."""
+    short, sus = th.count("early_window_steps"), th.count("sustain_steps")
+    rise = (f"rising: {sus}-step p10 > {th.value('mismatch_rise_ratio'):g}x initial and > "
             f"{th.value('mismatch_rise_floor'):g}, slope > 0")
+    lines = {key: rise for key in RISING_MISMATCH.values()}
+    lines["mismatch/kl"] = f"{short}-step p10 > {th.value('mismatch_kl'):g}; {rise}"
     return {
-        "mismatch/kl": f"20-step p10 > {th.value('mismatch_kl'):g}; {rise}",
-        "mismatch/k3_kl": rise,
-        "mismatch/logprob_diff_mean": rise,
-        "mismatch/chi2_token": f"20-step p10 > {th.value('mismatch_chi2_token'):g}",
-        "mismatch/is_weight_mean": f"20-step p90 < {th.value('mismatch_is_weight_low'):g} or p10 > "
-                                   f"{th.value('mismatch_is_weight_high'):g}",
-        "mismatch/is_ess_ratio": f"20-step p90 < {th.value('mismatch_ess_ratio'):g}",
-        "staleness/mean": f"20-step p10 > {th.value('staleness_steps'):g}",
+        **lines,
+        "mismatch/chi2_token": f"{short}-step p10 > {th.value('mismatch_chi2_token'):g}",
+        "mismatch/is_weight_mean": f"{short}-step p90 < {th.value('mismatch_is_weight_low'):g} or "
+                                   f"p10 > {th.value('mismatch_is_weight_high'):g}",
+        "mismatch/is_ess_ratio": f"{short}-step p90 < {th.value('mismatch_ess_ratio'):g}",
+        "staleness/mean": f"{short}-step p10 > {th.value('staleness_steps'):g}",
     }
 
 
