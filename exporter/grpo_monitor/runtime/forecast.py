@@ -12,7 +12,9 @@ mean over a small batch and noisy; averaging ten steps keeps the fit quality (RÂ
 rather than about batch noise, and makes a run logged every step and one logged every tenth
 comparable. Standard library only: the exporter keeps running sums per run; the report and the
 forecast benchmark fit recorded histories with the same function, and judge a fit on a run's
-later blocks with the same scoring (score_forecast).
+later blocks with the same scoring (score_forecast). One difference: the exporter adds a block
+once the next one starts, while block_means also returns the block a recorded run ended in, so
+on a finished run the report's fit can hold one partial block more than the exporter's.
 """
 
 from __future__ import annotations
