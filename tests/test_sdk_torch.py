@@ -238,6 +238,46 @@ def test_logprob_advantage_covariance() -> None:
     assert not any(k.startswith("mismatch/") for k in stats)
 
 
+def _token_level_cov(lp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> float:
+    """The covariance as first written: the advantage expanded over every token, centred there."""
+    m = mask.to(torch.float32)
+    n = m.sum()
+    lp = lp.masked_fill(~mask, 0.0)
+    a = adv.reshape(-1, 1).expand_as(lp).masked_fill(~mask, 0.0)
+    lp_c = lp - (lp * m).sum() / n
+    a_c = a - (a * m).sum() / n
+    return ((lp_c * a_c * m).sum() / n).item()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_per_response_covariance_matches_the_token_level_formula(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    batch, t = 48, 37
+    mask = torch.arange(t) < torch.randint(0, t + 1, (batch, 1), generator=gen)
+    mask[3] = False  # a response without tokens
+    # Offsets away from 0 make the per-response sums cancel, where float32 rounding would show.
+    lp = (-5.0 - 3.0 * torch.rand(batch, t, generator=gen)).masked_fill(~mask, float("nan"))
+    per_response = torch.randn(batch, generator=gen) + 2.0
+    # Correlated with each response's log-probs for a covariance well away from 0.
+    per_response += (seed % 2) * lp.nan_to_num().sum(-1) / mask.sum(-1).clamp(min=1)
+    expected = _token_level_cov(lp, per_response, mask)
+    rewards = torch.rand(batch // 4, 4, generator=gen)
+    for adv in (per_response, per_response.reshape(-1, 1),
+                per_response.reshape(-1, 1).expand(batch, t).contiguous()):
+        stats = grpo_stats(rewards, logprobs=lp, advantages=adv, mask=mask)
+        assert stats["entropy/logp_adv_cov"] == pytest.approx(expected, rel=1e-4, abs=1e-5), \
+            tuple(adv.shape)
+
+
+def test_advantage_of_a_response_without_tokens_does_not_count() -> None:
+    mask = torch.tensor(MASK + [[0, 0, 0, 0]])
+    lp = torch.tensor(LP + [[-1.0, -1.0, -1.0, -1.0]])
+    for bad in (float("nan"), float("inf")):
+        stats = grpo_stats(torch.tensor(REWARDS), logprobs=lp, advantages=torch.tensor(ADV + [bad]),
+                           mask=mask)
+        assert stats["entropy/logp_adv_cov"] == approx(-1 / 6)
+
+
 def test_rollout_training_mismatch() -> None:
     stats = grpo_stats(torch.tensor(REWARDS), logprobs=torch.tensor(LP),
                        rollout_logprobs=torch.tensor(RLP), mask=torch.tensor(MASK))

@@ -10,6 +10,8 @@ This module is the ``torch`` extra; ``import grpo_monitor`` never imports it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["grpo_stats"]
@@ -132,12 +134,16 @@ def grpo_stats(
     conditional: list[tuple[str, int]] = []
     conditions: list[torch.Tensor] = []
 
-    def put(key: str, value: torch.Tensor, when: torch.Tensor | None = None) -> None:
+    def condition(holds: torch.Tensor) -> int:
+        # Made once and shared by index: the mismatch keys all hang on one "has tokens" test.
+        conditions.append(holds.to(torch.float32))
+        return len(conditions) - 1
+
+    def put(key: str, value: torch.Tensor, when: int | None = None) -> None:
         keys.append(key)
         values.append(value)
         if when is not None:
-            conditional.append((key, len(conditions)))
-            conditions.append(when.to(torch.float32))
+            conditional.append((key, when))
 
     def put_quantiles(names: tuple[tuple[str, float], ...], x: torch.Tensor) -> None:
         q = torch.tensor([p for _, p in names], dtype=torch.float32, device=device)
@@ -159,24 +165,35 @@ def grpo_stats(
     put("adv/mean_abs", ((r - group_mean) / (group_std + eps)).abs().mean())
 
     token_mask = None
+    tokens_per_response = None
     if mask is not None:
         token_mask = torch.as_tensor(mask, device=device).detach().bool()
+        # Made once: the per-token statistics below all count tokens per response.
+        tokens_per_response = token_mask.sum(dim=-1)
 
-    def per_token_input(name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_token_input(name: str, t: torch.Tensor) -> torch.Tensor:
         x = _as_float(t, device)
-        m = token_mask if token_mask is not None else torch.ones_like(x, dtype=torch.bool)
-        if x.dim() != 2 or m.shape != x.shape:
+        if x.dim() != 2 or (token_mask is not None and token_mask.shape != x.shape):
+            shape = tuple(token_mask.shape) if token_mask is not None else tuple(x.shape)
             raise ValueError(f"{name} must be [batch, T] with a mask of the same shape, got "
-                             f"{tuple(x.shape)} and mask {tuple(m.shape)}")
-        return x, m
+                             f"{tuple(x.shape)} and mask {shape}")
+        return x
+
+    def fill_padding(x: torch.Tensor, value: float) -> torch.Tensor:
+        # Fill, not multiply: padding may hold NaN or inf that is not part of any response. A
+        # select is one pass over the tensor and needs no inverted mask; masked_fill is two.
+        return x if token_mask is None else torch.where(token_mask, x, value)
+
+    def token_counts(x: torch.Tensor) -> torch.Tensor:
+        if tokens_per_response is not None:
+            return tokens_per_response
+        return torch.full(x.shape[:1], x.shape[1], dtype=torch.int64, device=device)
 
     for name, per_token in (("kl", kl), ("entropy", entropy)):
         if per_token is None:
             continue
-        x, m = per_token_input(name, per_token)
-        # Fill, not multiply: padding may hold NaN or inf that is not part of any response.
-        x = x.masked_fill(~m, 0.0)
-        per_seq_tokens = m.sum(dim=-1)
+        x = fill_padding(per_token_input(name, per_token), 0.0)
+        per_seq_tokens = token_counts(x)
         put(f"{name}/mean", x.sum() / per_seq_tokens.sum())
         if name == "kl":
             # Boolean indexing would sync with the host; an empty response counts as 0 instead.
@@ -185,69 +202,93 @@ def grpo_stats(
             put("kl/max", per_seq.max())
 
     if logprobs is not None:
-        train_lp, m = per_token_input("logprobs", logprobs)
-        train_lp = train_lp.masked_fill(~m, 0.0)
-        mf = m.to(torch.float32)
-        n_tokens = mf.sum()
-        has_tokens = n_tokens > 0
+        train_lp = fill_padding(per_token_input("logprobs", logprobs), 0.0)
+        seq_tokens = token_counts(train_lp).to(torch.float32)
+        n_tokens = seq_tokens.sum()
+        has_tokens = condition(n_tokens > 0)
         n = n_tokens.clamp(min=1)
 
+        @functools.cache
+        def token_weight() -> torch.Tensor:
+            # Made only when needed, once: the per-response covariance needs none.
+            assert token_mask is not None
+            return token_mask.to(torch.float32)
+
+        def on_tokens(x: torch.Tensor) -> torch.Tensor:
+            # Zero on padding, for a tensor that is not already. The tensors derived below are
+            # finite on padding, so a product does: much cheaper than a select on CPU, and what
+            # these statistics have always been.
+            return x if token_mask is None else x * token_weight()
+
         def token_mean(x: torch.Tensor) -> torch.Tensor:
-            return (x * mf).sum() / n
+            return on_tokens(x).sum() / n
 
         if advantages is not None:
             adv = _as_float(advantages, device)
-            if adv.shape != train_lp.shape:
+            if adv.shape == train_lp.shape:
+                adv = fill_padding(adv, 0.0)
+                lp_c = train_lp - token_mean(train_lp)
+                adv_c = adv - token_mean(adv)
+                cov = token_mean(lp_c * adv_c)
+            else:
                 if adv.numel() != train_lp.shape[0]:
                     raise ValueError(f"advantages must be [batch] or [batch, T] like logprobs "
                                      f"{tuple(train_lp.shape)}, got {tuple(adv.shape)}")
-                adv = adv.reshape(-1, 1).expand_as(train_lp)
-            adv = adv.masked_fill(~m, 0.0)
-            lp_c = train_lp - token_mean(train_lp)
-            adv_c = adv - token_mean(adv)
-            put("entropy/logp_adv_cov", token_mean(lp_c * adv_c), has_tokens)
+                # One advantage per response: sum_t (lp_t - lp_mean) (A - A_mean) over a
+                # response's tokens is (A - A_mean) (S - n lp_mean) with S its log-prob sum and n
+                # its token count, so the covariance needs per-response sums, not a [batch, T]
+                # advantage. A response without tokens adds nothing, a NaN advantage included.
+                a = adv.reshape(-1).masked_fill(seq_tokens == 0, 0.0)
+                lp_sums = train_lp.sum(dim=-1)
+                lp_mean = lp_sums.sum() / n
+                adv_mean = (a * seq_tokens).sum() / n
+                cov = ((a - adv_mean) * (lp_sums - seq_tokens * lp_mean)).sum() / n
+            put("entropy/logp_adv_cov", cov, has_tokens)
 
         if rollout_logprobs is not None:
-            rollout_lp, _ = per_token_input("rollout_logprobs", rollout_logprobs)
-            rollout_lp = rollout_lp.masked_fill(~m, 0.0)
-            d = rollout_lp - train_lp  # 0 on padding
+            rollout_lp = fill_padding(per_token_input("rollout_logprobs", rollout_logprobs), 0.0)
+            # On padding d = 0, so |d| = 0, log w = 0, w = 1 and w - log w - 1 = 0: a tensor that
+            # is 0 there is summed as it is, the others are masked.
+            d = rollout_lp - train_lp
+            d_seq = d.sum(dim=-1)
             abs_d = d.abs()
-            log_w = (-d).clamp(-_LOG_WEIGHT_BOUND, _LOG_WEIGHT_BOUND)
+            log_w = d.neg().clamp_(-_LOG_WEIGHT_BOUND, _LOG_WEIGHT_BOUND)
             w = log_w.exp()
-            put("mismatch/kl", token_mean(d), has_tokens)
-            put("mismatch/k3_kl", token_mean(w - log_w - 1.0), has_tokens)
-            put("mismatch/logprob_diff_mean", token_mean(abs_d), has_tokens)
+            put("mismatch/kl", d_seq.sum() / n, has_tokens)
+            put("mismatch/k3_kl", (w - log_w).sub_(1.0).sum() / n, has_tokens)
+            put("mismatch/logprob_diff_mean", abs_d.sum() / n, has_tokens)
             put("mismatch/logprob_diff_max", abs_d.amax(), has_tokens)  # padding's 0 is no max
-            p_train, p_rollout = train_lp.exp(), rollout_lp.exp()
-            prob_diff = (p_train - p_rollout).abs() * mf
+            p_train, p_rollout = train_lp.exp(), rollout_lp.exp()  # 1 on padding
+            prob_diff = (p_train - p_rollout).abs_()  # 0 on padding
             prob_diff_mean = prob_diff.sum() / n
             put("mismatch/prob_diff_mean", prob_diff_mean, has_tokens)
             put("mismatch/prob_diff_max", prob_diff.amax(), has_tokens)
             put("mismatch/prob_diff_std",
-                ((((prob_diff - prob_diff_mean) ** 2) * mf).sum() / (n - 1).clamp(min=1)).sqrt(),
+                (on_tokens(prob_diff - prob_diff_mean).square_().sum()
+                 / (n - 1).clamp(min=1)).sqrt(),
                 has_tokens)
-            pt_c = (p_train - token_mean(p_train)) * mf
-            pr_c = (p_rollout - token_mean(p_rollout)) * mf
-            var_product = (pt_c ** 2).sum() * (pr_c ** 2).sum()
+            pt_c = on_tokens(p_train - token_mean(p_train))
+            pr_c = on_tokens(p_rollout - token_mean(p_rollout))
+            var_product = pt_c.square().sum() * pr_c.square().sum()
             # != rather than >: a NaN input still reaches the key.
             put("mismatch/prob_corr", (pt_c * pr_c).sum() / var_product.clamp(min=1e-30).sqrt(),
-                var_product != 0)
-            w_mean = token_mean(w)
-            w_sq_mean = token_mean(w ** 2)
+                condition(var_product != 0))
+            w_on_tokens = on_tokens(w)
+            w_mean = w_on_tokens.sum() / n
+            w_sq_mean = w_on_tokens.square().sum() / n
             put("mismatch/is_weight_mean", w_mean, has_tokens)
-            put("mismatch/is_weight_min", w.masked_fill(~m, float("inf")).amin(), has_tokens)
-            put("mismatch/is_weight_max", w.masked_fill(~m, 0.0).amax(), has_tokens)
+            put("mismatch/is_weight_min", fill_padding(w, float("inf")).amin(), has_tokens)
+            put("mismatch/is_weight_max", w_on_tokens.amax(), has_tokens)
             put("mismatch/is_ess_ratio", w_mean ** 2 / w_sq_mean, has_tokens)
             put("mismatch/chi2_token", w_sq_mean - 1.0, has_tokens)
-            seq_log_w = (-d).sum(dim=-1).clamp(-_LOG_WEIGHT_BOUND, _LOG_WEIGHT_BOUND)
+            seq_log_w = d_seq.neg().clamp(-_LOG_WEIGHT_BOUND, _LOG_WEIGHT_BOUND)
             put("mismatch/chi2_seq", (2.0 * seq_log_w).exp().mean() - 1.0, has_tokens)
-            seq_tokens = mf.sum(dim=-1).clamp(min=1)
-            put("mismatch/ppl_ratio", (d.sum(dim=-1) / seq_tokens).exp().mean(), has_tokens)
+            put("mismatch/ppl_ratio", (d_seq / seq_tokens.clamp(min=1)).exp().mean(), has_tokens)
             put("mismatch/token_prob_error",
-                token_mean(abs_d.clamp(max=_LOG_WEIGHT_BOUND).exp()), has_tokens)
+                token_mean(abs_d.clamp(max=_LOG_WEIGHT_BOUND).exp_()), has_tokens)
 
-    if response_lengths is None and token_mask is not None:
-        response_lengths = token_mask.sum(dim=-1)
+    if response_lengths is None and tokens_per_response is not None:
+        response_lengths = tokens_per_response
     lengths = None
     if response_lengths is not None:
         lengths = _as_float(response_lengths, device).reshape(-1)
@@ -271,9 +312,9 @@ def grpo_stats(
             wrong_f = 1.0 - right_f
             n_right, n_wrong = right_f.sum(), wrong_f.sum()
             put("response/len_correct_mean", (lengths * right_f).sum() / n_right.clamp(min=1),
-                n_right > 0)
+                condition(n_right > 0))
             put("response/len_incorrect_mean", (lengths * wrong_f).sum() / n_wrong.clamp(min=1),
-                n_wrong > 0)
+                condition(n_wrong > 0))
 
     if trajectory_age is not None:
         age = _as_float(trajectory_age, device).reshape(-1)
