@@ -51,7 +51,8 @@ def alerts(*names: str) -> list[dict[str, Any]]:
 
 # The series the rules read; the rest of a scrape only slows promtool down.
 RULE_INPUTS = ("grpo_step{", "grpo_kl_mean{", "grpo_baseline_", "grpo_initial_", "grpo_window_",
-               "grpo_run_window_", "grpo_rising_windows{", "grpo_forecast_", "grpo_prompt_type_")
+               "grpo_run_window_", "grpo_rising_windows{", "grpo_forecast_", "grpo_prompt_type_",
+               "grpo_records_")
 
 
 @dataclass
@@ -95,10 +96,12 @@ class Recorder:
         return Played(self.series, self.steps)
 
 
-def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: int = 4,
-         step_seconds: float = 5.0, log_every: int = 1) -> Played:
+def play(scenario: str, *, scrape_every: int, steps: int | None = None, onset: int | None = None,
+         ranks: int = 4, step_seconds: float = 5.0, log_every: int = 1,
+         end_mark: bool = False) -> Played:
     """A simulated scenario, scraped every ``scrape_every`` steps. ``log_every``: the trainer
-    logs every k-th step only (TRL's ``logging_steps``)."""
+    logs every k-th step only (TRL's ``logging_steps``). ``end_mark``: one more scrape after the
+    writers closed (the run's run_end mark), at the last step."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         recorder = Recorder(root)
@@ -108,11 +111,13 @@ def play(scenario: str, *, scrape_every: int, steps: int | None = None, ranks: i
             if st.step % scrape_every == 0:
                 recorder.scrape(st.step, [Path(w.path) for w in writers])
 
-        write_steps(writers, (st for st in generate(scenario, steps=steps, ranks=ranks,
+        write_steps(writers, (st for st in generate(scenario, steps=steps, onset=onset, ranks=ranks,
                                                      step_seconds=step_seconds)
                               if st.step % log_every == 0), after=scrape)
         for w in writers:
             w.close()
+        if end_mark:
+            recorder.scrape(recorder.steps[-1], [Path(w.path) for w in writers])
     return recorder.played()
 
 

@@ -199,3 +199,32 @@ def test_a_pending_rebaseline_takes_the_prompt_types_to_the_same_step() -> None:
     lbl = 'run="run",rank="0"'
     assert f'grpo_initial_mean{{{lbl},key="reward/mean"}} 45.5\n' in body  # steps 41..50
     assert f'grpo_prompt_type_initial_mean{{{lbl},prompt_type="math",key="reward/mean"}} 45.5\n' in body
+
+
+def test_persistence_rests_on_three_records_however_sparse_the_logging() -> None:
+    # Entropy logged every 10th step: 20 steps hold two records, so the 20-step percentiles
+    # reach back to the last three (steps 80, 90, 100); every 50th step: the last three too.
+    for every in (10, 50):
+        sig = RankSignals(baseline_steps=200)
+        feed(sig, range(every, 5 * every + 1, every), lambda s: {"entropy/mean": float(s)})
+        p = {w: (p10, p90) for k, w, p10, p90 in sig.features().percentiles}
+        last3 = [3.0 * every, 4.0 * every, 5.0 * every]
+        assert p[20] == (pytest.approx(last3[0] + 0.2 * every), pytest.approx(last3[2] - 0.2 * every))
+    # Logged every step, the 20-step window is its 20 steps.
+    sig = RankSignals(baseline_steps=200)
+    feed(sig, range(1, 101), lambda s: {"entropy/mean": float(s)})
+    p = {w: (p10, p90) for k, w, p10, p90 in sig.features().percentiles}
+    assert p[20] == (pytest.approx(81 + 0.1 * 19), pytest.approx(81 + 0.9 * 19))
+
+
+def test_record_windows_count_records_not_steps() -> None:
+    # The blow-up card's windows: the last 2 records, and up to 10 before the last 5, from 5 on.
+    sig = RankSignals(baseline_steps=200)
+    feed(sig, range(10, 100, 10), lambda s: {"kl/mean": float(s)})  # 9 records
+    windows = {(n, o): (lo, hi, med) for k, n, o, lo, hi, med in sig.features().records}
+    assert windows[(2, 0)] == (80.0, 90.0, 85.0)
+    assert (10, 5) not in windows  # 4 records before the last 5: too few
+    feed(sig, range(100, 200, 10), lambda s: {"kl/mean": float(s)})  # 19 records
+    windows = {(n, o): (lo, hi, med) for k, n, o, lo, hi, med in sig.features().records}
+    assert windows[(2, 0)] == (180.0, 190.0, 185.0)
+    assert windows[(10, 5)] == (50.0, 140.0, 95.0)  # records 5..14 (steps 50..140)

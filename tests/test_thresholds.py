@@ -234,6 +234,11 @@ REPORT_READS = [
     # Windows longer than the run: the early cards never see one.
     ("early_entropy_collapse", "early_window_steps", 1000, "entropy_collapse"),
     ("kl_growth", "kl_growth_ratio", 10, "kl_growth_accelerating"),
+    ("early_kl_explosion", "kl_early_level", 1e6, "kl_explosion"),
+    ("entropy_rebound", "entropy_rebound_ratio", 1e6, "entropy_explosion"),
+    ("entropy_rebound", "entropy_rebound_floor_ratio", 0.0, "entropy_explosion"),
+    ("blow_up", "blowup_min_signals", 6, "training_blow_up"),
+    ("blow_up_late", "blowup_length_ratio", 10, "training_blow_up"),
 ]
 
 

@@ -63,6 +63,13 @@ TABLE: tuple[Threshold, ...] = (
         steps before): a jump. KL often starts near zero and climbs for hundreds of steps in a
         healthy run; ten times a near-zero baseline reached slowly is the growth card's
         business, not a red card."""),
+    Threshold("kl_early_level", 0.5, "red", """
+        Before the baseline exists: KL above kl_explosion_ratio times its floor (the lowest
+        20-step mean the run has had) in 90% of the last 20 steps, and above this many nats a
+        token. KL starts at exactly zero (the policy is the reference) and multiplies many times
+        over a healthy run's first steps, so its own early level alone cannot scale it; healthy
+        runs keep a per-token KL of about 0.01-0.1 for their first hundreds of steps, and this
+        level is five times the top of that range."""),
     Threshold("entropy_collapse_ratio", 0.1, "red", """
         Entropy below this fraction of its initial value (the mean of its first steps) in 90% of
         the last 20 steps: the policy has stopped exploring and gives the same answer every
@@ -73,6 +80,29 @@ TABLE: tuple[Threshold, ...] = (
         Entropy above this multiple of its initial value in 90% of the last 20 steps: the policy
         turning to noise, its answers rambling until the length limit cuts them. Healthy runs
         keep entropy at or below where it started."""),
+    Threshold("entropy_rebound_ratio", 2.5, "red", """
+        ... or, after a decline, entropy back above its initial value and above this multiple
+        of its floor (the lowest 20-step mean the run has had) in 90% of the last 20 steps: a
+        policy that had settled turning to noise again. Judged against the start alone, a
+        rebound from a low floor never looks like a multiple of where the run began ..."""),
+    Threshold("entropy_rebound_floor_ratio", 0.6, "red", """
+        ... where that floor is at most this fraction of the initial value: the run had spent at
+        least 40% of its entropy (healthy runs spend 30-60% and settle). A run whose entropy
+        never declined is judged by the 5x rule alone: methods that raise entropy on purpose
+        (clip-higher, an entropy bonus) can lift it past 2.5x a start they never left."""),
+    Threshold("blowup_ratio", 3, "red", """
+        A blow-up, judged in logged records and with no baseline: entropy, KL or grad norm in
+        each of its last 2 records above this multiple of the median of its earlier records (the
+        10 before its last 5), and above all of those 10 ..."""),
+    Threshold("blowup_length_ratio", 1.5, "red", """
+        ... response length likewise above this multiple, or reward in its last 2 records below
+        all of those 10 earlier records ..."""),
+    Threshold("blowup_min_signals", 3, "red", """
+        ... for at least this many of those five signals at once: the run collapsing on several
+        fronts within two logged steps, which no healthy run shows (one signal's jump alone is
+        common: KL multiplying over a run's first steps, a grad-norm spike). Once raised, the
+        card stays while one signal fewer stays above those multiples of its floor (the lowest
+        20-step mean the run has had)."""),
     Threshold("reward_collapse_ratio", 0.25, "red", """
         Reward back at its floor: 90% of the last 50 steps in the lowest quarter (this fraction)
         of the range between the lowest and the highest 20-step mean the run has had ..."""),
@@ -250,6 +280,13 @@ TABLE: tuple[Threshold, ...] = (
         checkpoint save, an eval, a long generation) is a few intervals, and the median over 20
         is not moved by it. Keep it below the exporter's HUNG_RETAIN_INTERVALS (30): a silent
         run stays in /metrics that long, past --snapshot.run-timeout if need be."""),
+    Threshold("run_hung_unpaced_seconds", 10800, "cluster", """
+        Before the run's pace is known (the exporter publishes grpo_run_log_interval_seconds from
+        its third interval between records on), a silence is judged against this floor alone,
+        in seconds: 3 hours. A live run cannot be told from a dead one by its first record, and
+        a 70B run stepping every 10 minutes and logging every 10th step writes every 100
+        minutes; a run that died after its first record is still called hung, later. Keep it
+        below the exporter's retention of a run without a pace (3 times this)."""),
     Threshold("run_hung_min_seconds", 300, "cluster", """
         ... and for at least this long, in seconds: a toy run logging every 2 s must not turn
         red over a 20 s pause (an eval, a checkpoint on a slow disk, a scheduler hiccup), and

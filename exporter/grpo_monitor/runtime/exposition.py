@@ -137,6 +137,17 @@ WINDOW_SLOPE = Family(
     "grpo_window_slope", "gauge",
     "Least-squares slope of the signal over its last window_steps steps, in its unit per step: "
     "where it is heading, and how fast.")
+# Windows counted in logged records (signals.RECORD_WINDOWS): a record is one logged step of the
+# signal, whatever the trainer's logging interval.
+RECORDS_MIN = Family(
+    "grpo_records_min", "gauge",
+    "Minimum of the signal's last `records` logged values, before its newest offset_records ones.")
+RECORDS_MAX = Family(
+    "grpo_records_max", "gauge",
+    "Maximum of the signal's last `records` logged values, before its newest offset_records ones.")
+RECORDS_MEDIAN = Family(
+    "grpo_records_median", "gauge",
+    "Median of the signal's last `records` logged values, before its newest offset_records ones.")
 # The entropy-reward law R = -a*exp(H) + b, fitted per rank on 10-step block means (forecast.py).
 FORECAST_LAW_SCALE = Family(
     "grpo_forecast_law_scale", "gauge",
@@ -161,7 +172,7 @@ PROMPT_TYPE_INITIAL_MEAN = Family(
 FEATURE_FAMILIES: tuple[Family, ...] = (
     BASELINE_READY, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
     WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
-    WINDOW_NONFINITE, WINDOW_SLOPE, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
+    WINDOW_NONFINITE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
     FORECAST_POINTS, PROMPT_TYPE_WINDOW_MEAN, PROMPT_TYPE_INITIAL_MEAN)
 
 # One Family per distinct metric name, in catalog order; the quantile signals share theirs.

@@ -14,7 +14,8 @@ per 100 steps; window min/max; window 10th/90th percentiles (a 90th percentile b
 steps = "below x for N consecutive steps", tolerating a noisy step in ten); the highest and lowest
 20-step mean since the run started (a "working level" and a "floor"); the count of consecutive
 rising window means; non-finite values within a window; the least-squares slope over a window;
-per prompt type, the reward's 50-step means now and 200 steps ago and its initial value; and the entropy-reward law fitted
+the min, max and median of the last few logged records and of the records before them (windows in
+records, not steps: the blow-up card's "left its recent range"); per prompt type, the reward's 50-step means now and 200 steps ago and its initial value; and the entropy-reward law fitted
 on the run so far (forecast.py).
 """
 
@@ -35,6 +36,11 @@ TRAINING_EXTREMES: tuple[int, ...] = (50, 100, 200)  # grpo_window_min / grpo_wi
 # grpo_window_p10 / grpo_window_p90. The 50-step one is the "for 50 consecutive steps" of docs/background.md;
 # the 20-step one lets the early cards act within a few dozen steps of a run's start.
 TRAINING_PERCENTILES: tuple[int, ...] = (20, 50)
+# "In 90% of the last N steps" rests on at least this many records: a percentile window holding
+# fewer (a trainer logging every 10th step has two records in 20 steps, one logging every 50th
+# has one) reaches back to the last PERSISTENCE_RECORDS records instead, so that no card fires
+# on one or two logged values, however sparse the logging.
+PERSISTENCE_RECORDS = 3
 # grpo_run_window_mean_max / _min: the extremes of the signal's RANGE_WINDOW-step mean so far.
 RANGE_WINDOW = 20
 # The initial reference: the mean over each signal's first INITIAL_STEPS steps (settable with
@@ -63,6 +69,21 @@ LAW_ENTROPY, LAW_REWARD = "entropy/mean", "reward/mean"
 PROMPT_TYPE_KEYS: tuple[str, ...] = ("reward/mean",)
 PROMPT_TYPE_MEANS: tuple[tuple[int, int], ...] = ((50, 0), (50, 200))
 NONFINITE_WINDOW = 50  # grpo_window_nonfinite
+# Record windows (grpo_records_min / _max / _median{records, offset_records}): the signal's last
+# RECENT_RECORDS logged values, and the (up to) REFERENCE_RECORDS logged before its newest
+# REFERENCE_OFFSET_RECORDS, counted in records, not steps. The blow-up card compares the two: a
+# signal that leaves the range of its own earlier records in two records running has moved,
+# however often the trainer logs (every step, or every 10th). The three records between the two
+# windows keep the first records of a ramp out of the reference, which would otherwise chase a
+# blow-up that takes a few records to build. The reference is published from
+# REFERENCE_MIN_RECORDS records on: a run logging every 5th step is judged from its 10th record.
+RECENT_RECORDS = 2
+REFERENCE_RECORDS = 10
+REFERENCE_OFFSET_RECORDS = 5
+REFERENCE_MIN_RECORDS = 5
+# (records, offset_records, fewest records published)
+RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
+    (RECENT_RECORDS, 0, RECENT_RECORDS), (REFERENCE_RECORDS, REFERENCE_OFFSET_RECORDS, REFERENCE_MIN_RECORDS))
 HISTORY = max(w + o for w, o in TRAINING_MEANS)  # values kept per key: 400 steps when logged every step
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
 # stalls the step (background.md#checkpoint-io: filter the save's IO spike before judging throughput). A stall,
@@ -160,13 +181,23 @@ class KeyHistory:
             if s > now - initial_steps:
                 self.initial.add(v)
 
-    def window(self, now: int, window: int, offset: int) -> list[float] | None:
-        """The values of steps (now - offset - window, now - offset]; None while the history
-        does not reach back that far."""
-        points = self.window_points(now, window, offset)
+    def window(self, now: int, window: int, offset: int, at_least: int = 1) -> list[float] | None:
+        """The values of steps (now - offset - window, now - offset], or of the last
+        ``at_least`` records up to now - offset where the window holds fewer; None while the
+        history does not reach back that far."""
+        points = self.window_points(now, window, offset, at_least)
         return None if points is None else points[1]
 
-    def window_points(self, now: int, window: int, offset: int) -> tuple[list[int], list[float]] | None:
+    def records(self, count: int, offset: int, fewest: int) -> list[float] | None:
+        """Up to ``count`` values logged before the newest ``offset`` ones (records, not steps);
+        None while the history holds fewer than ``fewest`` of them."""
+        end = len(self.values) - offset
+        if end < fewest:
+            return None
+        return [self.values[i] for i in range(max(0, end - count), end)]
+
+    def window_points(self, now: int, window: int, offset: int,
+                      at_least: int = 1) -> tuple[list[int], list[float]] | None:
         """The steps and values of steps (now - offset - window, now - offset], as window()."""
         start = now - offset - window
         if self.first_step is None or self.first_step > start + 1 or (
@@ -174,7 +205,9 @@ class KeyHistory:
             return None
         steps = list(self.steps)
         lo, hi = bisect_right(steps, start), bisect_right(steps, now - offset)
-        if lo == hi:
+        if hi - lo < at_least:
+            lo = hi - at_least
+        if lo < 0 or lo == hi:
             return None
         return steps[lo:hi], list(self.values)[lo:hi]
 
@@ -255,6 +288,8 @@ class Features:
     rising: dict[str, int]
     nonfinite: dict[str, int]
     slopes: list[tuple[str, int, float]] = field(default_factory=list)  # key, window, per step
+    # key, records, offset_records, min, max, median (RECORD_WINDOWS)
+    records: list[tuple[str, int, int, float, float, float]] = field(default_factory=list)
     law: LawFit | None = None
 
 
@@ -362,6 +397,7 @@ class RankSignals:
         rising: dict[str, int] = {}
         nonfinite: dict[str, int] = {}
         slopes: list[tuple[str, int, float]] = []
+        records: list[tuple[str, int, int, float, float, float]] = []
         for key, h in self.keys.items():
             # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
@@ -389,7 +425,7 @@ class RankSignals:
             if perf:
                 continue
             for window in TRAINING_PERCENTILES:
-                chunk = h.window(now, window, 0)
+                chunk = h.window(now, window, 0, PERSISTENCE_RECORDS)
                 if chunk is not None:
                     percentiles.append((key, window, percentile(chunk, 0.1), percentile(chunk, 0.9)))
             for window in SLOPE_WINDOWS:
@@ -397,6 +433,10 @@ class RankSignals:
                 trend = None if points is None else slope(*points)
                 if trend is not None:
                     slopes.append((key, window, trend))
+            for count, offset, fewest in RECORD_WINDOWS:
+                values = h.records(count, offset, fewest)
+                if values is not None:
+                    records.append((key, count, offset, min(values), max(values), percentile(values, 0.5)))
             if (first := h.initial_mean(now, self.initial_steps)) is not None:
                 initial[key] = first
             if h.range_max is not None and h.range_min is not None:
@@ -404,7 +444,7 @@ class RankSignals:
             if h.last_block_mean is not None:
                 rising[key] = h.rising
         return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
-                        rising, nonfinite, slopes, self.law.fit())
+                        rising, nonfinite, slopes, records, self.law.fit())
 
 
 class PromptTypeSignals:

@@ -16,6 +16,7 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
+from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.contract.snapshot import Snapshot
 from grpo_monitor.runtime import exposition as ex
@@ -44,11 +45,19 @@ MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED})
 # enough that one checkpoint save or eval does not move it, short enough to follow a run
 # whose pace changes (longer responses, a new curriculum stage).
 INTERVAL_STEPS = 20
+# A rank's pace is published from this many intervals on: the first interval or two can be
+# anything (an eval at step 0 written seconds before step 1, a first step that also compiled the
+# model), and the hung-run card scales its silence by the pace. Before it is known the card
+# waits for grpo:threshold:run_hung_unpaced_seconds instead.
+PACE_MIN_INTERVALS = 3
 # A run that has not ended stays in /metrics for at least this many of its log intervals,
 # even past --snapshot.run-timeout: a 70B run logging every 10 minutes must be able to raise
 # the hung-run card (at grpo:threshold:run_hung_intervals = 10 intervals) and hold it red for
 # a while, instead of leaving /metrics first. Keep the threshold below this.
 HUNG_RETAIN_INTERVALS = 30
+# A run whose pace is not known yet stays as long against the card's floor for that case:
+# HUNG_RETAIN_UNPACED times grpo:threshold:run_hung_unpaced_seconds (the same ratio as 30 to 10).
+HUNG_RETAIN_UNPACED = 3
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,8 @@ class RankState:
 
     def intervals(self) -> tuple[float, float] | None:
         """(seconds per step, seconds per record): medians over the pace window; None before
-        two records. A clock that stepped back yields no sample, rather than a negative one."""
+        PACE_MIN_INTERVALS intervals. A clock that stepped back yields no sample, rather than a
+        negative one."""
         per_step: list[float] = []
         per_record: list[float] = []
         pace = list(self.pace)
@@ -110,7 +120,7 @@ class RankState:
             if t1 >= t0:
                 per_step.append((t1 - t0) / (s1 - s0))
                 per_record.append(t1 - t0)
-        if not per_step:
+        if len(per_step) < PACE_MIN_INTERVALS:
             return None
         return statistics.median(per_step), statistics.median(per_record)
 
@@ -189,6 +199,11 @@ class RankState:
         for key, window, trend in f.slopes:
             out[ex.WINDOW_SLOPE.name].append(
                 f'{ex.WINDOW_SLOPE.name}{{{base},key="{key}",window_steps="{window}"}} {fv(trend)}\n')
+        for key, count, offset, lo, hi, median in f.records:
+            lbl = f'{base},key="{key}",records="{count}",offset_records="{offset}"'
+            out[ex.RECORDS_MIN.name].append(f"{ex.RECORDS_MIN.name}{{{lbl}}} {fv(lo)}\n")
+            out[ex.RECORDS_MAX.name].append(f"{ex.RECORDS_MAX.name}{{{lbl}}} {fv(hi)}\n")
+            out[ex.RECORDS_MEDIAN.name].append(f"{ex.RECORDS_MEDIAN.name}{{{lbl}}} {fv(median)}\n")
         if f.law is not None:
             for fam, value in ((ex.FORECAST_LAW_SCALE, f.law.a), (ex.FORECAST_LAW_OFFSET, f.law.b),
                                (ex.FORECAST_CEILING, f.law.ceiling), (ex.FORECAST_R2, f.law.r_squared),
@@ -405,11 +420,16 @@ class RunStore:
         """Drop runs whose files have not been written for ``timeout`` seconds; their names.
 
         A run that has not ended stays for at least HUNG_RETAIN_INTERVALS of its log
-        intervals: its silence is what the hung-run card judges, which it cannot do on a run
-        that left /metrics."""
+        intervals, or HUNG_RETAIN_UNPACED times the hung card's floor while its pace is not
+        known: its silence is what the hung-run card judges, which it cannot do on a run that
+        left /metrics."""
+        unpaced = HUNG_RETAIN_UNPACED * thresholds.value("run_hung_unpaced_seconds")
+
         def keep_for(run: RunState) -> float:
-            if run.ended or run.pace is None:
+            if run.ended:
                 return timeout
+            if run.pace is None:
+                return max(timeout, unpaced)
             return max(timeout, HUNG_RETAIN_INTERVALS * run.pace[1])
 
         with self._lock:

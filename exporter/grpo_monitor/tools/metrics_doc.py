@@ -74,11 +74,12 @@ did it last write, and how long does it usually take between records.
 | `{ended}` | gauge | run | 1 once a record's `events` holds `{{"type": "run_end"}}` (`SnapshotWriter.close()`, the TRL callback's `on_train_end`, or an appended line); back to 0 when a rank that wrote the end writes again, or any rank passes the step the run had reached (a resumed run) |
 | `{paused}` | gauge | run | 1 while a rank waits on purpose: its newest record is a `paused` mark (`SnapshotWriter.wait_if_paused()` after a red card), not yet followed by a `resumed` mark or a step |
 | `{last_write}` | gauge | run | the newest modification time of the files that fed the run, as the exporter read them (unix seconds, capped at the exporter's clock): a silence measured against `time()`, whatever the trainer's clock says |
-| `{step_interval}` | gauge | run | typical seconds per training step on the trainer's clock (records' `time`): per rank the median of Δtime/Δstep over its last {n} logged steps, the slowest rank's; absent before a rank's second step |
+| `{step_interval}` | gauge | run | typical seconds per training step on the trainer's clock (records' `time`): per rank the median of Δtime/Δstep over its last {n} logged steps, the slowest rank's; absent until a rank has {min_intervals} intervals between records (until then the hung-run card waits for its floor for a run without a pace) |
 | `{log_interval}` | gauge | run | the same median of Δtime between consecutive records (equal to the step interval when every step is logged; ten times it at `logging_steps=10`) |
 
-A run that has not ended stays in `/metrics` for at least {retain} of its log intervals, even
-past `--snapshot.run-timeout`, so that its silence can raise the hung-run card.
+A run that has not ended stays in `/metrics` for at least {retain} of its log intervals (before its
+pace is known, {retain_unpaced} times `grpo:threshold:run_hung_unpaced_seconds`), even past
+`--snapshot.run-timeout`, so that its silence can raise the hung-run card.
 """
 
 FEATURES = """
@@ -98,11 +99,12 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 | `{wmean}` | run, rank, key, window_steps, offset_steps | mean of the last `window_steps` values, shifted back by `offset_steps`; training keys: {train_means}; `perf/*`: {perf_means} |
 | `{growth}` | run, rank, key, window_steps, offset_steps | growth of the {gw}-step mean over the {gw} steps before it, both shifted back by `offset_steps` ({goffs}): the ratio of the two means minus 1, positive while the signal grows (training keys) |
 | `{wmin}`, `{wmax}` | run, rank, key, window_steps | min / max of the last `window_steps` values; training keys: {train_ext}; `perf/*`: {perf_ext} |
-| `{p10}`, `{p90}` | run, rank, key, window_steps | 10th / 90th percentile of the last `window_steps` steps' values ({train_pct}; training keys) |
+| `{p10}`, `{p90}` | run, rank, key, window_steps | 10th / 90th percentile of the last `window_steps` steps' values ({train_pct}; training keys), or of the last {persist} records where those steps hold fewer: "in 90% of the window" never rests on one or two logged values |
 | `{rmax}`, `{rmin}` | run, rank, key, window_steps | highest / lowest complete {range_w}-step mean since the run started: its working level and its floor (training keys) |
 | `{rising}` | run, rank, key, window_steps | consecutive {rising_w}-step windows whose mean rose (training keys) |
 | `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
 | `{slope}` | run, rank, key, window_steps | least-squares slope per step over the last {slope_w} steps: where the signal is heading (training keys) |
+| `{rmin_rec}`, `{rmax_rec}`, `{rmed_rec}` | run, rank, key, records, offset_records | min / max / median of the last `records` logged values before the newest `offset_records`, windows counted in records, not steps (training keys): {rec_windows} |
 | `{ptmean}` | run, rank, prompt_type, key, window_steps, offset_steps | per prompt type (a record's `by_type`), for {pt_keys}: mean over {pt_means} |
 | `{ptinit}` | run, rank, prompt_type, key | per prompt type, for {pt_keys}: mean over the type's first {init} steps |
 
@@ -206,6 +208,7 @@ def render() -> str:
         dropped=ex.CARDINALITY_DROPPED.name, ended=ex.RUN_ENDED.name, paused=ex.RUN_PAUSED.name, last_write=ex.RUN_LAST_WRITE.name,
         step_interval=ex.RUN_STEP_INTERVAL.name, log_interval=ex.RUN_LOG_INTERVAL.name,
         n=store.INTERVAL_STEPS, retain=store.HUNG_RETAIN_INTERVALS,
+        min_intervals=store.PACE_MIN_INTERVALS, retain_unpaced=store.HUNG_RETAIN_UNPACED,
         max_unknown=store.Limits.max_unknown_keys))
     out.append(FEATURES.format(
         ready=ex.BASELINE_READY.name, baseline=store.Limits.baseline_steps,
@@ -221,6 +224,10 @@ def render() -> str:
         train_pct=", ".join(map(str, sig.TRAINING_PERCENTILES)), rmax=ex.RUN_WINDOW_MEAN_MAX.name,
         rmin=ex.RUN_WINDOW_MEAN_MIN.name, range_w=sig.RANGE_WINDOW,
         slope=ex.WINDOW_SLOPE.name, slope_w=", ".join(map(str, sig.SLOPE_WINDOWS)),
+        persist=sig.PERSISTENCE_RECORDS, rmin_rec=ex.RECORDS_MIN.name, rmax_rec=ex.RECORDS_MAX.name,
+        rmed_rec=ex.RECORDS_MEDIAN.name,
+        rec_windows=", ".join(f"{n}@{o} (up to {n}, published from {f})" for n, o, f in sig.RECORD_WINDOWS)
+        + " (records@offset_records)",
         ptmean=ex.PROMPT_TYPE_WINDOW_MEAN.name, ptinit=ex.PROMPT_TYPE_INITIAL_MEAN.name,
         pt_keys=", ".join(f"`{k}`" for k in sig.PROMPT_TYPE_KEYS), pt_means=_pairs(sig.PROMPT_TYPE_MEANS),
         block=forecast.BLOCK_STEPS, law_h=sig.LAW_ENTROPY, law_r=sig.LAW_REWARD,

@@ -158,6 +158,14 @@ def _kl_explosion(sim: Sim, k: int, m: dict[str, float]) -> None:
     m.update({"kl/mean": kl, "kl/p95": kl * 1.3, "kl/max": kl * 6})
 
 
+def _early_kl_explosion(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # The same jump early in a run, carried by the whole batch (its tail keeps its shape): KL
+    # from ~0.09 at step 100 to ~1.5 within 100 steps, before any baseline exists.
+    factor = 1 + min(k, 100) / 100 * 16 + k / 400
+    for key in ("kl/mean", "kl/p95", "kl/max"):
+        m[key] *= factor
+
+
 def _entropy_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
     # background.md#entropy-collapse: entropy from ~1.5 to 0.05 in under 200 steps, groups turn into near-duplicates,
     # while reward still creeps up.
@@ -355,6 +363,34 @@ def _entropy_reward_law(sim: Sim, step: int, m: dict[str, float]) -> None:
     m["reward/mean"] = 1 - 0.2 * math.exp(h) + sim.aux.gauss(0, 0.01)
 
 
+def _levels(levels: Mapping[str, float]) -> Callable[[Sim, int, dict[str, float]], None]:
+    """A run shaped from its first step at ``levels`` (key -> level), each with a little noise of
+    its own: a real run's scale rather than the healthy generator's."""
+    def shape(sim: Sim, step: int, m: dict[str, float]) -> None:
+        for key, level in levels.items():
+            m[key] = level * (1 + sim.aux.gauss(0, 0.03))
+    return shape
+
+
+def _blow_up(targets: Mapping[str, float], steps: int) -> Callable[[Sim, int, dict[str, float]], None]:
+    """Every signal of ``targets`` (key -> level) moves there in a straight line over ``steps``
+    steps and stays; a reward target of 0 takes its quantiles and spread down with it."""
+    def sicken(sim: Sim, k: int, m: dict[str, float]) -> None:
+        ramp = min(k + 1, steps) / steps
+        for key, target in targets.items():
+            if key == "reward/mean" and target == 0.0:
+                _reward_to_floor(sim, ramp, m)
+            else:
+                m[key] += (target - m[key]) * ramp
+    return sicken
+
+
+def _entropy_rebound(sim: Sim, step: int, m: dict[str, float]) -> None:
+    # A long run whose entropy settles from 0.4 to 0.2 (within its first 150 steps) and stays
+    # there for hundreds of steps; the sickness takes it back up from that floor.
+    m["entropy/mean"] = (0.2 + 0.2 * math.exp(-step / 50)) * (1 + sim.aux.gauss(0, 0.02))
+
+
 def _slow_rank(rank: int, factor: float) -> Callable[[Sim, int, int], float]:
     # background.md#cluster-health: one slow node; its rank's own step time (compute, before the collective) grows.
     return lambda sim, k, r: 1 + (factor - 1) * min(k, 100) / 100 if r == rank else 1.0
@@ -424,6 +460,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "background.md#kl-explosion", ("GRPOKLExplosion", "GRPOKLTailOutliers", "GRPOKLGrowthAccelerating"),
              verdicts=("kl_explosion", "kl_tail_outliers", "kl_growth_accelerating"),
              sicken=_kl_explosion),
+    # The same blow-up inside the baseline period: judged against the run's floor and an
+    # absolute level, with no baseline to compare with.
+    Scenario("early_kl_explosion", "KL mean 0.09 -> 1.5 within 100 steps of step 100, before the "
+             "baseline exists, carried by the whole batch.", "background.md#kl-explosion", ("GRPOKLExplosion",),
+             verdicts=("kl_explosion",), steps=400, onset=100, sicken=_early_kl_explosion,
+             # KL passes 0.5 nats at k ~ 30, then 90% of 20 steps
+             caught_within=60),
     Scenario("entropy_collapse", "Entropy 1.5 -> 0.05 within 200 steps; groups become duplicates.",
              # The forecast card comes first: by the law fitted on the 800 healthy steps, an
              # entropy under 0.3 leaves less than a tenth of the promised reward; it goes quiet
@@ -450,9 +493,39 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              caught_within=60),
     Scenario("entropy_explosion", "Entropy x30, every answer truncated, reward to 0 at step 140.",
              "background.md#policy-behaviour", ("GRPOEntropyExplosion", "GRPORewardCollapse", "GRPOCompletionsTruncated",
-                      "GRPOResponseLengthShift"),
+                      "GRPOResponseLengthShift", "GRPOTrainingBlowUp"),
+             # Entropy, length and reward leave their range together within the 10-step ramp:
+             # the blow-up card comes first (step 144), the entropy card once 90% of 20 steps are
+             # above 5x the start.
              verdicts=("entropy_explosion", "reward_collapse", "completions_truncated",
-                       "length_shift"), steps=450, onset=140, sicken=_entropy_explosion),
+                       "length_shift", "training_blow_up"), steps=450, onset=140, sicken=_entropy_explosion),
+    # A short run that collapses on every front at once in its last steps, as a verl run of a
+    # 1.7B model on math did (steps 48-58 of 61): no baseline, no 20-step window fills in time.
+    Scenario("blow_up", "Entropy 0.03 -> 6.8, KL 0.15 -> 5.2, grad norm 0.25 -> 2.4, length 900 -> "
+             "4800, reward 0.72 -> 0, all within 10 steps at step 48 of a 61-step run.",
+             "background.md#blow-ups", ("GRPOTrainingBlowUp",),
+             # The report also reads the three curves: reward down from its best while KL blew up.
+             verdicts=("training_blow_up", "reward_collapse_kl_blowup"), steps=61, onset=48,
+             shape=_levels({"entropy/mean": 0.03, "kl/mean": 0.15, "grad/norm": 0.25,
+                            "response/len_mean": 900.0, "reward/mean": 0.72}),
+             sicken=_blow_up({"entropy/mean": 6.8, "kl/mean": 5.2, "grad/norm": 2.4,
+                              "response/len_mean": 4800.0, "reward/mean": 0.0}, 10),
+             # three signals out of their range in the 2nd and 3rd sick records
+             caught_within=3),
+    # Its sister run, milder and at the very end (steps 62-72 of 72): three signals, none by an
+    # order of magnitude but KL and grad norm.
+    Scenario("blow_up_late", "KL 0.12 -> 1.05, length 1400 -> 2600, grad norm 0.1 -> 1.0 in the "
+             "last 10 steps of a 72-step run.", "background.md#blow-ups", ("GRPOTrainingBlowUp",),
+             verdicts=("training_blow_up",), steps=72, onset=62,
+             shape=_levels({"kl/mean": 0.12, "grad/norm": 0.1, "response/len_mean": 1400.0}),
+             sicken=_blow_up({"kl/mean": 1.05, "grad/norm": 1.0, "response/len_mean": 2600.0}, 10),
+             # the length, the slowest of the three, passes 1.5x its level in its 6th record
+             caught_within=8),
+    # Judged against its start, entropy that fell and came back up never looks like an explosion.
+    Scenario("entropy_rebound", "Entropy 0.4 -> 0.2 for 750 steps, then back up to 1.0 within 50 "
+             "steps of step 800.", "background.md#entropy-explosion", ("GRPOEntropyExplosion",),
+             verdicts=("entropy_explosion",), steps=900, onset=800, shape=_entropy_rebound,
+             sicken=_blow_up({"entropy/mean": 1.0}, 50)),
     Scenario("reward_collapse", "Reward falls back to 0 within 5 steps at step 160.", "background.md#the-three-curves",
              ("GRPORewardCollapse",),
              verdicts=("reward_collapse",), steps=450, onset=160, sicken=_reward_collapse),

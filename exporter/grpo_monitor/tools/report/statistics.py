@@ -24,6 +24,8 @@ from grpo_monitor.runtime.signals import (
     INITIAL_STEPS,
     LAW_ENTROPY,
     LAW_REWARD,
+    PERSISTENCE_RECORDS,
+    RANGE_WINDOW,
     SLOPE_WINDOWS,
     LawTracker,
     slope,
@@ -123,18 +125,38 @@ class Track:
 
     def rolling(self, window: int, stat: str, offset: int = 0) -> np.ndarray:
         """``stat`` ("mean", "p10", "p90") of the values of steps (t - offset - window, t - offset]
-        at each step t; NaN while the history does not reach back that far (signals.KeyHistory)."""
+        at each step t; NaN while the history does not reach back that far (signals.KeyHistory).
+        A percentile rests on at least PERSISTENCE_RECORDS records, as the exporter's does."""
         ends = self.steps - offset
         starts = ends - window
         lo = np.searchsorted(self.steps, starts, side="right")
         hi = np.searchsorted(self.steps, ends, side="right")
-        out = np.full(self.steps.size, math.nan)
-        full = (self.steps[0] <= starts + 1) & (hi > lo)
         q = {"p10": 10, "p90": 90}.get(stat)
+        if q is not None:
+            lo = np.minimum(lo, hi - PERSISTENCE_RECORDS)
+        out = np.full(self.steps.size, math.nan)
+        full = (self.steps[0] <= starts + 1) & (hi > lo) & (lo >= 0)
         for i in np.flatnonzero(full):
             chunk = self.values[lo[i]:hi[i]]
             out[i] = chunk.mean() if q is None else percentile(chunk, q)
         return out
+
+    def records(self, count: int, offset: int, fewest: int, stat: str) -> np.ndarray:
+        """grpo_records_<stat> ("min", "max", "median"): ``stat`` of up to ``count`` values logged
+        before the newest ``offset`` ones, at each step; NaN while fewer than ``fewest`` are
+        (signals.KeyHistory.records)."""
+        fn = {"min": np.min, "max": np.max, "median": np.median}[stat]
+        out = np.full(self.steps.size, math.nan)
+        for i in range(self.steps.size):
+            end = i + 1 - offset
+            if end >= fewest:
+                out[i] = fn(self.values[max(0, end - count):end])
+        return out
+
+    def floor(self) -> np.ndarray:
+        """grpo_run_window_mean_min at each step: the lowest RANGE_WINDOW-step mean so far."""
+        with np.errstate(invalid="ignore"):
+            return np.fmin.accumulate(self.rolling(RANGE_WINDOW, "mean"))
 
     def slope(self, window: int) -> np.ndarray:
         """grpo_window_slope: the least-squares slope per step of the values of steps

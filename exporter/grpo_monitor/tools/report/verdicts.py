@@ -35,6 +35,7 @@ from grpo_monitor.runtime.signals import (
     GROWTH_OFFSETS,
     GROWTH_WINDOW,
     LAW_ENTROPY,
+    RECORD_WINDOWS,
     SLOPE_WINDOWS,
 )
 from grpo_monitor.tools.report.load import RunData
@@ -517,26 +518,45 @@ def group_dominated(view: RunView) -> Finding | None:
 
 
 @verdict("kl_explosion", "critical",
-         f"KL jumped over {th.value('kl_explosion_ratio'):g}x its baseline: the policy is running "
-         "away from the reference model", card="GRPOKLExplosion")
+         f"KL jumped over {th.value('kl_explosion_ratio'):g}x its baseline (before the baseline: "
+         f"its floor, and past {th.value('kl_early_level'):g} nats): the policy is running away "
+         "from the reference model", card="GRPOKLExplosion")
 def kl_explosion(view: RunView) -> Finding | None:
     """GRPOKLExplosion: KL's short-window p10 over 10x its baseline mean and over 3x its 50-step
-    mean 200 steps before; once raised, the card stays while the 50-step mean is over 10x."""
+    mean 200 steps before; before the baseline, over 10x its floor (lowest short-window mean)
+    and over kl_early_level. Once raised, each branch stays while the 50-step mean is over its
+    line."""
     tr = view.track("kl/mean")
     if tr is None:
         return None
     sus, back = th.count("sustain_steps"), th.count("lookback_steps")
-    limit = th.value("kl_explosion_ratio") * tr.baseline()
+    ratio, level = th.value("kl_explosion_ratio"), th.value("kl_early_level")
+    limit = ratio * tr.baseline()
     p10, mean = tr.rolling(_short_window(), "p10"), tr.rolling(sus, "mean")
     before = tr.rolling(sus, "mean", offset=back)
-    raised = tr.ready() & (p10 > limit) & (p10 > th.value("kl_jump_ratio") * before)
-    stays = tr.ready() & (mean > limit)
-    firing = raised.copy()
-    for i in range(1, firing.size):  # the card's hysteresis: it reads its own ALERTS series
-        firing[i] |= firing[i - 1] and stays[i]
-    return _found(_flagged(tr, firing, kl_window_p10=p10, kl_mean_200_steps_before=before),
-                  {"kl_baseline_mean": tr.baseline(), "limit": limit, "window_steps": _short_window()},
+    floor = tr.floor()
+    with np.errstate(invalid="ignore"):
+        raised = tr.ready() & (p10 > limit) & (p10 > th.value("kl_jump_ratio") * before)
+        stays = tr.ready() & (mean > limit)
+        early = ~tr.ready() & (p10 > ratio * floor) & (p10 > level)
+        early_stays = (mean > ratio * floor) & (mean > level)
+    baseline_hit = _flagged(tr, _held(raised, stays), kl_window_p10=p10, kl_mean_200_steps_before=before)
+    if baseline_hit is not None:
+        return _found(baseline_hit,
+                      {"kl_baseline_mean": tr.baseline(), "limit": limit, "window_steps": _short_window()},
+                      kl_max=float(tr.values.max()), kl_last=float(tr.values[-1]))
+    return _found(_flagged(tr, _held(early, early_stays), kl_window_p10=p10, kl_floor=floor),
+                  {"before_baseline": True, "kl_early_level": level, "window_steps": _short_window()},
                   kl_max=float(tr.values.max()), kl_last=float(tr.values[-1]))
+
+
+def _held(raised: np.ndarray, stays: np.ndarray) -> np.ndarray:
+    """Where a card with hysteresis fires: from each step it is raised, for as long as its hold
+    condition lasts (the rule reads its own ALERTS series)."""
+    firing = raised.copy()
+    for i in range(1, firing.size):
+        firing[i] |= firing[i - 1] and stays[i]
+    return firing
 
 
 def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
@@ -548,11 +568,16 @@ def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
     vid, stat = ("entropy_collapse", "p90") if collapse else ("entropy_explosion", "p10")
     limit = th.value(f"{vid}_ratio") * tr.initial()
     window = tr.rolling(_short_window(), stat)
+    rebound: dict[str, np.ndarray] = {}
     with np.errstate(invalid="ignore"):
         beyond = window < limit if collapse else window > limit
+        if not collapse:  # or back above its start, far above its floor (reason rebound)
+            rebound["entropy_floor"] = floor = tr.floor()
+            beyond |= ((window > th.value("entropy_rebound_ratio") * floor) & (window > tr.initial())
+                       & (floor < th.value("entropy_rebound_floor_ratio") * tr.initial()))
     extreme = {"entropy_min": float(tr.values.min())} if collapse else \
         {"entropy_max": float(tr.values.max())}
-    return _found(_flagged(tr, beyond, **{f"entropy_window_{stat}": window}),
+    return _found(_flagged(tr, beyond, **{f"entropy_window_{stat}": window}, **rebound),
                   {"entropy_initial": tr.initial(), "limit": limit, "window_steps": _short_window()},
                   **extreme, entropy_last=float(tr.values[-1]))
 
@@ -573,6 +598,56 @@ def entropy_collapse(view: RunView) -> Finding | None:
 def entropy_explosion(view: RunView) -> Finding | None:
     """GRPOEntropyExplosion: entropy's p10 over the short window above 5x its initial value."""
     return _entropy_beyond_initial(view, collapse=False)
+
+
+# The blow-up card's signals: (key, the threshold its rise is judged by); None for the reward,
+# which falls below all of its earlier records.
+BLOWUP_SIGNALS: tuple[tuple[str, str | None], ...] = (
+    ("entropy/mean", "blowup_ratio"), ("kl/mean", "blowup_ratio"), ("grad/norm", "blowup_ratio"),
+    ("response/len_mean", "blowup_length_ratio"), ("reward/mean", None))
+
+
+@verdict("training_blow_up", "critical",
+         f"{th.count('blowup_min_signals')} or more of entropy, KL, grad norm, response length and "
+         "reward left the range of their earlier records together within 2 logged records: the "
+         "run is collapsing", card="GRPOTrainingBlowUp")
+def training_blow_up(view: RunView) -> Finding | None:
+    """GRPOTrainingBlowUp: at a step, at least blowup_min_signals of BLOWUP_SIGNALS beyond their
+    earlier records (the last RECORD_WINDOWS window against the one before); once raised, held
+    while one signal fewer of the rising ones stays above its multiple of its floor."""
+    (recent, recent_off, recent_min), (ref, ref_off, ref_min) = RECORD_WINDOWS
+    steps = np.asarray(view.steps)
+    moved = np.zeros(steps.size, dtype=int)
+    high = np.zeros(steps.size, dtype=int)
+    ratios: dict[str, np.ndarray] = {}
+    for key, name in BLOWUP_SIGNALS:
+        tr = view.track(key)
+        if tr is None:
+            continue
+        if name is None:  # the reward falls
+            last = tr.records(recent, recent_off, recent_min, "max")
+            with np.errstate(invalid="ignore"):
+                out = last < tr.records(ref, ref_off, ref_min, "min")
+        else:
+            last = tr.records(recent, recent_off, recent_min, "min")
+            factor = th.value(name)
+            with np.errstate(invalid="ignore"):
+                out = (last > factor * tr.records(ref, ref_off, ref_min, "median")) & \
+                    (last > tr.records(ref, ref_off, ref_min, "max"))
+                up = last > factor * tr.floor()
+            high += tr.asof(steps, up.astype(float)) == 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios[f"{key}_ratio"] = tr.asof(steps, last / tr.records(ref, ref_off, ref_min, "median"))
+        moved += tr.asof(steps, out.astype(float)) == 1
+    need = th.count("blowup_min_signals")
+    firing = _held(moved >= need, high >= need - 1)
+    idx = np.flatnonzero(firing)
+    if not idx.size:
+        return None
+    first = int(idx[0])
+    return Finding([int(steps[first]), int(steps[idx[-1]])],
+                   {"signals_moved": int(moved[first]), "steps_flagged": int(idx.size),
+                    **{k: rounded(float(v[first])) for k, v in ratios.items() if math.isfinite(v[first])}})
 
 
 @verdict("reward_collapse", "critical",
