@@ -264,6 +264,9 @@ def test_key_mapping() -> None:
     import torch
     assert map_trl_logs({"kl": None, "note": "x", "hist": [1, 2], "grad_norm": torch.tensor(2.0),
                          "loss": True}) == {"grad/norm": 2.0, "loss": 1.0}
+    # use_liger_kernel=True: the Liger GRPO loss logs its clip share as a bare clip_ratio, the
+    # same signal as clip_ratio/region_mean.
+    assert map_trl_logs({"clip_ratio": 0.07, "loss": 0.1}) == {"policy/clip_frac": 0.07, "loss": 0.1}
 
 
 def test_callback_writes_main_process_logs_with_nan(tmp_path: Path) -> None:
