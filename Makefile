@@ -2,9 +2,12 @@
 #   make demo   the native stack on a temporary folder, fed a built-in synthetic run; installs
 #               the package alone (no torch, trl, transformers or matplotlib) and Debian's
 #               prometheus and prometheus-alertmanager
+#               (`make demo ARGS=--trainer`: the tiny real trainer instead, and the torch extra)
 #   make test   everything the tests need (virtualenv with every extra, Debian's prometheus
 #               tools, docker-compose, and podman, runc, debootstrap for the compose stack in
 #               real containers), then the whole suite
+#   make dist   the wheel, in dist/: `pip install 'dist/grpo_monitor-VERSION-py3-none-any.whl[trl]'`
+#               in a trainer's environment (docs/sdk.md#install)
 # Set-up installs only what is missing, so a warm machine starts at once.
 
 PYTHON ?= python3
@@ -16,9 +19,14 @@ BASE_STAMP := $(VENV)/.installed-base
 # torch is pinned to the CPU wheel this kind of machine keeps on disk; an unpinned torch would
 # pull a multi-GB CUDA build. The exporter itself never needs torch.
 TORCH  ?= torch==2.13.0
+# The torch extra (make demo ARGS=--trainer): torch held to $(TORCH) by a constraint, whatever
+# else asks for it.
+TORCH_STAMP := $(VENV)/.installed-torch
+CONSTRAINT  := $(VENV)/torch-constraint.txt
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DIST   ?= dist
 
-.PHONY: demo test deps demo-deps system-deps stack-deps bench docs check-docs clean
+.PHONY: demo test deps demo-deps system-deps stack-deps bench docs check-docs clean dist
 
 demo: demo-deps stack-deps
 	$(PY) -m grpo_monitor.cli demo $(ARGS)
@@ -28,17 +36,30 @@ test: deps system-deps
 
 deps: $(STAMP)
 
-demo-deps: $(BASE_STAMP)
+# The package alone; with ARGS=--trainer the torch extra too.
+demo-deps: $(BASE_STAMP) $(if $(findstring --trainer,$(ARGS)),$(TORCH_STAMP))
 
 $(BASE_STAMP): pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	touch $@
 
-$(STAMP): $(BASE_STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check '$(TORCH)'
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+$(CONSTRAINT): $(BASE_STAMP)
+	echo '$(TORCH)' > $@
+
+$(TORCH_STAMP): $(BASE_STAMP) $(CONSTRAINT)
+	$(PY) -m pip install -q --disable-pip-version-check -c $(CONSTRAINT) -e '.[torch]'
 	touch $@
+
+$(STAMP): $(TORCH_STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -c $(CONSTRAINT) -e '.[test]'
+	touch $@
+
+# The wheel a trainer's environment installs (no index holds grpo-monitor). Built by pip in an
+# isolated environment from the checkout; it carries the runbook and the stack's configuration.
+dist:
+	$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w $(DIST) .
+	@ls $(DIST)/grpo_monitor-*.whl
 
 # The native stack's servers (make demo).
 stack-deps:
@@ -78,4 +99,4 @@ docs: deps
 	$(PY) -m grpo_monitor.contract.thresholds > prometheus/rules/grpo-thresholds.yml
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache build $(DIST)

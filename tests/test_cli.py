@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -241,3 +242,97 @@ def test_an_unknown_scenario_is_a_usage_error(command: str, capsys: pytest.Captu
         build_parser().parse_args([command, "--scenario", "kl_explosoin"])
     assert exc.value.code == 2
     assert "invalid choice: 'kl_explosoin'" in capsys.readouterr().err
+
+
+# -- errors a person can act on: one line, exit 2, no traceback --------------------------------
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def test_an_unknown_flag_names_the_closest_one() -> None:
+    # Before the required flag it hides: argparse alone would complain about --snapshot.dir.
+    line = one_line_error(run_cli("serve", "--snapshot.dri", "/x"))
+    assert "unknown flag --snapshot.dri; did you mean --snapshot.dir?" in line, line
+    line = one_line_error(run_cli("stack", "up", "--snapshot.dir", "/s", "--prometheus.prot", "1"))
+    assert line.startswith("grpo-monitor stack up: unknown flag --prometheus.prot; did you mean "
+                           "--prometheus.port?"), line
+    assert "unexpected argument 'extra'" in one_line_error(run_cli("report", "/r", "extra"))
+
+
+def test_serve_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line_error(run_cli("serve", "--snapshot.dir", str(tmp_path), "--no-collector.gpu",
+                                      "--web.listen-address", f"127.0.0.1:{port}"))
+    assert line == (f"grpo-monitor serve: cannot listen on 127.0.0.1:{port}: address already in "
+                    "use; pick another with --web.listen-address"), line
+
+
+def test_a_missing_snapshot_folder_is_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    for argv, said in ((["replay", "--snapshot.dir", str(missing), "r"], "no snapshot folder"),
+                       (["resume", "--snapshot.dir", str(missing), "r"], "no run 'r'"),
+                       (["rebaseline", "--snapshot.dir", str(missing), "r"], "no run folder"),
+                       (["report", str(missing)], "is not a folder")):
+        assert said in one_line_error(run_cli(*argv)), argv
+
+
+def test_resume_refuses_a_run_that_is_not_paused(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from grpo_monitor.contract.control import ControlRecord, read_control, write_control
+
+    (tmp_path / "never").mkdir()
+    (tmp_path / "never" / "rank-0.jsonl").write_text('{"step": 3, "metrics": {"loss": 1}}\n')
+    resume = ["resume", "--snapshot.dir", str(tmp_path)]
+    # Never paused: nothing is written, and it says so.
+    assert main([*resume, "never"]) == 2
+    assert "run 'never' has no pause record here" in capsys.readouterr().err
+    assert read_control(tmp_path, "never") is None
+    # Paused, resumed, resumed again: the second is refused.
+    write_control(tmp_path, "never", ControlRecord(state="paused", run="never", alertname="X"))
+    assert main([*resume, "never"]) == 0
+    assert "'never': paused -> running" in capsys.readouterr().out
+    assert main([*resume, "never"]) == 2
+    assert "is not paused (running since 20" in capsys.readouterr().err
+    # --force writes a running record all the same.
+    assert main([*resume, "never", "--force"]) == 0
+    assert "not paused (--force) -> running" in capsys.readouterr().out
+    # No record here, but the run's rank here waits (PauseGate's mark ends its file): a fleet whose
+    # card reached another node's folder. Resumed without --force.
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "fleet" / "rank-3.jsonl").write_text(
+        '{"step": 9, "metrics": {"loss": 1}}\n{"step": 9, "metrics": {}, "events": [{"type": "paused"}]}\n')
+    assert main([*resume, "fleet"]) == 0
+    assert "paused (rank 3 waits here" in capsys.readouterr().out
+    assert read_control(tmp_path, "fleet").state == "running"  # type: ignore[union-attr]
+
+
+def test_a_missing_extra_names_the_installation_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint is the pip command that adds the extra where this package came from (PEP 610):
+    no index holds grpo-monitor."""
+    from grpo_monitor import extras
+
+    cases = {
+        '{"url": "file:///src/grpo-monitor", "dir_info": {"editable": true}}':
+            "pip install -e '/src/grpo-monitor[report]'",
+        '{"url": "file:///w/grpo_monitor-0.1.0-py3-none-any.whl", "archive_info": {}}':
+            "pip install '/w/grpo_monitor-0.1.0-py3-none-any.whl[report]'",
+        '{"url": "https://git.example/grpo-monitor", "vcs_info": {"vcs": "git", "commit_id": "abc"}}':
+            "pip install 'grpo-monitor[report] @ git+https://git.example/grpo-monitor@abc'",
+    }
+    for direct_url, hint in cases.items():
+        dist = SimpleNamespace(read_text=lambda name, raw=direct_url: raw if name == "direct_url.json" else None)
+        monkeypatch.setattr(extras.importlib.metadata, "distribution", lambda _name, d=dist: d)
+        assert extras.install_hint("report") == hint
+    monkeypatch.setattr(extras.importlib.metadata, "distribution",
+                        lambda _name: SimpleNamespace(read_text=lambda _n: None))
+    assert "docs/sdk.md#install" in extras.install_hint("report")

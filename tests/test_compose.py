@@ -130,6 +130,25 @@ def test_compose_needs_no_preparation(config: dict[str, Any], raw: dict[str, Any
                if _is_bind(src))
 
 
+def test_card_links_open_the_external_host(config: dict[str, Any], tmp_module: Path) -> None:
+    """Prometheus' generatorURL and Alertmanager's own links are built from --web.external-url;
+    without it they carry the container's id (http://8ca2c5336343:9090/graph...). One setting,
+    GRPO_EXTERNAL_HOST, names the host for both, with their published ports."""
+    def external(services: dict[str, Any], name: str) -> list[str]:
+        return [a for a in services[name]["command"] if a.startswith("--web.external-url=")]
+
+    services = config["services"]
+    assert external(services, "prometheus") == ["--web.external-url=http://localhost:9090"]
+    assert external(services, "alertmanager") == ["--web.external-url=http://localhost:9093"]
+    res = _compose("config", tmp=tmp_module, env={"GRPO_EXTERNAL_HOST": "gpu-box-7",
+                                                  "GRPO_ALERTMANAGER_PORT": "19093"})
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    assert external(services, "prometheus") == ["--web.external-url=http://gpu-box-7:9090"]
+    assert external(services, "alertmanager") == ["--web.external-url=http://gpu-box-7:19093"]
+    assert "GRPO_EXTERNAL_HOST" in (ROOT / ".env.example").read_text()
+
+
 def test_demo_profile_config_is_valid(tmp_module: Path) -> None:
     res = _compose("--profile", "demo", "config", tmp=tmp_module)
     assert res.returncode == 0, res.stderr

@@ -180,9 +180,10 @@ def test_resume_of_an_unknown_run_exits_2(snapshot_dir: Path) -> None:
 
 def test_resume_on_a_node_the_card_did_not_reach_writes_a_resume(snapshot_dir: Path) -> None:
     # Node-local folders: the card's record lies on another node; a resume written here reaches
-    # every rank of the run through the job's process group (sdk PauseGate).
+    # every rank of the run through the job's process group (sdk PauseGate). With no rank here
+    # waiting either, only --force writes it.
     (snapshot_dir / "r0").mkdir()
-    res = _cli("resume", "r0", "--snapshot.dir", str(snapshot_dir), "--no-rollback")
+    res = _cli("resume", "r0", "--snapshot.dir", str(snapshot_dir), "--no-rollback", "--force")
     assert res.returncode == 0, res.stderr
     rec = read_control(snapshot_dir, "r0")
     assert rec is not None and rec.state == "running" and rec.resumed_at and rec.rollback == "none"

@@ -1,10 +1,17 @@
-"""`pip install .` and nothing else, as exporter/Dockerfile does: every command still works.
+"""The install paths of docs/sdk.md#install, each in a fresh virtualenv, the way a user runs it.
 
-The suite's own virtualenv holds every extra, so it cannot see a module-level import of an
-optional dependency. This test builds a fresh virtualenv from the checkout without extras
+The exporter host: `pip install .` and nothing else, as exporter/Dockerfile does: every command
+still works. The suite's own virtualenv holds every extra, so it cannot see a module-level import
+of an optional dependency. This test builds a fresh virtualenv from the checkout without extras
 (non-editable, like the image) and runs, with that interpreter alone: `--version`, every
 subcommand's `--help`, `schema`, `serve` publishing a snapshot over a real HTTP scrape, and the
-commands that need an extra, which must print one line naming it (no traceback).
+commands that need an extra, which must print one line naming it and the pip command that adds
+it to this installation (no traceback).
+
+The trainer's environment: `make dist`'s wheel into another fresh virtualenv: the SDK alone (no
+heavy dependency), then the same wheel with `[trl]` (torch held to the suite's pinned wheel by a
+constraint, as a trainer keeps its own torch) and a real TRL GRPOTrainer step through the
+callback; and the git URL, `pip install 'grpo-monitor @ git+file://...@COMMIT'`.
 """
 
 from __future__ import annotations
@@ -103,7 +110,10 @@ def test_a_missing_extra_is_one_line(plain_venv: Path, tmp_path: Path, command: 
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert f"pip install 'grpo-monitor[{extra}]'" in lines[0] and "Traceback" not in res.stderr
+    # The hint installs the extra from where this package came from: no index holds it.
+    src = plain_venv.parent / "src"
+    assert lines[0].endswith(f"pip install '{src}[{extra}]'"), lines[0]
+    assert "Traceback" not in res.stderr
 
 
 def test_serve_publishes_a_snapshot(plain_venv: Path) -> None:
@@ -151,3 +161,106 @@ def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
             assert heavy not in line, f"make demo installs {heavy}: {line}"
     assert any(line.rstrip().endswith("-e .") for line in installs)
     assert any("prometheus prometheus-alertmanager" in line for line in res.stdout.splitlines())
+    # ARGS=--trainer plays the tiny real trainer: the torch extra too, torch held to the pinned
+    # wheel by a constraint, and still no trl, transformers or matplotlib.
+    res = subprocess.run(["make", "-n", "demo", f"VENV={venv}", "ARGS=--trainer"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=True)
+    installs = [line for line in res.stdout.splitlines() if "pip install" in line]
+    torch_line = next(line for line in installs if "[torch]" in line)
+    assert "-c " in torch_line and "torch==2.13.0" in res.stdout, res.stdout
+    for line in installs:
+        for heavy in ("trl", "transformers", "matplotlib", "[test]", "[report]"):
+            assert heavy not in line, f"make demo ARGS=--trainer installs {heavy}: {line}"
+
+
+# -- the trainer's environment: the wheel, its extras, a git URL ----------------------------------
+
+TORCH_PIN = "torch==2.13.0"  # the suite's own torch (Makefile TORCH): a CPU wheel on local disk
+TRL_STEP = """
+import json, sys
+from pathlib import Path
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+from grpo_monitor.integrations.trl import GRPOMonitorCallback
+sys.path.insert(0, sys.argv[2])
+from tiny_model import tiny_model_dir
+
+work = Path(sys.argv[1])
+model, tokenizer = tiny_model_dir(work)
+args = GRPOConfig(output_dir=str(work / "out"), per_device_train_batch_size=4, num_generations=4,
+                  max_completion_length=6, max_steps=1, logging_steps=1, report_to=[], use_cpu=True,
+                  beta=0.1, save_strategy="no", seed=0, disable_tqdm=True)
+trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [len(c) / 6 for c in completions],
+                      args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1=?", "ab?"] * 4}),
+                      processing_class=tokenizer, callbacks=[GRPOMonitorCallback(work / "snapshots", run="wheel")])
+trainer.train()
+"""
+
+
+def _pip(venv: Path, *args: str, timeout: int = 900) -> None:
+    # --no-compile: pip would byte-compile every module of torch, transformers and datasets, about
+    # half of the install's time here; Python compiles the ones a run imports as it imports them.
+    res = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                          "--no-compile", *args], capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _python(venv: Path, code: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run([str(venv / "bin" / "python"), "-c", code, *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=venv, env=base)
+
+
+def test_the_wheel_installs_the_sdk_then_trl_beside_the_trainer(tmp_path: Path) -> None:
+    """`make dist`, then a trainer's fresh virtualenv: the wheel alone gives the SDK without torch,
+    numpy or the exporter's heavy parts; `wheel[trl]` adds TRL (torch pinned by a constraint) and
+    a real GRPOTrainer step writes its signals through the callback."""
+    built = subprocess.run(["make", "dist", f"DIST={tmp_path / 'dist'}"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp_path / "dist").glob("grpo_monitor-*-py3-none-any.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    _pip(venv, str(wheel))
+    sdk = _python(venv, (
+        "import importlib.util, json, sys; from grpo_monitor import SnapshotWriter; "
+        "from grpo_monitor.sdk.pause import PauseGate; "
+        "from grpo_monitor.tools.stack import project_config_dir; "
+        "w = SnapshotWriter(sys.argv[1], 'sdk'); w.log({'reward/mean': 0.5}, 1); w.close(); "
+        f"print(json.dumps({{'absent': [m for m in {EXTRAS!r} if importlib.util.find_spec(m)], "
+        "'config': str(project_config_dir())}))"), str(tmp_path / "snaps"))
+    assert sdk.returncode == 0, sdk.stderr
+    found = json.loads(sdk.stdout)
+    assert found["absent"] == [], f"the SDK pulled in {found['absent']}"
+    # The wheel carries the stack's configuration: `stack up` works without a checkout.
+    assert found["config"].endswith("grpo_monitor/tools/stack_config/prometheus"), found
+    assert (Path(found["config"]) / "rules" / "grpo-alerts.yml").is_file()
+    assert '"reward/mean":0.5' in (tmp_path / "snaps" / "sdk" / "rank-0.jsonl").read_text()
+
+    constraint = tmp_path / "constraint.txt"
+    constraint.write_text(TORCH_PIN + "\n")
+    _pip(venv, "-c", str(constraint), f"{wheel}[trl]")
+    step = _python(venv, TRL_STEP, str(tmp_path), str(ROOT / "tests"), timeout=600)
+    assert step.returncode == 0, step.stdout[-3000:] + step.stderr[-3000:]
+    (record, end) = [json.loads(line) for line in
+                     (tmp_path / "snapshots" / "wheel" / "rank-0.jsonl").read_text().splitlines()]
+    assert record["step"] == 1 and {"reward/mean", "kl/mean", "loss"} <= record["metrics"].keys()
+    assert [e["type"] for e in end["events"]] == ["run_end"]
+    version = _python(venv, "import torch; print(torch.__version__)")
+    assert version.stdout.startswith(TORCH_PIN.split("==")[1]), version.stdout
+
+
+def test_a_git_url_installs_the_committed_package(plain_venv: Path, tmp_path: Path) -> None:
+    """`pip install 'grpo-monitor @ git+...@COMMIT'`, the repository's URL (a local clone of this
+    checkout's commit here), into the plain venv: its dependencies are there already, so pip only
+    clones and builds. The hint for a missing extra then names that URL."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True, timeout=30).stdout.strip()
+    url = f"git+file://localhost{ROOT}@{commit}"  # pip 23 refuses an empty host in a PEP 508 URL
+    _pip(plain_venv, "--force-reinstall", "--no-deps", f"grpo-monitor @ {url}")
+    try:
+        res = _run(plain_venv, "report", str(tmp_path))
+        assert res.returncode == 2
+        assert res.stderr.strip().endswith(f"pip install 'grpo-monitor[report] @ {url}'"), res.stderr
+    finally:  # the module's other tests see the checkout's install again
+        _pip(plain_venv, "--force-reinstall", "--no-deps", str(plain_venv.parent / "src"))

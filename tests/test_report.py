@@ -21,6 +21,8 @@ from grpo_monitor import cli
 from grpo_monitor.tools import report
 from grpo_monitor.tools.simulate import SCENARIOS, write_run
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # A shorter run, sick from its step 600: the scenarios that turn sick on a healthy run after its
 # baseline period, and are caught within 600 steps.
 SHORT_STEPS, SHORT_ONSET = 1200, 600
@@ -204,7 +206,7 @@ def test_python_m_report_is_the_cli_command(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "grpo_monitor.tools.report", str(tmp_path / "run"),
                           "--steps", "3"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
-    assert "grpo-monitor: error: unrecognized arguments: --steps 3" in res.stderr
+    assert res.stderr.startswith("grpo-monitor report: unknown flag --steps"), res.stderr
 
 
 def test_python_m_report_without_the_extra_says_so_in_one_line(tmp_path: Path) -> None:
@@ -216,15 +218,17 @@ def test_python_m_report_without_the_extra_says_so_in_one_line(tmp_path: Path) -
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
+    from grpo_monitor.extras import install_hint
+
     assert res.stderr.splitlines() == [
-        "grpo-monitor report needs numpy, matplotlib, which a plain install leaves out: "
-        "pip install 'grpo-monitor[report]'"], res.stderr
+        "grpo-monitor report needs numpy, matplotlib, which a plain install leaves out (the "
+        f"report extra): {install_hint('report')}"], res.stderr
 
 
 def test_train_demo_loose_grader_is_reward_hacking(tmp_path: Path) -> None:
     # A real tiny GRPO run (about 15 s here) whose grader pays for length from step 200.
     from grpo_monitor.tools.train_demo import Config, train
-    train(Config(snapshot_dir=tmp_path, run="td", steps=300, grader="loose", onset=200))
+    train(Config(step_seconds=0.0, snapshot_dir=tmp_path, run="td", steps=300, grader="loose", onset=200))
     res = report.build_report(tmp_path / "td", tmp_path / "out", plots=False)
     assert "reward_hacking" in _ids(res), res["text"]
 
@@ -662,3 +666,90 @@ def test_new_verdicts_follow_the_table(scenario: str, name: str, patched: float,
     else:  # the KL branch goes, the other branches of the card stay
         assert "kl" in before["rollout_mismatch"]["evidence"]
         assert "kl" not in after["rollout_mismatch"]["evidence"]
+
+
+# -- what a person sees: one report per run, the cards' severities, the plot's legend -------------
+
+
+def test_a_snapshot_folder_is_reported_run_by_run(tmp_path: Path) -> None:
+    """Given the snapshot folder (several runs), never one report merged from them: each run its
+    own, in its own folder, and the command says where it wrote."""
+    write_run(tmp_path / "snaps", "ok", "healthy", steps=300, ranks=1)
+    write_run(tmp_path / "snaps", "sick", "nan_loss", steps=300, onset=150, ranks=1)
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "report", str(tmp_path / "snaps")],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert "holds 2 runs (ok, sick): one report each" in res.stderr
+    for run, verdict in (("ok", "healthy"), ("sick", "nonfinite")):
+        out = tmp_path / "snaps" / run / ".report"
+        assert f"report written to {out} (report.html" in res.stdout
+        assert [v["id"] for v in json.loads((out / "verdicts.json").read_text())][0] == verdict
+    assert re.search(r"run ok: 300 logged steps", res.stdout) and re.search(r"run sick: 300 logged", res.stdout)
+    # --out holds one folder per run; json lists each run.
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "report", str(tmp_path / "snaps"),
+                          "--out", str(tmp_path / "out"), "--format", "json"],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert [d["run"] for d in json.loads(res.stdout)] == ["ok", "sick"]
+    assert (tmp_path / "out" / "sick" / "curves.png").is_file()
+
+
+def test_verdict_severities_are_the_cards(tmp_path: Path) -> None:
+    """A verdict that stands for a card has the card's severity in the rule files, the colour
+    Alertmanager shows (GRPORewardHackingSuspected is yellow: so is reward_hacking); the
+    severity each verdict declares, shown where no rule file is installed, agrees."""
+    from grpo_monitor.tools.report.verdicts import CARD_SEVERITIES
+    from grpo_monitor.tools.stack import card_severities
+
+    rules = card_severities(ROOT / "prometheus")
+    assert CARD_SEVERITIES == rules and rules["GRPORewardHackingSuspected"] == "warning"
+    for kind in report.VERDICTS.values():
+        if kind.card is not None:
+            assert kind.severity == rules[kind.card], kind.id
+    declared = dict(re.findall(r'@verdict\("(\w+)", "(\w+)"', (ROOT / "exporter" / "grpo_monitor" / "tools"
+                                                              / "report" / "verdicts.py").read_text()))
+    assert {k.id: k.severity for k in report.VERDICTS.values()} == declared
+
+
+def test_curves_have_one_colour_per_card_colour_and_a_legend(tmp_path: Path) -> None:
+    """curves.png: red spans for red cards, yellow for yellow ones (red where both: never a
+    blend), host verdicts unshaded, and a legend naming each colour's verdicts."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Polygon, Rectangle
+
+    from grpo_monitor.tools.report import render
+
+    write_run(tmp_path, "r", "healthy", steps=300, ranks=1)
+    data = report.load_run(tmp_path / "r")
+    verdicts = [{"id": "nonfinite", "severity": "critical", "steps": [150, 200]},
+                {"id": "length_shift", "severity": "warning", "steps": [100, 180]},
+                {"id": "kl_tail_outliers", "severity": "warning", "steps": [120, 250]},
+                {"id": "step_time_drift", "severity": "warning", "steps": [1, 300]}]
+    figures: list = []
+    real_png = render._png
+    render._png = lambda fig, path: figures.append(fig) or b""  # type: ignore[assignment]
+    try:
+        render.plot_curves(data, verdicts)
+    finally:
+        render._png = real_png  # type: ignore[assignment]
+    (fig,) = figures
+    ax = fig.axes[0]
+    def extent(patch: Polygon | Rectangle) -> tuple[int, int]:
+        if isinstance(patch, Rectangle):  # matplotlib >= 3.9
+            return round(patch.get_x()), round(patch.get_x() + patch.get_width())
+        xs = [x for x, _ in patch.get_xy()]
+        return round(min(xs)), round(max(xs))
+
+    spans = sorted((*extent(p), matplotlib.colors.to_hex(p.get_facecolor()))
+                   for p in ax.patches if isinstance(p, (Polygon, Rectangle)))
+    red, yellow = render.SPAN_COLOURS["critical"][1], render.SPAN_COLOURS["warning"][1]
+    # step_time_drift (a host verdict) is not shaded; the yellow spans stop where the red one is.
+    assert spans == [(100, 150, yellow), (150, 200, red), (200, 250, yellow)], spans
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert legend == ["red card: nonfinite", "yellow card: length_shift, kl_tail_outliers"], legend
+    plt.close(fig)
+    assert (red, yellow) == ("#d62728", "#e6b800")
+    doc = (ROOT / "docs" / "report.md").read_text()
+    assert "red (critical) or yellow (warning), red where both" in doc

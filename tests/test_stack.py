@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 from polling import wait_for
 
-from grpo_monitor.tools.stack import Child
+from grpo_monitor.tools.stack import GRAFANA_MISSING, Child
 
 CLI = [sys.executable, "-m", "grpo_monitor.cli"]
 FREE_PORTS = ["--exporter.port", "0", "--prometheus.port", "0", "--alertmanager.port", "0",
@@ -20,18 +26,23 @@ FREE_PORTS = ["--exporter.port", "0", "--prometheus.port", "0", "--alertmanager.
 
 
 class Stack:
-    """`grpo-monitor stack up` in the background, its output in ``log``."""
+    """`grpo-monitor stack up` in the background, its output in ``log``; ``state_dir`` None: its
+    own temporary folder."""
 
-    def __init__(self, snapshot_dir: Path, state_dir: Path, log: Path) -> None:
-        self.state_dir = state_dir
+    def __init__(self, snapshot_dir: Path, state_dir: Path | None, log: Path, *extra: str) -> None:
+        state = ["--stack.dir", str(state_dir)] if state_dir is not None else []
         self.child = Child.start(
-            "stack", [*CLI, "stack", "up", "--snapshot.dir", str(snapshot_dir), "--stack.dir",
-                      str(state_dir), "--interval", "1s", *FREE_PORTS],
+            "stack", [*CLI, "stack", "up", "--snapshot.dir", str(snapshot_dir), *state,
+                      "--interval", "1s", *FREE_PORTS, *extra],
             log, Path.cwd(), env={**os.environ, "PYTHONUNBUFFERED": "1"})
         wait_for(lambda: "Ctrl-C stops all" in self.output() or not self.child.alive(), timeout=90)
         assert self.child.alive(), self.output()
-        self.urls = dict(re.findall(r"^\s+(exporter|prometheus|alertmanager|grafana)\s+(\S+)",
-                                    self.output(), re.M))
+        # Each child's line: the pages it printed (checked to answer before they were printed).
+        self.pages = {name: re.findall(r"http://\S+", rest) for name, rest in re.findall(
+            r"^  (exporter|prometheus|alertmanager|grafana) +(.*)$", self.output(), re.M)}
+        self.urls = {name: "{0.scheme}://{0.netloc}".format(urlsplit(pages[0]))
+                     for name, pages in self.pages.items() if pages}
+        self.state_dir = Path(re.search(r"logs in (\S+?)[,)]", self.output()).group(1))  # type: ignore[union-attr]
 
     def output(self) -> str:
         return self.child.log.read_text(errors="replace")
@@ -41,17 +52,55 @@ class Stack:
         self.child.stop(timeout=30)
 
     def child_up(self, name: str) -> bool:
-        url = self.urls[name].removesuffix("/metrics")
         try:
-            return requests.get(url + "/-/healthy", timeout=1).status_code == 200
+            return requests.get(self.urls[name] + "/-/healthy", timeout=1).status_code == 200
         except requests.RequestException:
             return False
 
 
-def test_stack_up_raises_a_red_card_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    stack = Stack(tmp_path / "snapshots", tmp_path / "state", tmp_path / "stack-up.log")
+class Receiver:
+    """An ntfy-style endpoint on loopback: the bodies a --notify.url relay POSTs to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[str] = []
+        received = self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                received.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"ntfy+http://127.0.0.1:{self.server.server_address[1]}/cards"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_stack_up_shows_where_to_look_the_cards_and_the_pause_and_cleans_up(tmp_path: Path) -> None:
+    """`stack up` as a new user runs it: every page it names answers, a missing Grafana is one
+    line, a red card prints as Alertmanager holds it (an inhibited yellow one does not), the pause
+    record the exporter writes prints too, --notify.url relays the card, and Ctrl-C leaves no
+    temporary folder behind."""
+    receiver = Receiver()
+    stack = Stack(tmp_path / "snapshots", None, tmp_path / "stack-up.log", "--notify.url", receiver.url)
     try:
         assert {"exporter", "prometheus", "alertmanager"} <= stack.urls.keys()
+        for name, pages in stack.pages.items():
+            for page in pages:
+                assert requests.get(page, timeout=5).status_code == 200, (name, page)
+        if shutil.which("grafana-server") is None:
+            assert GRAFANA_MISSING in stack.output()
+        # This machine's Prometheus and Alertmanager are Debian's: the alerts page is the classic
+        # one, and Alertmanager has no UI but its API.
+        assert stack.pages["prometheus"][0].endswith("/alerts"), stack.pages
+        assert stack.pages["alertmanager"][0].endswith("/api/v2/alerts"), stack.pages
         # The committed rule files are what Prometheus loaded.
         rules = requests.get(stack.urls["prometheus"] + "/api/v1/rules", timeout=5).json()
         files = {g["file"] for g in rules["data"]["groups"]}
@@ -59,19 +108,46 @@ def test_stack_up_raises_a_red_card_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
         run = tmp_path / "snapshots" / "nan-run"
         run.mkdir(parents=True)
         (run / "rank-0.jsonl").write_text('{"step": 1, "metrics": {"loss": NaN}}\n')
-
-        def red_card() -> bool:
-            alerts = requests.get(stack.urls["alertmanager"] + "/api/v2/alerts", timeout=2).json()
-            return any(a["labels"].get("alertname") == "GRPONonFiniteValues"
-                       and a["labels"].get("run") == "nan-run" for a in alerts)
-
-        wait_for(red_card, timeout=60, interval=0.5)
+        wait_for(lambda: re.search(r"\[RED\s*\] GRPONonFiniteValues run=nan-run", stack.output()),
+                 timeout=60, interval=0.5, diagnose=stack.output)
+        wait_for(lambda: "[PAUSE ] run=nan-run: GRPONonFiniteValues paused it" in stack.output(),
+                 timeout=30, interval=0.5, diagnose=stack.output)
+        wait_for(lambda: any("GRPONonFiniteValues" in b for b in receiver.bodies), timeout=30)
+        # A yellow card of the red run is inhibited: not printed. Another run's is.
+        yellow = [{"labels": {"alertname": name, "severity": "warning", "run": r},
+                   "annotations": {"summary": "posted by the test"}}
+                  for name, r in (("GRPOKLGrowthAccelerating", "nan-run"), ("GRPOGradNormSpike", "other"))]
+        requests.post(stack.urls["alertmanager"] + "/api/v2/alerts", json=yellow, timeout=5).raise_for_status()
+        wait_for(lambda: "GRPOGradNormSpike run=other" in stack.output(), timeout=30, interval=0.5)
+        assert "GRPOKLGrowthAccelerating" not in stack.output(), stack.output()
         stack.child.proc.send_signal(signal.SIGINT)
         assert stack.child.proc.wait(timeout=30) == 0
         for name in ("exporter", "prometheus", "alertmanager"):
             assert not stack.child_up(name), f"{name} still answers after the stack stopped"
+        assert not stack.state_dir.exists(), f"{stack.state_dir} left behind"
     finally:
         stack.close()
+        receiver.close()
+
+
+def test_a_busy_port_or_a_missing_server_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*CLI, "demo", "--prometheus.port", str(port)], capture_output=True,
+                              text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"grpo-monitor demo: port {port} (prometheus) is in use; move it "
+                                   f"with --prometheus.port N (0: any free port)"), proc.stderr
+    # No prometheus on PATH (the interpreter is named by its path).
+    proc = subprocess.run([*CLI, "stack", "up", "--snapshot.dir", str(tmp_path), *FREE_PORTS],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "grpo-monitor stack: prometheus and prometheus-alertmanager not found on PATH"), proc.stderr
 
 
 def test_stack_stops_everything_when_one_child_dies(tmp_path: Path) -> None:
@@ -100,3 +176,51 @@ def test_demo_shows_the_cards_arriving(tmp_path: Path) -> None:
     # The generated configs are the committed ones, rewritten for loopback.
     am = (tmp_path / "state" / "alertmanager.yml").read_text()
     assert "127.0.0.1" in am and "inhibit_rules" in am
+
+
+def test_demo_trainer_a_red_card_pauses_the_real_loop_and_resume_rolls_it_back(tmp_path: Path) -> None:
+    """`make demo ARGS=--trainer`, faster: the tiny real trainer's verifier returns NaN once at
+    step 45, the red card reaches Alertmanager, the exporter writes the pause record, PauseGate
+    holds the loop, the demo resumes it (as `grpo-monitor resume` does) and the trainer rolls back
+    to a checkpoint saved before the card's data existed: step 20, or step 40 (0.75 s before the
+    NaN) when the card's onset leaves room for it. Ctrl-C then stops the trainer and the stack and
+    removes the temporary folders."""
+    log = tmp_path / "demo.log"
+    demo = Child.start("demo", [*CLI, "demo", "--trainer", *FREE_PORTS, "--interval", "1s",
+                                "--onset", "45", "--training-steps", "400", "--step-seconds", "0.15",
+                                "--resume-after", "1"],
+                       log, tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def output() -> str:
+        return log.read_text(errors="replace")
+
+    try:
+        said = "rolled back from step"
+        wait_for(lambda: said in output() or not demo.alive(), timeout=180, interval=0.5,
+                 diagnose=output)
+        out = output()
+        assert demo.alive(), out
+        order = [re.search(pattern, out) for pattern in (
+            r"\[RED\s*\] GRPONonFiniteValues run=train-demo",
+            r"\[PAUSE \] run=train-demo: GRPONonFiniteValues paused it at step \d+",
+            r"trainer +training paused by red card GRPONonFiniteValues at step \d+",
+            r"demo +1 s later, as a person would: grpo-monitor resume --snapshot.dir \S+ train-demo",
+            r"run 'train-demo': paused -> running, rollback to the last healthy checkpoint",
+            r"trainer +resumed after \d+ s paused: rolled back from step \d+ to the checkpoint of step (20|40)")]
+        assert all(order), out
+        red, pause, held, demo_resumes, resumed, rolled = (m.start() for m in order)  # type: ignore[union-attr]
+        # The pause record's line and the trainer's come in either order: two processes.
+        assert red < min(pause, held) and max(pause, held) < demo_resumes < resumed < rolled, out
+        assert out.count("GRPONonFiniteValues run=train-demo") == 1, out  # one card, its keys under it
+        snapshots = Path(re.search(r"snapshots +(\S+)", out).group(1))  # type: ignore[union-attr]
+        state = Path(re.search(r"logs in (\S+?), removed on exit", out).group(1))  # type: ignore[union-attr]
+        records = [json.loads(line) for line in (snapshots / "train-demo" / "rank-0.jsonl").read_text().splitlines()]
+        events = [e["type"] for r in records for e in r.get("events", [])]
+        assert {"paused", "resumed", "rollback", "checkpoint_save"} <= set(events), events
+        rollback = next(r for r in records if any(e["type"] == "rollback" for e in r.get("events", [])))
+        assert rollback["step"] == int(order[-1].group(1))  # type: ignore[union-attr]
+        demo.proc.send_signal(signal.SIGINT)
+        assert demo.proc.wait(timeout=60) == 0, output()
+        assert not snapshots.exists() and not state.exists(), output()
+    finally:
+        demo.stop(timeout=30)

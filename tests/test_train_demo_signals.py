@@ -54,7 +54,7 @@ Run = tuple[list[StepResult], dict[str, int]]
 
 def _play(tmp_path_factory: pytest.TempPathFactory, name: str, **knobs: object) -> Run:
     tmp = tmp_path_factory.mktemp(name)
-    results, played = train_recorded(Config(snapshot_dir=tmp, run=name, onset=ONSET, **knobs))
+    results, played = train_recorded(Config(step_seconds=0.0, snapshot_dir=tmp, run=name, onset=ONSET, **knobs))
     return results, first_firing(played, tmp)
 
 
@@ -83,7 +83,7 @@ def test_rollout_temperature_mismatch(mismatch_run: Run) -> None:
 def test_bf16_rollouts_mismatch_a_little(tmp_path: Path) -> None:
     # Signal only: a bf16 rollout side differs from the fp32 trainer by rounding, as a real
     # engine does, far below any card.
-    results = train(Config(snapshot_dir=tmp_path, run="bf16", steps=ONSET + 20, onset=ONSET,
+    results = train(Config(step_seconds=0.0, snapshot_dir=tmp_path, run="bf16", steps=ONSET + 20, onset=ONSET,
                            rollout_precision="bf16"))
     assert mean(results, "mismatch/logprob_diff_mean", 1, ONSET) < 1e-6
     diff = mean(results, "mismatch/logprob_diff_mean", ONSET, ONSET + 20)

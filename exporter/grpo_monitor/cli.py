@@ -16,19 +16,23 @@ dashes as underscores (``GRPO_MONITOR_SNAPSHOT_DIR``). A flag on the command lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import difflib
 import inspect
 import json
 import logging
+import math
 import os
 import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
 from grpo_monitor import __version__
 from grpo_monitor.extras import MissingExtra, require
@@ -309,6 +313,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"grpo-monitor serve: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the listening socket: a busy port, a privileged one, no such address
+        print(f"grpo-monitor serve: cannot listen on {config.listen_address}: "
+              f"{(exc.strerror or str(exc)).lower()}; pick another with --web.listen-address",
+              file=sys.stderr)
+        return 2
     logging.getLogger("grpo_monitor").info(
         "serving %s/metrics for snapshots under %s", exporter.url, config.snapshot_dir)
     _wait_for_signal()
@@ -332,43 +341,109 @@ def _stack_flags(interval: str | None) -> list[Flag]:
     d = _model_defaults(StackConfig)
     return [
         Flag("--config.dir", "config_dir", "Folder with prometheus.yml, rules/ and alertmanager.yml.",
-             type=Path, shown_default="the checkout's prometheus/"),
+             type=Path, shown_default="the checkout's prometheus/, else the installed copy"),
         Flag("--stack.dir", "state_dir", "Folder for the children's generated configs, data and logs.",
-             type=Path, shown_default="a new temporary folder"),
+             type=Path, shown_default="a temporary folder, removed on exit"),
         *(Flag(f"--{name}.port", f"{name}_port", f"Loopback port of {name} (0: any free port).",
                d[f"{name}_port"], type=int)
           for name in ("exporter", "prometheus", "alertmanager", "grafana")),
         Flag("--interval", "interval", "Scrape and rule-evaluation interval, e.g. 5s.", interval,
              shown_default=None if interval else "the configuration's own, 15s"),
+        Flag("--notify.url", "notify_url", "Relay every card to a person as well (the exporter's "
+             "--notify.url): space-separated slack+https://..., ntfy+https://..., "
+             "smtp://HOST?to=ADDR URLs (docs/pause.md).", d["notify_url"]),
     ]
 
 
-def _stack(args: argparse.Namespace, snapshot_dir: Path):  # type: ignore[no-untyped-def]
-    from grpo_monitor.tools.stack import NativeStack, StackConfig, project_config_dir
+@contextlib.contextmanager
+def _folder(given: Path | None, prefix: str) -> Iterator[Path]:
+    """``given``, or a new temporary folder that is removed on the way out, Ctrl-C included."""
+    if given is not None:
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        yield Path(tmp)
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C until the stack's own handler takes over: the children and
+    the temporary folders go with it."""
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def _run_stack(args: argparse.Namespace, command: str, snapshot_dir: Path,
+               play: Callable[[Any], Callable[[], bool] | None] | None = None) -> int:
+    """Start the native stack on ``snapshot_dir``, say where to look, print the cards and pause
+    records as they come; ``play(stack)`` starts what feeds it and returns the demo's own
+    ``tick`` (True: stop now). Exit 2 for what a person fixes (a busy port, a missing binary),
+    1 when a child dies."""
+    from grpo_monitor.tools.stack import (
+        GRAFANA_MISSING,
+        CardPrinter,
+        NativeStack,
+        PausePrinter,
+        PortBusy,
+        StackConfig,
+        StackError,
+        project_config_dir,
+        where_to_look,
+    )
 
     config_dir = args.config_dir or project_config_dir()
     if config_dir is None:
-        raise SystemExit("grpo-monitor: no prometheus/ configuration found; pass --config.dir")
-    state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="grpo-stack-"))
-    return NativeStack(StackConfig(
-        snapshot_dir=snapshot_dir, state_dir=state_dir, config_dir=config_dir,
-        exporter_port=args.exporter_port, prometheus_port=args.prometheus_port,
-        alertmanager_port=args.alertmanager_port, grafana_port=args.grafana_port,
-        interval=args.interval))
+        print(f"grpo-monitor {command}: no prometheus/ configuration found; pass --config.dir",
+              file=sys.stderr)
+        return 2
+    _interrupt_on_sigterm()
+    with _folder(args.state_dir, "grpo-stack-") as state_dir:
+        stack = NativeStack(StackConfig(
+            snapshot_dir=snapshot_dir, state_dir=state_dir, config_dir=config_dir,
+            exporter_port=args.exporter_port, prometheus_port=args.prometheus_port,
+            alertmanager_port=args.alertmanager_port, grafana_port=args.grafana_port,
+            interval=args.interval, notify_url=args.notify_url or None))
+        try:
+            try:
+                stack.start()
+                stack.wait_ready()
+            except PortBusy as exc:
+                print(f"grpo-monitor {command}: {exc}; move it with --{exc.name}.port N "
+                      "(0: any free port)", file=sys.stderr)
+                return 2
+            except StackError as exc:
+                print(f"grpo-monitor {command}: {exc}", file=sys.stderr)
+                return 2
+            except RuntimeError as exc:
+                print(f"grpo-monitor {command}: {exc}", file=sys.stderr)
+                return 1
+            kept = "" if args.state_dir else ", removed on exit"
+            print(f"grpo-monitor {command} (configs, data and logs in {state_dir}{kept}):", flush=True)
+            for line in where_to_look(stack.children):
+                print(f"  {line}", flush=True)
+            if not any(ch.name == "grafana" for ch in stack.children):
+                print(f"  {GRAFANA_MISSING}", flush=True)
+            print(f"  snapshots     {snapshot_dir}", flush=True)
+            alertmanager = next(ch.url for ch in stack.children if ch.name == "alertmanager")
+            cards, pauses = CardPrinter(alertmanager, _say), PausePrinter(snapshot_dir, _say)
+            demo_tick = play(SimpleNamespace(stack=stack, cards=cards, pauses=pauses)) if play else None
+            print("cards and pause records appear below as they happen (Ctrl-C stops all)", flush=True)
+
+            def tick() -> bool:
+                cards.poll()
+                pauses.poll()
+                return bool(demo_tick and demo_tick())
+
+            return stack.wait(tick)
+        except KeyboardInterrupt:  # Ctrl-C before the stack's own handler was in place
+            return 130
+        finally:
+            stack.stop()
 
 
-def _start_stack(stack) -> int:  # type: ignore[no-untyped-def]
-    try:
-        stack.start()
-        stack.wait_ready()
-    except RuntimeError as exc:
-        print(f"grpo-monitor stack: {exc}", file=sys.stderr)
-        stack.stop()
-        return 1
-    print(f"grpo-monitor stack (state and logs in {stack.config.state_dir}):", flush=True)
-    for ch in stack.children:
-        print(f"  {ch.name:13} {ch.url}", flush=True)
-    return 0
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def _stack_up_flags() -> list[Flag]:
@@ -377,45 +452,10 @@ def _stack_up_flags() -> list[Flag]:
 
 def cmd_stack(args: argparse.Namespace) -> int:
     """Exporter, Prometheus and Alertmanager (and Grafana, if grafana-server is installed) as
-    child processes, from the project's own configuration; Ctrl-C stops them all."""
-    stack = _stack(args, args.snapshot_dir)
-    if _start_stack(stack):
-        return 1
-    print("  (Ctrl-C stops all)", flush=True)
-    return stack.wait()
-
-
-class _CardWatcher:
-    """Prints each alert the first time Alertmanager shows it."""
-
-    def __init__(self, alertmanager_url: str) -> None:
-        self.url = alertmanager_url + "/api/v2/alerts"
-        self.seen: set[str] = set()
-        self.names: set[str] = set()
-        self._next = 0.0
-
-    def poll(self) -> None:
-        import time
-
-        import requests
-
-        if time.monotonic() < self._next:
-            return
-        self._next = time.monotonic() + 2
-        try:
-            alerts = requests.get(self.url, timeout=2).json()
-        except (requests.RequestException, ValueError):
-            return
-        for alert in alerts:
-            if alert["fingerprint"] in self.seen:
-                continue
-            self.seen.add(alert["fingerprint"])
-            lbl = alert["labels"]
-            self.names.add(lbl.get("alertname", ""))
-            card = {"critical": "RED   ", "warning": "yellow"}.get(lbl.get("severity", ""), "other ")
-            where = " ".join(f"{k}={lbl[k]}" for k in ("run", "rank", "gpu") if k in lbl)
-            print(f"  [{card}] {lbl.get('alertname')} {where}: {alert['annotations'].get('summary', '')}",
-                  flush=True)
+    child processes, from the project's own configuration. Prints the pages that answer, each
+    card as Alertmanager holds it active, and each pause record the exporter writes; Ctrl-C
+    stops them all."""
+    return _run_stack(args, "stack", args.snapshot_dir)
 
 
 def _demo_flags() -> list[Flag]:
@@ -423,11 +463,20 @@ def _demo_flags() -> list[Flag]:
     return [
         _snapshot_dir("Folder for the run's snapshots.", required=False),
         *_stack_flags("5s"),
-        Flag("--run", "run", "Run name.", "demo"),
+        Flag("--trainer", "trainer", "Play the tiny real trainer (train-demo; the torch extra) "
+             "instead of the synthetic run: its verifier returns NaN once at step --onset, the red "
+             "card pauses the training loop, and the demo resumes it --resume-after seconds later "
+             "from the last healthy checkpoint.", False, action="store_true"),
+        Flag("--run", "run", "Run name.", shown_default="demo; train-demo with --trainer"),
         _scenario("Scenario to play (`grpo-monitor simulate --list` lists them).", "kl_explosion"),
         _simulated_steps(700),
-        Flag("--onset", "onset", "Step the sickness starts.", 300, type=int),
+        Flag("--training-steps", "training_steps", "With --trainer: its training steps.", 200, type=int),
+        Flag("--onset", "onset", "Step the sickness starts.", type=int,
+             shown_default=f"{DEMO_ONSET}; {TRAINER_ONSET} with --trainer"),
         Flag("--step-seconds", "step_seconds", "Seconds per step.", 0.5, type=float),
+        Flag("--resume-after", "resume_after", "With --trainer: resume a paused run this many "
+             "seconds after its pause record appears, as `grpo-monitor resume RUN` does (0: leave "
+             "it to you).", 10.0, type=float),
         Flag("--ranks", "ranks", "Ranks to simulate.", run["ranks"], type=int),
         Flag("--exit-after-run", "exit_after_run", "Stop when the run is written.", False,
              action="store_true"),
@@ -438,44 +487,139 @@ def _demo_flags() -> list[Flag]:
     ]
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """The whole stack on a temporary folder, and a synthetic run that turns sick: watch the cards
-    arrive at Alertmanager within a few minutes."""
-    import time
+# The demo's sickness onsets: past the synthetic run's 200-step baseline; early for the trainer,
+# whose red card (a NaN) needs no baseline.
+DEMO_ONSET = 300
+TRAINER_ONSET = 50
 
+
+def _play_synthetic(args: argparse.Namespace, snapshot_dir: Path, run: str, onset: int) -> threading.Thread:
     from grpo_monitor.tools.simulate import write_run
 
-    snapshot_dir = args.snapshot_dir or Path(tempfile.mkdtemp(prefix="grpo-demo-"))
-    stack = _stack(args, snapshot_dir)
-    if _start_stack(stack):
-        return 1
-    print(f"  snapshots     {snapshot_dir}\n"
-          f"playing {args.scenario!r} for run {args.run!r}: {args.simulated_steps} steps of "
-          f"{args.step_seconds} s, sick from step {args.onset}; cards appear below as Alertmanager "
-          "receives them (Ctrl-C stops)", flush=True)
+    print(f"playing {args.scenario!r} for run {run!r}: {args.simulated_steps} steps of "
+          f"{args.step_seconds} s, sick from step {onset}", flush=True)
     feeder = threading.Thread(
-        target=write_run, args=(snapshot_dir, args.run, args.scenario),
-        kwargs={"steps": args.simulated_steps, "onset": args.onset, "step_seconds": args.step_seconds,
+        target=write_run, args=(snapshot_dir, run, args.scenario),
+        kwargs={"steps": args.simulated_steps, "onset": onset, "step_seconds": args.step_seconds,
                 "ranks": args.ranks, "realtime": True},
         daemon=True)
     feeder.start()
-    cards = _CardWatcher(next(ch.url for ch in stack.children if ch.name == "alertmanager"))
-    deadline = time.monotonic() + args.timeout if args.timeout else None
-    result = {"status": 0}
+    return feeder
 
-    def tick() -> bool:
-        cards.poll()
-        if args.until_card and args.until_card in cards.names:
-            return True
-        if deadline is not None and time.monotonic() > deadline:
-            print(f"grpo-monitor demo: no {args.until_card or 'end'} within {args.timeout:.0f} s",
-                  file=sys.stderr)
-            result["status"] = 1
-            return True
-        return bool(args.exit_after_run and not feeder.is_alive())
 
-    status = stack.wait(tick)
-    return status or result["status"]
+class _Trainer:
+    """``grpo-monitor train-demo`` as a child process, its output printed as it comes."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, bufsize=1,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     start_new_session=True)
+        self.reader = threading.Thread(target=self._relay, daemon=True)
+        self.reader.start()
+        self.stopped = False  # by the demo, not by itself
+
+    def _relay(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            _say(f"  trainer       {line.rstrip()}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def failed(self) -> bool:
+        """It ended by itself with an error (its own lines said which)."""
+        return not self.stopped and self.proc.poll() not in (None, 0)
+
+    def stop(self) -> None:
+        if self.alive():
+            self.stopped = True
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:  # noqa: BLE001 -- it would not stop: kill it
+                self.proc.kill()
+                self.proc.wait()
+        self.reader.join(5)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The whole stack on a temporary folder, and a run that turns sick: a synthetic one, or with
+    --trainer the tiny real trainer, whose red card pauses its training loop until the demo (or
+    you) resumes it from the last healthy checkpoint. Cards arrive within a few minutes."""
+    import time
+
+    if args.trainer:
+        require("demo --trainer", "torch", "torch")
+    run = args.run or ("train-demo" if args.trainer else "demo")
+    onset = args.onset if args.onset is not None else (TRAINER_ONSET if args.trainer else DEMO_ONSET)
+    with _folder(args.snapshot_dir, "grpo-demo-") as snapshot_dir:
+        stopped: list[_Trainer] = []
+
+        def play(live: Any) -> Callable[[], bool]:
+            deadline = time.monotonic() + args.timeout if args.timeout else None
+            if args.trainer:
+                trainer = _Trainer([
+                    sys.executable, "-m", "grpo_monitor.cli", "train-demo",
+                    "--snapshot.dir", str(snapshot_dir), "--run", run,
+                    "--training-steps", str(args.training_steps), "--nan-reward-at", str(onset),
+                    "--checkpoint-every", "20", "--step-seconds", str(args.step_seconds)])
+                stopped.append(trainer)
+                print(f"training run {run!r} for real: {args.training_steps} steps of at least "
+                      f"{args.step_seconds} s, a checkpoint every 20, the verifier's NaN at step "
+                      f"{onset}", flush=True)
+                running = trainer.alive
+            else:
+                running = _play_synthetic(args, snapshot_dir, run, onset).is_alive
+            paused_since: dict[str, float] = {}
+
+            def tick() -> bool:
+                if args.trainer and args.resume_after > 0:
+                    _resume_when_due(live.pauses.paused, paused_since, run, snapshot_dir,
+                                     args.resume_after)
+                if args.until_card and args.until_card in live.cards.names:
+                    return True
+                if deadline is not None and time.monotonic() > deadline:
+                    print(f"grpo-monitor demo: no {args.until_card or 'end'} within "
+                          f"{args.timeout:.0f} s", file=sys.stderr)
+                    result["status"] = 1
+                    return True
+                if running():
+                    return False
+                # The trainer's end, if it failed (its own lines said why); else as asked.
+                return args.exit_after_run or any(t.failed() for t in stopped)
+
+            return tick
+
+        result = {"status": 0}
+        try:
+            status = _run_stack(args, "demo", snapshot_dir, play)
+        finally:
+            for trainer in stopped:
+                trainer.stop()
+        if status == 0 and any(t.failed() for t in stopped):
+            status = 1
+        return status or result["status"]
+
+
+def _resume_when_due(paused: dict[str, int | None], since: dict[str, float], run: str,
+                     snapshot_dir: Path, after: float) -> None:
+    """Resume ``run`` once its pause is ``after`` seconds old, as a person would."""
+    import time
+
+    if run not in paused:
+        since.pop(run, None)
+        return
+    first = since.setdefault(run, time.monotonic())
+    if time.monotonic() - first < after:
+        return
+    since[run] = math.inf  # once per pause
+    _say(f"  demo          {after:.0f} s later, as a person would: grpo-monitor resume "
+         f"--snapshot.dir {snapshot_dir} {run}")
+    cmd_resume(argparse.Namespace(snapshot_dir=snapshot_dir, run=run, rollback_to=None,
+                                  no_rollback=False, force=False))
 
 
 # -- runs: simulate, train-demo, report, replay, rebaseline, resume ------------------------------
@@ -546,7 +690,8 @@ def _train_demo_flags() -> list[Flag]:
         knob("--seed", "Random seed.", int),
         knob("--prompts", "Prompts per step.", int),
         knob("--group-size", "G, sampled answers per prompt; 2 starves the advantage.", int),
-        knob("--temperature", "Sampling temperature; 0.3 collapses entropy.", float),
+        knob("--temperature", "Sampling temperature; 0.15 with --group-size 2 collapses entropy "
+             "(at 0.3 it only falls to ~0.15x its initial value: no collapse).", float),
         knob("--lr", "Adam learning rate.", float),
         knob("--beta", "KL coefficient; 0 with a high --lr blows KL up.", float),
         knob("--inner-epochs", "Optimisation passes per batch.", int),
@@ -589,13 +734,20 @@ def _train_demo_flags() -> list[Flag]:
         knob("--checkpoint-dir", "Where checkpoints go.", Path,
              shown_default="serialised in memory only"),
         knob("--threads", "torch threads.", int),
+        knob("--step-seconds", "Each step lasts at least this long, so that a card can arrive (and "
+             "pause the loop) while it trains; 0: as fast as the CPU goes (300 steps in ~10 s).",
+             float),
+        knob("--pause-poll-s", "While a red card pauses the loop, look for the resume this often.",
+             float, metavar="SECONDS"),
     ]
 
 
 def cmd_train_demo(args: argparse.Namespace) -> int:
     """A real, tiny GRPO training loop on the CPU (a ~5k-parameter GRU learning single-digit
     addition) that writes its signals to the snapshot folder; its knobs make the sicknesses of
-    docs/background.md happen for real. Needs the torch extra."""
+    docs/background.md happen for real. Every step passes PauseGate: a red card holds the loop
+    until `grpo-monitor resume` rolls it back to the last healthy checkpoint. Needs the torch
+    extra."""
     import time
 
     from grpo_monitor.tools import train_demo
@@ -615,9 +767,11 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
                   f"kl {m['kl/mean']:.3f}  entropy {m['entropy/mean']:.3f}  "
                   f"len {m['response/len_mean']:.2f}  zero-std {m['group/zero_std_frac']:.2f}", flush=True)
 
+    print(f"training run {cfg.run!r}: {cfg.steps} steps of at least {cfg.step_seconds} s, "
+          f"snapshots under {Path(args.snapshot_dir) / cfg.run}", flush=True)
     start = time.perf_counter()
     try:
-        train_demo.train(cfg, progress)
+        train_demo.train(cfg, progress, note=lambda line: print(line, flush=True))
     except ValueError as exc:
         print(f"grpo-monitor train-demo: {exc}", file=sys.stderr)
         return 2
@@ -659,6 +813,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Print a run's replayed samples: prompts with their G responses, rewards and lengths."""
     from grpo_monitor.runtime.replay import print_replay
 
+    if not Path(args.snapshot_dir).is_dir():
+        print(f"grpo-monitor replay: no snapshot folder {args.snapshot_dir}", file=sys.stderr)
+        return 2
     return print_replay(args.snapshot_dir, args.run, args.step)
 
 
@@ -698,6 +855,9 @@ def _resume_flags() -> list[Flag]:
         Flag("--no-rollback", "no_rollback", "Go on from where the run stopped (default: from the "
              "last healthy checkpoint, the newest saved before the card's onset).", False,
              action="store_true", exclusive="rollback"),
+        Flag("--force", "force", "Write a running record even though this folder holds no pause "
+             "of the run: for a fleet whose red card paused the run in another node's folder (a "
+             "resume written here reaches every rank all the same).", False, action="store_true"),
     ]
 
 
@@ -725,16 +885,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"grpo-monitor resume: run {args.run!r}: bad control record: {exc}", file=sys.stderr)
         return 2
-    if record is None:
-        if not (Path(snapshot_dir) / args.run).is_dir():
-            print(f"grpo-monitor resume: no run {args.run!r} under {snapshot_dir}", file=sys.stderr)
-            return 2
-        # The card's record went to another node's folder; a resume written here reaches every
-        # rank of the run all the same (the newest resume wins across the process group).
-        record = ControlRecord(state="running", run=args.run)
-        was = "paused on another node"
+    if record is None and not (Path(snapshot_dir) / args.run).is_dir():
+        print(f"grpo-monitor resume: no run {args.run!r} under {snapshot_dir}", file=sys.stderr)
+        return 2
+    waiting = _ranks_waiting(Path(snapshot_dir) / args.run)
+    if (record is None or record.state != "paused") and not waiting and not args.force:
+        # Nothing to lift: saying "resumed" would send a person looking for a pause that is not
+        # there.
+        why = ("has no pause record here" if record is None
+               else f"is not paused (running since {record.resumed_at or 'its start'})")
+        print(f"grpo-monitor resume: run {args.run!r} {why} and none of its ranks here waits; "
+              "nothing to resume (--force writes a running record all the same)", file=sys.stderr)
+        return 2
+    if record is not None and record.state == "paused":
+        was = "paused"
     else:
-        was = record.state
+        # The card's record went to another node's folder (node-local snapshot folders), but the
+        # ranks here wait: a resume written here reaches every rank of the run all the same (the
+        # newest resume wins across the process group). Or --force.
+        was = (f"paused (rank {', '.join(map(str, waiting))} waits here; the card's record lies "
+               "in another node's folder)" if waiting else "not paused (--force)")
+        record = record or ControlRecord(state="running", run=args.run)
     if args.no_rollback:
         rollback, what = "none", "no rollback"
     elif args.rollback_to is not None:
@@ -746,6 +917,45 @@ def cmd_resume(args: argparse.Namespace) -> int:
     path = write_control(snapshot_dir, args.run, record)
     print(f"run {args.run!r}: {was} -> running, {what} ({path})")
     return 0
+
+
+def _ranks_waiting(run_dir: Path) -> list[int]:
+    """The ranks whose snapshot file here ends with a ``paused`` mark: PauseGate holds them (it
+    marks the pause in every rank's file, so a node whose folder lacks the card's record still
+    knows). Reads the last few KiB of regular files only."""
+    import stat as stat_mod
+
+    from grpo_monitor.contract.run_layout import rotation_of, run_files
+    from grpo_monitor.contract.snapshot import RecordError, decode_record, identity_from_path
+
+    waiting = []
+    for path in run_files(run_dir):
+        if not path.name.endswith(".jsonl") or rotation_of(path.name)[1] is not None:
+            continue  # a rotated segment is history
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                continue
+            os.lseek(fd, max(0, st.st_size - 8192), os.SEEK_SET)
+            tail = os.read(fd, 8192)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
+        try:
+            last = decode_record(lines[-1])
+        except RecordError:
+            continue
+        events = last.get("events") if isinstance(last, dict) else None
+        if isinstance(events, list) and any(isinstance(e, dict) and e.get("type") == "paused"
+                                            for e in events):
+            waiting.append(identity_from_path(path, run_dir.parent)[1])
+    return sorted(set(waiting))
 
 
 # -- compose-init --------------------------------------------------------------------------------
@@ -813,8 +1023,54 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors in one line: a mistyped flag names the closest one there is,
+    instead of the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        argv = list(sys.argv[1:] if args is None else args)
+        # A mistyped flag first: argparse would complain about the required flag it hides.
+        self._subparser(argv)._check_flags(argv)
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            self._subparser(argv)._unknown(extras[0])
+        return parsed
+
+    def _subparser(self, argv: Sequence[str]) -> _Parser:
+        """The parser of the (sub)command that ``argv`` names, as far as it names one."""
+        parser: _Parser = self
+        words = iter(a for a in argv if not a.startswith("-"))
+        while sub := next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None):
+            name = next(words, None)
+            if name not in sub.choices:
+                break
+            parser = sub.choices[name]
+        return parser
+
+    def _check_flags(self, argv: Sequence[str]) -> None:
+        for arg in argv:
+            if arg == "--":
+                return
+            name = arg.partition("=")[0]
+            if (arg.startswith("--") and name not in self._option_string_actions
+                    and len(self._get_option_tuples(name)) != 1):  # nor a unique abbreviation
+                self._unknown(arg)
+
+    def _unknown(self, arg: str) -> NoReturn:
+        if not arg.startswith("-"):
+            self.error(f"unexpected argument {arg!r}")
+        flags = [o for a in self._actions for o in a.option_strings
+                 if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+        close = difflib.get_close_matches(arg.partition("=")[0], flags, n=1, cutoff=0.6)
+        self.error(f"unknown flag {arg}" + (f"; did you mean {close[0]}?" if close else ""))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="grpo-monitor", description="Signal-health monitoring for GRPO / PPO-style RL post-training.")
     parser.add_argument("--version", action="version", version=f"grpo-monitor {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -4,18 +4,61 @@
 exporter-side commands need. numpy and matplotlib (``report``) and torch (``train-demo``) are
 extras: they are imported where they are used, and a command that needs a missing one stops with
 ``MissingExtra``, which the CLI prints as a single line naming the extra, never as a traceback.
+
+The line says how to add the extra to *this* installation: pip records where a package came
+from (a checkout, a wheel file, a git URL: PEP 610's ``direct_url.json``), so the hint names that
+source; no package index holds grpo-monitor.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
+from urllib.parse import unquote, urlsplit
 
+DISTRIBUTION = "grpo-monitor"
 # pip's distribution name differs from the import name for some modules.
 _DISTRIBUTION = {"yaml": "pyyaml"}
 
 
 class MissingExtra(Exception):
     """A command needs a module that this installation does not have."""
+
+
+def installed_from() -> str | None:
+    """Where pip installed this package from, as ``pip install`` takes it again: a folder (``-e
+    FOLDER`` for an editable install), a wheel file or a ``git+`` URL with its commit; None when
+    pip did not record it (an index, or a checkout on ``sys.path``)."""
+    try:
+        raw = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+        info = json.loads(raw) if raw else None
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("url"), str):
+        return None
+    url: str = info["url"]
+    vcs = info.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs") == "git":
+        commit = vcs.get("commit_id")
+        return f"git+{url}@{commit}" if commit else f"git+{url}"
+    parts = urlsplit(url)
+    source = unquote(parts.path) if parts.scheme == "file" else url
+    editable = isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable")
+    return f"-e {source}" if editable else source
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that adds ``extra`` to this installation."""
+    source = installed_from()
+    if source is None:
+        return (f"pip install '{DISTRIBUTION}[{extra}] @ <checkout, wheel or git URL>' "
+                "(docs/sdk.md#install)")
+    if source.startswith("git+"):
+        return f"pip install '{DISTRIBUTION}[{extra}] @ {source}'"
+    if source.startswith("-e "):
+        return f"pip install -e '{source[3:]}[{extra}]'"
+    return f"pip install '{source}[{extra}]'"
 
 
 def require(command: str, extra: str, *modules: str) -> None:
@@ -26,5 +69,5 @@ def require(command: str, extra: str, *modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         names = ", ".join(_DISTRIBUTION.get(m, m) for m in missing)
-        raise MissingExtra(f"grpo-monitor {command} needs {names}, which a plain install leaves out: "
-                           f"pip install 'grpo-monitor[{extra}]'")
+        raise MissingExtra(f"grpo-monitor {command} needs {names}, which a plain install leaves out "
+                           f"(the {extra} extra): {install_hint(extra)}")

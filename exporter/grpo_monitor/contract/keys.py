@@ -96,7 +96,7 @@ SIGNALS: tuple[Signal, ...] = (
            ("response_clip_ratio", "completions/clipped_ratio", "response_length/clip_ratio")),
     Signal("policy/clip_frac", "grpo_policy_clip_ratio",
            "Fraction of tokens whose probability ratio hit the PPO clip range.", "ratio",
-           ("clip_frac", "clip_ratio/region_mean", "actor/pg_clipfrac", "ppo_clip_ratio")),
+           ("clip_frac", "clip_ratio/region_mean", "actor/pg_clipfrac", "ppo_clip_ratio", "clip_ratio")),
     # Dead groups by cause: a group whose answers are all wrong (the prompt is too hard) and one
     # whose answers are all right (too easy) both have zero advantage, with opposite fixes.
     Signal("group/all_wrong_frac", "grpo_group_all_wrong_ratio",

@@ -53,7 +53,9 @@ _log = logging.getLogger("grpo_monitor.integrations.trl")
 TRL_NAMES: tuple[str, ...] = (
     "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "completions/mean_length",
     "completions/max_length", "completions/clipped_ratio", "clip_ratio/region_mean", "step_time",
-    "grad_norm", "learning_rate", "loss")
+    "grad_norm", "learning_rate", "loss",
+    # use_liger_kernel=True: the Liger GRPO loss logs the clipped share as one bare clip_ratio.
+    "clip_ratio")
 # The canonical key each becomes: keys.py's translation, the exporter's. A name keys.py stopped
 # knowing would be written as TRL logged it (a test checks that none is), never an import error
 # in the user's training job.

@@ -3,7 +3,14 @@
 For machines without Docker. The children run from the project's own configuration — the
 committed `prometheus/prometheus.yml`, its rule files and `prometheus/alertmanager.yml` — with
 only what must differ rewritten: loopback targets, ports, state folders, and optionally shorter
-intervals. One source of truth for both ways of running the stack.
+intervals. One source of truth for both ways of running the stack; an installed wheel carries
+the same files (``stack_config/``, links to the checkout's folders).
+
+Once it runs, the stack says where to look (``where_to_look``: only pages that answer, for
+distribution builds differ: Debian's Prometheus serves its alerts page at /classic/alerts, and
+Debian's Alertmanager has no web UI at all), and shows what a person should see: the cards as
+Alertmanager holds them active, inhibited and silenced ones left out (``CardPrinter``), and the
+pause records the exporter writes for red cards (``PausePrinter``).
 """
 
 from __future__ import annotations
@@ -25,15 +32,52 @@ from typing import Any
 
 import yaml
 
+from grpo_monitor.contract.control import read_control
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.runtime.config import DEFAULT_PORT
 
 WEBHOOK_RECEIVER = "grpo-webhook"
+# What Debian's prometheus-alertmanager serves at / instead of the web UI.
+_NO_ALERTMANAGER_UI = "does not include a web application"
+GRAFANA_MISSING = ("grafana       not installed, so no dashboards: grafana-server comes from "
+                   "Grafana's own Debian repository (apt.grafana.com, docs/dashboards.md); "
+                   "the compose stack has it")
+
+
+class StackError(Exception):
+    """Something a person fixes before the stack can start (a missing binary, a busy port): one
+    line, exit status 2."""
+
+
+class PortBusy(StackError):
+    def __init__(self, name: str, port: int) -> None:
+        super().__init__(f"port {port} ({name}) is in use")
+        self.name, self.port = name, port
 
 
 def project_config_dir() -> Path | None:
-    """`prometheus/` of the checkout this package runs from, if it runs from one."""
-    candidate = Path(__file__).resolve().parents[3] / "prometheus"
-    return candidate if (candidate / "prometheus.yml").is_file() else None
+    """`prometheus/` of the checkout this package runs from, else the copy an installed wheel
+    carries (stack_config/prometheus); None when neither is there."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[3] / "prometheus", here.parent / "stack_config" / "prometheus"):
+        if (candidate / "prometheus.yml").is_file():
+            return candidate
+    return None
+
+
+def card_severities(config_dir: Path | None = None) -> dict[str, str]:
+    """Every alert of the rule files with its ``severity`` label: the cards' colours, as
+    Prometheus loads them ({} without the rule files)."""
+    config_dir = config_dir or project_config_dir()
+    if config_dir is None:
+        return {}
+    out: dict[str, str] = {}
+    for path in sorted((config_dir / "rules").glob("*.yml")):
+        for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
+            for rule in group.get("rules", []):
+                if "alert" in rule:
+                    out[rule["alert"]] = rule.get("labels", {}).get("severity", "")
+    return out
 
 
 def prometheus_config(source: Path, exporter_target: str | None, alertmanager_target: str,
@@ -77,6 +121,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``host:port`` (or on every interface at ``port``)."""
+    with socket.socket() as s:
+        # As the servers bind: a connection of an earlier run in TIME_WAIT does not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def find_binary(*names: str) -> str | None:
     for name in names:
         path = shutil.which(name)
@@ -93,10 +149,11 @@ class Child:
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
+    port: int = 0
 
     @classmethod
     def start(cls, name: str, argv: Sequence[str], log: Path, cwd: Path, *, url: str = "",
-              env: Mapping[str, str] | None = None) -> Child:
+              env: Mapping[str, str] | None = None, port: int = 0) -> Child:
         """Start ``argv`` in ``cwd`` with exactly ``env`` (None: this process' environment)."""
         with log.open("ab") as fh:
             # Its own session: a Ctrl-C in the terminal reaches the parent, which stops its
@@ -104,7 +161,7 @@ class Child:
             proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True,
                                     env=None if env is None else dict(env))
-        return cls(name, url, proc, log)
+        return cls(name, url, proc, log, port)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -121,6 +178,8 @@ class Child:
         deadline = time.monotonic() + timeout
         while True:
             if not self.alive():
+                if self.port and "address already in use" in self.log.read_text(errors="replace"):
+                    raise PortBusy(self.name, self.port)  # taken after the stack looked
                 raise RuntimeError(f"{self.name} exited with status {self.proc.returncode}; "
                                    f"see {self.log}")
             try:
@@ -159,6 +218,7 @@ class StackConfig:
     grafana_port: int = 3000
     interval: str | None = None  # None: the committed intervals (15s)
     exporter_args: list[str] = field(default_factory=list)
+    notify_url: str | None = None  # the exporter's --notify.url: cards to a person
 
 
 class NativeStack:
@@ -172,22 +232,44 @@ class NativeStack:
     def _port(self, port: int) -> int:
         return port or free_port()
 
-    def _spawn(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None) -> Child:
+    def _spawn(self, name: str, argv: list[str], port: int, url: str,
+               env: dict[str, str] | None = None) -> Child:
         child = Child.start(name, argv, self.config.state_dir / f"{name}.log", self.config.state_dir,
-                            url=url, env=None if env is None else {**os.environ, **env})
+                            url=url, env=None if env is None else {**os.environ, **env}, port=port)
         self.children.append(child)
         return child
 
+    @staticmethod
+    def grafana() -> tuple[str, Path] | None:
+        """grafana-server and its home, when installed."""
+        binary, home = find_binary("grafana-server", "grafana"), Path("/usr/share/grafana")
+        return (binary, home) if binary and home.is_dir() else None
+
+    def check(self) -> None:
+        """StackError before anything starts: a server binary missing, a chosen port taken."""
+        c = self.config
+        missing = [n for n, names in (("prometheus", ("prometheus",)),
+                                      ("prometheus-alertmanager", ("prometheus-alertmanager", "alertmanager")))
+                   if not find_binary(*names)]
+        if missing:
+            raise StackError(f"{' and '.join(missing)} not found on PATH (Debian: apt-get install "
+                             "prometheus prometheus-alertmanager; or run `make demo`, which does)")
+        ports = [("exporter", c.exporter_port), ("prometheus", c.prometheus_port),
+                 ("alertmanager", c.alertmanager_port)]
+        if self.grafana():
+            ports.append(("grafana", c.grafana_port))
+        for name, port in ports:
+            if port and port_in_use(port):
+                raise PortBusy(name, port)
+
     def start(self) -> list[Child]:
         c = self.config
+        self.check()
         c.state_dir.mkdir(parents=True, exist_ok=True)
         c.snapshot_dir.mkdir(parents=True, exist_ok=True)
         prometheus = find_binary("prometheus")
         alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
-        missing = [n for n, b in (("prometheus", prometheus), ("alertmanager", alertmanager)) if not b]
-        if missing:
-            raise RuntimeError(f"not on PATH: {', '.join(missing)} (Debian: apt-get install "
-                               "prometheus prometheus-alertmanager)")
+        assert prometheus and alertmanager  # check() said so
         exporter_port, prom_port, am_port = (self._port(p) for p in (
             c.exporter_port, c.prometheus_port, c.alertmanager_port))
         token = c.state_dir / "webhook-token"
@@ -199,7 +281,9 @@ class NativeStack:
                                  "--snapshot.dir", str(c.snapshot_dir),
                                  "--web.listen-address", f"127.0.0.1:{exporter_port}",
                                  "--web.webhook-token-file", str(token),
-                                 *c.exporter_args], f"http://127.0.0.1:{exporter_port}/metrics")
+                                 *(["--notify.url", c.notify_url] if c.notify_url else []),
+                                 *c.exporter_args], exporter_port,
+                    f"http://127.0.0.1:{exporter_port}/metrics")
         am_yml = c.state_dir / "alertmanager.yml"
         am_yml.write_text(yaml.safe_dump(alertmanager_config(
             c.config_dir / "alertmanager.yml",
@@ -207,19 +291,19 @@ class NativeStack:
         self._spawn("alertmanager", [alertmanager, f"--config.file={am_yml}",
                                      f"--storage.path={c.state_dir / 'alertmanager-data'}",
                                      f"--web.listen-address=127.0.0.1:{am_port}",
-                                     "--cluster.listen-address="], f"http://127.0.0.1:{am_port}")
+                                     "--cluster.listen-address="], am_port,
+                    f"http://127.0.0.1:{am_port}")
         prom_yml = c.state_dir / "prometheus.yml"
         prom_yml.write_text(yaml.safe_dump(prometheus_config(
             c.config_dir / "prometheus.yml", f"127.0.0.1:{exporter_port}", f"127.0.0.1:{am_port}",
             c.interval)))
         self._spawn("prometheus", [prometheus, f"--config.file={prom_yml}",
                                    f"--storage.tsdb.path={c.state_dir / 'prometheus-data'}",
-                                   f"--web.listen-address=127.0.0.1:{prom_port}"],
+                                   f"--web.listen-address=127.0.0.1:{prom_port}"], prom_port,
                     f"http://127.0.0.1:{prom_port}")
-        grafana = find_binary("grafana-server", "grafana")
-        grafana_home = Path("/usr/share/grafana")
-        if grafana and grafana_home.is_dir():
-            self._start_grafana(grafana, grafana_home, prom_port, am_port)
+        grafana = self.grafana()
+        if grafana:
+            self._start_grafana(*grafana, prom_port, am_port)
         return self.children
 
     def _start_grafana(self, binary: str, home: Path, prom_port: int, am_port: int) -> None:
@@ -239,7 +323,7 @@ class NativeStack:
         env = {"GF_PATHS_PROVISIONING": str(prov), "GF_PATHS_DATA": str(c.state_dir / "grafana-data"),
                "GF_SERVER_HTTP_PORT": str(port), "GF_SERVER_HTTP_ADDR": "127.0.0.1",
                "GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"}
-        self._spawn("grafana", [binary, f"--homepath={home}"], f"http://127.0.0.1:{port}", env)
+        self._spawn("grafana", [binary, f"--homepath={home}"], port, f"http://127.0.0.1:{port}", env)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every child answers its readiness endpoint; RuntimeError if one dies first."""
@@ -275,3 +359,143 @@ class NativeStack:
 
     def stop(self, timeout: float = 10.0) -> None:
         stop_children(self.children, timeout)
+
+
+# -- what a person sees --------------------------------------------------------------------------
+
+
+def _page(url: str) -> str | None:
+    """The body of ``url`` if it answers 200 within two seconds, else None."""
+    import requests
+
+    try:
+        res = requests.get(url, timeout=2)
+    except requests.RequestException:
+        return None
+    return res.text if res.status_code == 200 else None
+
+
+def where_to_look(children: Sequence[Child]) -> list[str]:
+    """One line per child: the page worth opening there, each checked to answer before it is
+    named (distribution builds serve different pages from the upstream ones)."""
+    lines = []
+    for ch in children:
+        base = ch.url.removesuffix("/metrics")
+        if ch.name == "exporter":
+            pages = [u for u in (ch.url, f"{base}/docs/runbook.md") if _page(u) is not None]
+            lines.append(f"exporter      {'  '.join(pages)}")
+        elif ch.name == "prometheus":
+            # Upstream builds serve the alerts page at /alerts; Debian's 2.x at /classic/alerts.
+            page = next((base + p for p in ("/alerts", "/classic/alerts", "/graph", "/classic/graph")
+                         if _page(base + p) is not None), None)
+            lines.append(f"prometheus    {page or base}")
+        elif ch.name == "alertmanager":
+            ui = _page(base + "/")
+            if ui is not None and _NO_ALERTMANAGER_UI not in " ".join(ui.split()):
+                lines.append(f"alertmanager  {base}/#/alerts")
+            else:  # Debian's package: the API alone, which amtool reads
+                amtool = (f"; amtool --alertmanager.url={base} alert query"
+                          if find_binary("amtool") else "")
+                lines.append(f"alertmanager  {base}/api/v2/alerts (this build has no web UI{amtool})")
+        elif ch.name == "grafana":
+            lines.append(f"grafana       {base}/dashboards")
+    return lines
+
+
+def _card_line(labels: Mapping[str, str], summary: str) -> str:
+    card = {"critical": "RED   ", "warning": "yellow"}.get(labels.get("severity", ""), "other ")
+    where = " ".join(f"{k}={labels[k]}" for k in ("run", "rank", "gpu") if k in labels)
+    return f"  [{card}] {labels.get('alertname')} {where}: {summary}"
+
+
+class CardPrinter:
+    """Prints each card the first time Alertmanager holds it active: what its receivers get.
+    Inhibited cards (a yellow one under a red one of the same run) and silenced ones are left
+    out, as Alertmanager leaves them out of its notifications. One line per card and run, rank
+    or GPU: the alerts under it that differ in a detail (which key went NaN) are one card."""
+
+    def __init__(self, alertmanager_url: str, out: Callable[[str], None] = print,
+                 every: float = 2.0) -> None:
+        self.url = alertmanager_url + "/api/v2/alerts"
+        self.out = out
+        self.every = every
+        self.seen: set[str] = set()
+        self.names: set[str] = set()
+        self._next = 0.0
+
+    def poll(self) -> None:
+        import requests
+
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every
+        try:
+            alerts = requests.get(self.url, params={"active": "true", "inhibited": "false",
+                                                    "silenced": "false"}, timeout=2).json()
+        except (requests.RequestException, ValueError):
+            return
+        for alert in alerts:
+            labels = alert["labels"]
+            card = "/".join(labels.get(k, "") for k in ("alertname", "run", "rank", "gpu"))
+            if card in self.seen:
+                continue
+            self.seen.add(card)
+            self.names.add(labels.get("alertname", ""))
+            self.out(_card_line(labels, alert["annotations"].get("summary", "")))
+
+
+class PausePrinter:
+    """Prints each pause record the exporter writes into a run folder (a red card pausing its
+    run), and each resume. Records already there when it starts are not news."""
+
+    def __init__(self, snapshot_dir: Path, out: Callable[[str], None] = print) -> None:
+        self.snapshot_dir = Path(snapshot_dir)
+        self.out = out
+        self.seen: dict[str, tuple[int, int]] = {}
+        self.paused: dict[str, int | None] = {}  # run -> the step its newest pause record names
+        for run, sig in self._records():
+            self.seen[run] = sig
+
+    def _records(self) -> list[tuple[str, tuple[int, int]]]:
+        """(run, file signature) of every run folder's pause record, regular files only: nothing
+        placed in the folder can block the stack on a read."""
+        import stat as stat_mod
+
+        found = []
+        try:
+            entries = list(os.scandir(self.snapshot_dir))
+        except OSError:
+            return []
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                st = os.stat(Path(entry.path) / PAUSE_RECORD, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat_mod.S_ISREG(st.st_mode):
+                found.append((entry.name, (st.st_mtime_ns, st.st_size)))
+        return found
+
+    def poll(self) -> None:
+        for run, sig in self._records():
+            if self.seen.get(run) == sig:
+                continue
+            self.seen[run] = sig
+            try:
+                record = read_control(self.snapshot_dir, run)
+            except ValueError:
+                continue
+            if record is None:
+                continue
+            path = self.snapshot_dir / run / PAUSE_RECORD
+            if record.state == "paused":
+                self.paused[run] = record.step
+                self.out(f"  [PAUSE ] run={run}: {record.alertname} paused it at step {record.step}; "
+                         f"its trainer waits at its next step boundary ({path})")
+            else:
+                self.paused.pop(run, None)
+                rollback = {"last_healthy": "from the last healthy checkpoint",
+                            "step": f"from the checkpoint of step {record.rollback_to}",
+                            "none": "where it stopped"}.get(record.rollback or "", "")
+                self.out(f"  [resume] run={run}: running again, {rollback} ({path})")

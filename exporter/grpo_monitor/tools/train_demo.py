@@ -34,6 +34,15 @@ docs/background.md happen for real, in the training dynamics, never by editing t
 ``--onset STEP`` applies the sickness knobs only from that step, so a run first has a healthy
 baseline (the exporter's baseline is the first 200 steps) and then turns sick.
 
+Like a real trainer it passes every step through ``PauseGate``: a red card's pause record holds
+the loop at its next step boundary until ``grpo-monitor resume``, which rolls it back in place to
+the last healthy checkpoint (policy, optimizer, the sampling stream). ``--step-seconds`` paces
+the steps (at least that long each, 0.5 s by default), so that a card can arrive while it trains:
+at full speed 300 steps take ~10 s, less than one scrape of a 15 s Prometheus.
+
+The trajectory is the same on a busy host or an idle one: one torch thread, seeded streams, and
+nothing in the training depends on the clock (the pacing and the step times only are wall-clock).
+
 torch is the ``torch`` extra: it is imported only when training starts, so the CLI can build its
 parser (and say what is missing) without it.
 """
@@ -52,6 +61,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo_monitor.sdk.pause import PauseGate, ResumeDecision
 from grpo_monitor.sdk.writer import SnapshotWriter
 
 if TYPE_CHECKING:
@@ -90,7 +100,7 @@ class Config:
     pretrain_batch: int = 64
     grader: str = "strict"  # strict | loose
     length_bonus: float = 1.0  # loose grader: reward per generated token, right or wrong
-    nan_reward_at: int | None = None
+    nan_reward_at: int | None = None  # once: a run rolled back past it does not meet it again
     onset: int = 0  # the sickness knobs below apply from this step
     sick_beta: float | None = None
     sick_lr: float | None = None
@@ -113,6 +123,10 @@ class Config:
     embed: int = 16
     threads: int = 1  # the tensors are tiny: a second thread only spins, and stalls a loaded host
     eps: float = 1e-4
+    # Each step lasts at least this long (0: as fast as the CPU goes): a card can then arrive,
+    # and pause the loop, while the run is still training.
+    step_seconds: float = 0.5
+    pause_poll_s: float = 0.5  # how often a paused loop looks for the resume
 
 
 @dataclass
@@ -318,6 +332,11 @@ class _RolloutSide:
         """The trainer took an optimizer step: a new policy version exists."""
         self.versions.append(self._weights())
 
+    def reset(self) -> None:
+        """The trainer's weights were restored (a rollback): the versions after them are gone."""
+        self.versions.clear()
+        self.versions.append(self._weights())
+
     def sampler(self, lag: int, low_precision: bool) -> tuple[Any, int]:
         """The module that samples this step, ``lag`` versions behind the trainer (as far back
         as versions exist) and in the rollout's precision when ``low_precision``, and the age
@@ -363,8 +382,11 @@ def _check(cfg: Config) -> None:
         raise ValueError("max_new_tokens must be >= 4: a three-digit answer and its EOS")
 
 
-def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
-    """Run the loop for ``cfg.steps`` steps, logging every step; returns the logged metrics."""
+def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None,
+          note: Callable[[str], None] | None = None) -> list[StepResult]:
+    """Run the loop for ``cfg.steps`` steps, logging every step; returns the logged metrics of
+    each step (after a rollback, those of the steps trained again). ``note`` hears what a person
+    should know: a resume, and the rollback it caused."""
     import torch
 
     _check(cfg)
@@ -380,13 +402,27 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
     rollout = _RolloutSide(cfg, policy)
     ranks = max(cfg.ranks, 2 if cfg.slow_rank else 1)
     results: list[StepResult] = []
+    saved: dict[int, bytes] = {}  # step -> the training state, for a rollback
+    say = note or (lambda _line: None)
     # Each writer as a context manager: the run's end is marked when the loop finishes (or is
     # interrupted by a person), not when it crashes (docs/sdk.md).
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(SnapshotWriter(cfg.snapshot_dir, cfg.run, rank=r, world_size=ranks))
                    for r in range(ranks)]
-        for step in range(1, cfg.steps + 1):
-            res = _step(cfg, step, policy, ref, opt, gen, rollout)
+        # One process: no process group to agree with (group=False).
+        gate = PauseGate(writers[0], group=False, poll_interval=cfg.pause_poll_s)
+        state = _LoopState(nan_pending=cfg.nan_reward_at is not None)
+        step = 1
+        while step <= cfg.steps:
+            decision = gate.check(step)
+            if decision is not None:
+                step = _after_pause(cfg, decision, step, saved, policy, opt, gen, rollout, writers, say)
+                results = [r for r in results if r.step < step]
+                continue
+            started = time.perf_counter()
+            res = _step(cfg, step, policy, ref, opt, gen, rollout, state)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                res.events.append(_checkpoint(cfg, step, policy, opt, gen, saved))
             metrics = res.metrics
             writers[0].log(metrics, step, by_type=res.by_type or None, events=res.events or None)
             for r in range(1, ranks):
@@ -398,7 +434,47 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None) -> l
             results.append(res)
             if on_step is not None:
                 on_step(res)
+            # The pace: the rest of the step's time, after its work (which perf/step_time_s is).
+            pause = cfg.step_seconds - (time.perf_counter() - started)
+            if pause > 0:
+                time.sleep(pause)
+            step += 1
     return results
+
+
+@dataclass
+class _LoopState:
+    nan_pending: bool  # the verifier's one NaN is still to come
+
+
+def _after_pause(cfg: Config, decision: ResumeDecision, step: int, saved: dict[int, bytes],
+                 policy: Any, opt: torch.optim.Optimizer, gen: torch.Generator,
+                 rollout: _RolloutSide, writers: list[SnapshotWriter],
+                 say: Callable[[str], None]) -> int:
+    """A person resumed the paused loop: restore the checkpoint they chose, in place, and return
+    the step to go on from."""
+    import torch
+
+    target = decision.rollback_step
+    if target is None:
+        say(f"resumed at step {step} after {decision.waited_s:.0f} s paused, no rollback")
+        return step
+    blob = saved.get(target)
+    if blob is None and decision.rollback_path:
+        blob = Path(decision.rollback_path).read_bytes()
+    if blob is None:
+        say(f"resumed at step {step}: no checkpoint of step {target} to roll back to; going on")
+        return step
+    state = torch.load(io.BytesIO(blob))
+    policy.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    gen.set_state(state["gen"])
+    rollout.reset()
+    for w in writers:  # the steps after the checkpoint are trained again, and replace these
+        w.log({}, target, events=[{"type": "rollback", "from_step": step, "to_step": target}])
+    say(f"resumed after {decision.waited_s:.0f} s paused: rolled back from step {step} to the "
+        f"checkpoint of step {target}; training steps {target + 1}-{step - 1} again")
+    return target + 1
 
 
 @dataclass(frozen=True)
@@ -471,19 +547,19 @@ class _Update:
 
 
 def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimizer,
-          gen: torch.Generator, rollout: _RolloutSide) -> StepResult:
+          gen: torch.Generator, rollout: _RolloutSide, state: _LoopState) -> StepResult:
     t0 = time.perf_counter()
     knobs = _Knobs.at(cfg, step)
     samples = _roll_out(cfg, step, knobs, rollout, gen)
-    grades = _grade_rollouts(cfg, step, knobs, samples)
+    nan = state.nan_pending and step == cfg.nan_reward_at
+    state.nan_pending = state.nan_pending and not nan
+    grades = _grade_rollouts(cfg, knobs, samples, nan)
     update = _update(cfg, knobs, policy, ref, opt, samples, grades)
     if not update.skipped:
         rollout.updated()
     events: list[dict[str, object]] = []
     if update.skipped:
         events.append({"type": "skipped_step", "step": step, "reason": "nonfinite_grad"})
-    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-        events.append(_checkpoint(cfg, step, policy, opt))
     metrics = _metrics(cfg, knobs, samples, grades, update, t0)
     return StepResult(step, metrics, events, _by_type(samples.a, samples.b, knobs.difficulty,
                                                       knobs.group, grades.score, grades.correct))
@@ -499,8 +575,9 @@ def _roll_out(cfg: Config, step: int, knobs: _Knobs, rollout: _RolloutSide,
     return _Rollouts(a, b, prompts, resp, mask, logp, age)
 
 
-def _grade_rollouts(cfg: Config, step: int, knobs: _Knobs, samples: _Rollouts) -> _Grades:
-    """The verifier's score, the training reward and the group-normalised advantages."""
+def _grade_rollouts(cfg: Config, knobs: _Knobs, samples: _Rollouts, nan: bool) -> _Grades:
+    """The verifier's score, the training reward and the group-normalised advantages; ``nan``:
+    the verifier fails on one sample."""
     group = knobs.group
     answers, ans_len = _answers(samples.a.repeat_interleave(group),
                                 samples.b.repeat_interleave(group), cfg.max_new_tokens)
@@ -510,7 +587,7 @@ def _grade_rollouts(cfg: Config, step: int, knobs: _Knobs, samples: _Rollouts) -
     # answers) shapes the training reward; the verifier's score is what the task asks.
     overlong = (_answer_tokens(samples.resp, samples.mask) - cfg.length_budget).clamp(min=0)
     reward = score - knobs.length_penalty * overlong
-    if cfg.nan_reward_at is not None and step == cfg.nan_reward_at:
+    if nan:
         reward[0] = float("nan")  # the verifier crashed on one sample and returned NaN
     rewards = reward.view(cfg.prompts, group)
     mean = rewards.mean(1, keepdim=True)
@@ -572,20 +649,25 @@ def _update(cfg: Config, knobs: _Knobs, policy: Any, ref: Any, opt: torch.optim.
     return _Update(loss_v, grad_norm, clip_frac, kl_tok, ent_tok, old_logp, float(ntok), skipped)
 
 
-def _checkpoint(cfg: Config, step: int, policy: Any,
-                opt: torch.optim.Optimizer) -> dict[str, object]:
-    """Save the policy and optimizer (to ``cfg.checkpoint_dir``, else to memory: a save still
-    takes its time); the checkpoint_save event."""
+def _checkpoint(cfg: Config, step: int, policy: Any, opt: torch.optim.Optimizer,
+                gen: torch.Generator, saved: dict[int, bytes]) -> dict[str, object]:
+    """Save the training state (policy, optimizer, sampling stream) to ``cfg.checkpoint_dir``,
+    and to memory, which a rollback restores; the checkpoint_save event."""
     import torch
 
     t_ckpt = time.perf_counter()
-    state = {"step": step, "model": policy.state_dict(), "optim": opt.state_dict()}
+    buf = io.BytesIO()
+    torch.save({"step": step, "model": policy.state_dict(), "optim": opt.state_dict(),
+                "gen": gen.get_state()}, buf)
+    saved[step] = buf.getvalue()
+    event: dict[str, object] = {"type": "checkpoint_save", "step": step}
     if cfg.checkpoint_dir is not None:
         os.makedirs(cfg.checkpoint_dir, exist_ok=True)
-        torch.save(state, Path(cfg.checkpoint_dir) / f"{cfg.run}-step-{step}.pt")
-    else:
-        torch.save(state, io.BytesIO())
-    return {"type": "checkpoint_save", "step": step, "duration_s": time.perf_counter() - t_ckpt}
+        path = Path(cfg.checkpoint_dir) / f"{cfg.run}-step-{step}.pt"
+        path.write_bytes(saved[step])
+        event["path"] = str(path)
+    event["duration_s"] = time.perf_counter() - t_ckpt
+    return event
 
 
 def _metrics(cfg: Config, knobs: _Knobs, samples: _Rollouts, grades: _Grades, update: _Update,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
-from grpo_monitor.contract.run_layout import REPORT_FOLDER
+from grpo_monitor.contract.run_layout import REPORT_FOLDER, is_hidden, run_files
 from grpo_monitor.runtime.forecast import BLOCK_STEPS
 from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.load import RunData, load_run
@@ -176,18 +176,55 @@ def _png(fig: Any, path: Path | None) -> bytes:
     return png
 
 
+# The card colours of the shaded spans (docs/report.md): one per severity, as the live cards.
+SPAN_COLOURS: dict[str, tuple[str, str]] = {"critical": ("red card", "#d62728"),
+                                            "warning": ("yellow card", "#e6b800")}
+# Verdicts about the hosts, not the curves drawn: a slow host's span would cover the plots.
+HOST_VERDICTS = frozenset({"throughput_drop", "step_time_drift", "rank_straggler"})
+
+
+Span = tuple[float, float]
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    """Overlapping spans as one: a colour shades each step once, however many verdicts."""
+    out: list[Span] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _without(spans: list[Span], cut: list[Span]) -> list[Span]:
+    """``spans`` less the steps ``cut`` covers: where a red span lies, no yellow is drawn, so
+    that each shaded step has one card colour, never a blend."""
+    for c_lo, c_hi in cut:
+        spans = [part for lo, hi in spans
+                 for part in ((lo, min(hi, c_lo)), (max(lo, c_hi), hi)) if part[0] < part[1]]
+    return spans
+
+
 def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None = None) -> bytes:
-    """curves.png: reward (p25-p75 band), KL, loss, entropy, length; sick spans shaded."""
+    """curves.png: reward (p25-p75 band), KL, loss, entropy, length; each sick verdict's steps
+    shaded in its card's colour (red for critical, yellow for warning; red where both), with a
+    legend naming the verdicts of each colour. Host verdicts are not shaded."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     steps = np.array(data.steps, dtype=float)
     panels = [k for k in ("reward/mean", "kl/mean", "loss", "entropy/mean", "response/len_mean")
               if data.has(k)] or ["reward/mean"]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 * len(panels)), sharex=True,
                              squeeze=False)
-    sick = [v for v in verdicts if v["id"] != "healthy"]
+    shaded = {sev: [v for v in verdicts if v["severity"] == sev and v["id"] not in HOST_VERDICTS]
+              for sev in ("critical", "warning")}
+    spans = {sev: _merged([(v["steps"][0], max(v["steps"][1], v["steps"][0] + 1)) for v in found])
+             for sev, found in shaded.items()}
+    spans["warning"] = _without(spans["warning"], spans["critical"])
     for ax, key in zip(axes[:, 0], panels):
         y = _drawable(data.series(key)) if steps.size else np.array([])
         if key == "reward/mean" and data.has("reward/p25") and data.has("reward/p75"):
@@ -195,15 +232,20 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
                             _drawable(data.series("reward/p75")), alpha=0.25, color="tab:blue",
                             label="p25-p75")
         ax.plot(steps, y, lw=0.8, color="tab:blue", label=key)
-        for v in sick:
-            ax.axvspan(v["steps"][0], max(v["steps"][1], v["steps"][0] + 1), alpha=0.12,
-                       color="red" if v["severity"] == "critical" else "orange")
+        for sev, parts in spans.items():
+            for lo, hi in parts:
+                ax.axvspan(lo, hi, alpha=0.18, color=SPAN_COLOURS[sev][1], lw=0)
         ax.set_ylabel(key, fontsize=8)
         ax.legend(loc="upper left", fontsize=7)
+    cards = [Patch(color=SPAN_COLOURS[sev][1], alpha=0.35,
+                   label=f"{SPAN_COLOURS[sev][0]}: {', '.join(v['id'] for v in found)}"[:110])
+             for sev, found in shaded.items() if found]
+    if cards:
+        fig.legend(handles=cards, loc="lower center", ncol=1, fontsize=7, frameon=False)
     axes[-1, 0].set_xlabel("step")
     title = f"{data.run}: " + ", ".join(v["id"] for v in verdicts)
     fig.suptitle(title[:120], fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 * len(cards), 1, 1))
     return _png(fig, path)
 
 
@@ -343,27 +385,60 @@ def build_report(run_dir: Path | str, out: Path | str | None = None,
             "outputs": {k: str(v) for k, v in paths.items()}, "data": data}
 
 
+def runs_in(folder: Path) -> list[Path]:
+    """The run folders of ``folder`` when it is a snapshot folder (no snapshot files of its
+    own, sub-folders that hold some), else []: a run folder is reported as one run."""
+    if run_files(folder, nested=False):
+        return []
+    try:
+        subs = sorted(p for p in folder.iterdir() if not is_hidden(p.name) and p.is_dir()
+                      and not p.is_symlink())
+    except OSError:
+        return []
+    return [p for p in subs if run_files(p)]
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    """Offline post-mortem of one run folder. Exit 0, or 2 when the folder has no records."""
+    """Offline post-mortem of one run folder, or of each run of a snapshot folder. Exit 0, or 2
+    when there is no record to report on."""
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         print(f"grpo-monitor report: {run_dir} is not a folder", file=sys.stderr)
         return 2
-    try:
-        res = build_report(run_dir, args.out, plots=True)
-    except OSError as exc:  # the output folder: not writable, a file in its way, a full disk
-        print(f"grpo-monitor report: cannot write the report: {exc}", file=sys.stderr)
-        return 2
-    if not res["data"].records:
-        print(f"grpo-monitor report: no records in {run_dir}", file=sys.stderr)
-        return 2
+    runs = runs_in(run_dir)
+    if runs:
+        # A snapshot folder: one report per run, never one merged from several runs.
+        print(f"{run_dir} holds {len(runs)} runs ({', '.join(r.name for r in runs)}): one report "
+              "each", file=sys.stderr)
     fmt = getattr(args, "format", "text") or "text"
+    results = []
+    for one in runs or [run_dir]:
+        out = Path(args.out) / one.name if args.out is not None and runs else args.out
+        try:
+            res = build_report(one, out, plots=True)
+        except OSError as exc:  # the output folder: not writable, a file in its way, a full disk
+            print(f"grpo-monitor report: cannot write the report: {exc}", file=sys.stderr)
+            return 2
+        if not res["data"].records:
+            print(f"grpo-monitor report: no records in {one}", file=sys.stderr)
+            continue
+        results.append(res)
+        if fmt == "text":
+            if runs:
+                print(f"{'=' * 20} {one.name} {'=' * 20}")
+            sys.stdout.write(res["text"])
+            print(f"\nreport written to {Path(res['outputs']['verdicts']).parent} "
+                  "(report.html, report.txt, verdicts.json, summary.json, reward-vs-step.csv, "
+                  "curves.png)\n")
+        elif fmt == "html":
+            print(res["outputs"]["html"])
+    if not results:
+        return 2
     if fmt == "json":
-        print(json.dumps({"summary": res["summary"], "verdicts": res["verdicts"],
-                          "outputs": res["outputs"]}, indent=1))
-    elif fmt == "html":
-        print(res["outputs"]["html"])
-    else:
-        sys.stdout.write(res["text"])
-        print(f"\noutputs in {Path(res['outputs']['verdicts']).parent}")
+        docs = [{"run": r["data"].run, "summary": r["summary"], "verdicts": r["verdicts"],
+                 "outputs": r["outputs"]} for r in results]
+        print(json.dumps(docs if runs else docs[0], indent=1))
+    elif fmt != "text":
+        for r in results:
+            print(f"report written to {Path(r['outputs']['verdicts']).parent}", file=sys.stderr)
     return 0

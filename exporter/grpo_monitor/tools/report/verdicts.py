@@ -39,6 +39,7 @@ from grpo_monitor.runtime.signals import (
     SLOPE_WINDOWS,
 )
 from grpo_monitor.tools.report.load import RunData
+from grpo_monitor.tools.stack import card_severities
 from grpo_monitor.tools.report.statistics import (
     RankPerf,
     RunView,
@@ -93,13 +94,21 @@ class VerdictKind:
 VERDICTS: dict[str, VerdictKind] = {}
 
 
+# The live cards' colours, from the rule files Prometheus loads (severity critical = red, warning
+# = yellow): a verdict that stands for a card has that card's severity. The severity a verdict
+# declares is what an installation without the rule files shows; tests/test_report.py checks
+# that the two agree.
+CARD_SEVERITIES: dict[str, str] = card_severities()
+
+
 def verdict(vid: str, severity: Severity, explanation: str, *, card: str | None = None,
             explained_by: Iterable[str] = (), alone: bool = False) -> Callable[[Judge], Judge]:
     """Register the decorated function as the judge of verdict ``vid``."""
     def register(judge: Judge) -> Judge:
         if vid in VERDICTS:
             raise ValueError(f"verdict {vid!r} is registered twice")
-        VERDICTS[vid] = VerdictKind(vid, severity, explanation, card, judge,
+        shown = CARD_SEVERITIES.get(card, severity) if card else severity
+        VERDICTS[vid] = VerdictKind(vid, shown, explanation, card, judge,  # type: ignore[arg-type]
                                     frozenset(explained_by), alone)
         return judge
     return register
@@ -291,7 +300,7 @@ def _accuracy_flat(view: RunView) -> Finding | None:
         "sample_acc_gain": acc_gain})
 
 
-@verdict("reward_hacking", "critical",
+@verdict("reward_hacking", "warning",
          "reward up with a length surge or without sample accuracy: grader exploited",
          card="GRPORewardHackingSuspected")
 def reward_hacking(view: RunView) -> Finding | None:
