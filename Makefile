@@ -97,6 +97,8 @@ docs: deps
 	$(PY) -m grpo_monitor.tools.metrics_doc > docs/metrics.md
 	$(PY) -m grpo_monitor.tools.module_map > docs/modules.md
 	$(PY) -m grpo_monitor.contract.thresholds > prometheus/rules/grpo-thresholds.yml
+	$(PY) -m grpo_monitor.contract.cards > prometheus/rules/grpo-coverage.yml
+	$(PY) -m grpo_monitor.tools.coverage_doc > docs/coverage.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build $(DIST)

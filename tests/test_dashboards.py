@@ -352,7 +352,7 @@ def test_training_dashboard_layout() -> None:
     titles = {p.title for p in top}
     assert {"Step", "Red cards firing", "Yellow cards firing"} <= titles
     rows = [p.title.split(" (")[0] for p in d.panels if p.type == "row"]
-    assert rows == ["Policy behaviour", "Reward feedback", "Distribution stability",
+    assert rows == ["Coverage", "Policy behaviour", "Reward feedback", "Distribution stability",
                     "Training mechanics", "Rollout vs trainer", "Forecast"]
     red = next(p for p in top if p.title == "Red cards firing")
     assert red.targets[0].expr == ('count(ALERTS{alertstate="firing",severity="critical",'
@@ -404,6 +404,26 @@ def test_threshold_lines_are_dashed() -> None:
                     assert props.get("custom.lineStyle", {}).get("fill") == "dash", \
                         f"{path.name}: {p.title} [{t.refId}] is no dashed line"
                     assert props.get("color", {}).get("mode") == "fixed", f"{p.title} [{t.refId}]"
+
+
+def test_coverage_row_says_what_the_run_is_watched_for() -> None:
+    """Which cards can fire on the run (N of M, per colour), and a table of those that cannot,
+    with the reason and the keys they need (grpo_card_armed); panels of signals only some
+    stacks log say "not logged by this run" instead of "No data"."""
+    d = load(DASHBOARDS / "grpo-training.json")
+    row = row_sections(d)["Coverage"]
+    assert [p.type for p in row] == ["stat", "stat", "table"]
+    assert {p.title for p in row} == {"Red cards armed", "Yellow cards armed",
+                                      "Cards that cannot fire on this run, and why"}
+    assert all("grpo_card_armed" in t.expr for p in row for t in p.targets)
+    table = row[2]
+    assert table.targets[0].format == "table"
+    shown = table.transformations[0]["options"]["indexByName"]
+    assert list(shown) == ["run", "card", "severity", "reason", "needs"]
+    optional = [p for p in d.all_panels() if p.type == "timeseries" and any(
+        n.startswith(("grpo_mismatch_", "grpo_staleness_")) for n in names_in([p]))]
+    assert optional and all(p.fieldConfig.defaults.model_extra.get("noValue") == "not logged by this run"
+                            for p in optional)
 
 
 def test_rollout_row_shows_mismatch_staleness_and_dead_groups() -> None:

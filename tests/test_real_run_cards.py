@@ -2,8 +2,8 @@
 
 Each shared run (tests/real_runs.py) is written into a snapshot folder record by record, read by
 the exporter's ingest and store, scraped after every logged step and judged by the project's
-rule files in the real promtool. A healthy run raises no card at all; a sick one raises the
-card of its sickness within 50 steps of the onset, inside the 200-step baseline period where
+rule files in the real promtool. A healthy run raises no card at all but the coverage card for a
+minimum curve it does not log; a sick one raises the card of its sickness within 50 steps of the onset, inside the 200-step baseline period where
 these short runs live, and its red card is still red at the run's last step.
 
 The cards are not tuned to these six runs: their thresholds are the rules' own (see
@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from grpo_monitor.contract.cards import MINIMUM_CURVES
+from grpo_monitor.contract.keys import canonical_key
 from promtool_harness import Check, Played, check_cards, scrape_index_at
-from real_runs import play_real
+from real_runs import load, play_real
 
 HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
            "verl-ppo-qwen25-05b-gsm8k", "verl-grpo-qwen2-7b-gsm8k-megatron-base")
@@ -40,10 +42,18 @@ def last(played: Played) -> int:
     return len(played.scrape_steps) - 1
 
 
+def coverage(name: str) -> set[str]:
+    """The coverage card, for a run that does not log one of the minimum curves (the Unsloth
+    runs log no entropy, one of them no grad norm either; the DAPO fork logs no KL): yellow, and
+    true."""
+    logged = {canonical_key(k) for rec in load(name) for k in rec}
+    return {"GRPOSignalMissing"} if set(MINIMUM_CURVES) - logged else set()
+
+
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_real_run_raises_no_card(name: str, tmp_path: Path) -> None:
     played = play_real(name)
-    expected = PLATEAUED.get(name, set())
+    expected = PLATEAUED.get(name, set()) | coverage(name)
     check_cards(played, [(last(played), expected), Check(last(played), set(), only=',severity="critical"')],
                 tmp_path)
 
@@ -68,6 +78,7 @@ def test_early_collapse_is_caught_and_the_red_card_holds(tmp_path: Path) -> None
         Check(scrape_index_at(played, 150), {"GRPOEntropyCollapse"}, only=',alertname="GRPOEntropyCollapse"'),
         # ... and is still red at the run's last step, 340 steps later.
         Check(last(played), {"GRPOEntropyCollapse"}, now=True, only=',severity="critical"'),
-        # By the end: the collapse's cards, and nothing else.
-        (last(played), {"GRPOResponseLengthShift", "GRPOEntropyCollapse", "GRPOAdvantageVanishing"}),
+        # By the end: the collapse's cards and the coverage card (no KL), and nothing else.
+        (last(played), {"GRPOResponseLengthShift", "GRPOEntropyCollapse", "GRPOAdvantageVanishing"}
+         | coverage(COLLAPSE)),
     ], tmp_path)

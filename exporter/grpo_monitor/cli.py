@@ -992,6 +992,21 @@ def cmd_compose_init(args: argparse.Namespace) -> int:
 # -- the command table ---------------------------------------------------------------------------
 
 
+def _check_flags() -> list[Flag]:
+    return [Flag("RUN_DIR", "run_dir", "A run's folder (<snapshot_dir>/<run>), or a snapshot folder "
+                 "of runs: each is checked.")]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """What the exporter makes of a run folder: its shape, each key read as which signal (and the
+    names that map to none, with what they most likely meant), the minimum curves, and which
+    cards are armed on it and why the others are not. Exit 0; 1 when a run lacks a minimum curve
+    (reward, KL, entropy, response length, grad norm); 2 when there is nothing to check."""
+    from grpo_monitor.tools.check import check
+
+    return check(Path(args.run_dir))
+
+
 def _no_flags() -> list[Flag]:
     return []
 
@@ -1008,6 +1023,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("stack up", "Start exporter, Prometheus, Alertmanager (and Grafana).",
             _stack_up_flags, cmd_stack),
     Command("demo", "The native stack and a synthetic run that turns sick.", _demo_flags, cmd_demo),
+    Command("check", "What the exporter makes of a run folder: keys, minimum curves, armed cards.",
+            _check_flags, cmd_check),
     Command("replay", "Print a run's logged samples (prompts and responses).", _replay_flags, cmd_replay),
     Command("report", "Offline post-mortem of one run folder: summary, verdicts, reward-vs-step.csv, "
             "curves.png, report.html (the report extra).", _report_flags, cmd_report),

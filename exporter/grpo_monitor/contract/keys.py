@@ -8,6 +8,7 @@ Prometheus series each key becomes. docs/metrics.md is generated from it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -274,3 +275,69 @@ def canonical_key(name: str) -> str | None:
     """Return the canonical key for a canonical or alias name, or None for an unknown key."""
     hit = match_key(name)
     return None if hit is None else hit.key
+
+
+# Every name a key is read under: the canonical keys and their aliases, for suggestions.
+KNOWN_NAMES: tuple[str, ...] = (*SIGNALS_BY_KEY, *ALIASES)
+# Words that name a statistic: two names that differ in one of these are two statistics of one
+# signal (``completions/min_length`` next to ``completions/mean_length``), never a typo.
+_STATISTICS = frozenset({"min", "max", "mean", "median", "std", "sum", "count", "total", "low",
+                         "high", "lower", "upper", "avg", "var"})
+_TOKENS = re.compile(r"[/_.\s-]+")
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) from ``a`` to ``b``; any number
+    over ``limit`` comes back as ``limit + 1``."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        if min(row) > limit:
+            return limit + 1
+        prev2, prev = prev, row
+    return min(prev[-1], limit + 1)
+
+
+def closest_names(name: str, n: int = 3) -> list[str]:
+    """The known names (canonical keys and aliases) a name that maps to no signal was most likely
+    meant to be: the nearest, within two edits (one for a name under 8 characters, none under 4)
+    and not another statistic of the same signal. ``reward/meen`` -> ``reward/mean``,
+    ``entorpy/mean`` -> ``entropy/mean``; ``completions/min_length`` (TRL's own) -> nothing."""
+    limit = min(2, len(name) // 4)
+    words = set(_TOKENS.split(name.lower()))
+    found: list[tuple[int, str]] = []
+    for known in KNOWN_NAMES:
+        d = _edits(name, known, limit)
+        if d <= limit and not (words - set(_TOKENS.split(known.lower()))) & _STATISTICS:
+            found.append((d, known))
+    found.sort()
+    return [known for d, known in found[:n] if d == found[0][0]]
+
+
+# Names only one framework logs. A run whose records carry one was written by it: the coverage
+# card then says why a curve is missing and what to set (contract/cards.MISSING_CAUSES). A
+# native record's own ``framework`` field wins, and verl's file logger shape says verl.
+FRAMEWORK_MARKERS: dict[str, str] = {
+    # TRL's GRPOTrainer (and Unsloth, built on it), since early 2025 and before.
+    "completions/mean_length": "trl", "completions/clipped_ratio": "trl",
+    "frac_reward_zero_std": "trl", "clip_ratio/region_mean": "trl", "completion_length": "trl",
+    "Training Loss": "trl",
+    # verl, logged through any of its loggers (console, file, wandb).
+    "critic/score/mean": "verl", "actor/pg_loss": "verl", "response_length/mean": "verl",
+    "timing_s/step": "verl", "actor/entropy": "verl",
+}
+
+
+def framework_of(names: Iterable[str]) -> str | None:
+    """The framework the first marker among ``names`` belongs to; None when none is one."""
+    for name in names:
+        if (framework := FRAMEWORK_MARKERS.get(name)) is not None:
+            return framework
+    return None

@@ -24,7 +24,7 @@ __all__ = [
     "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES",
     "PAUSE_RECORD", "REBASELINE_REQUEST", "REPORT_FOLDER", "ROLLBACK_TARGET", "SNAPSHOT_SUFFIXES",
     "check_run_name", "is_appended", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
-    "rotation_of", "run_files", "run_name_from", "run_name_problem", "segment_file",
+    "rotation_of", "run_files", "run_name_from", "run_name_problem", "runs_in", "segment_file",
     "write_control_file",
 ]
 
@@ -191,6 +191,20 @@ def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True) -> list[P
                 found.append(path)
     found.sort(key=lambda p: _written_order(p, root))
     return found
+
+
+def runs_in(folder: str | os.PathLike[str]) -> list[Path]:
+    """The run folders of ``folder`` when it is a snapshot folder (no snapshot files of its
+    own, sub-folders that hold some), else []: a run folder is one run, read as one."""
+    root = Path(folder)
+    if run_files(root, nested=False):
+        return []
+    try:
+        subs = sorted(p for p in root.iterdir() if not is_hidden(p.name) and p.is_dir()
+                      and not p.is_symlink())
+    except OSError:
+        return []
+    return [p for p in subs if run_files(p)]
 
 
 # -- control files ----------------------------------------------------------------------------

@@ -109,6 +109,9 @@ class NativeRecord(_Envelope):
     gpu: Annotated[str, Field(max_length=64)] | None = Field(
         default=None, description="physical GPU index as NVML numbers it")
     gpu_uuid: Annotated[str, Field(max_length=96)] | None = None
+    framework: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="the trainer that wrote the record (trl, verl, ...), which the "
+        "coverage card names when it knows why a framework's run lacks a curve")
     metrics: MetricsMap
     by_type: dict[NameStr, MetricsMap] = {}
     samples: list[Sample] = []
@@ -139,7 +142,7 @@ _FLAT_RESERVED = frozenset(
     {"run", "rank", "world_size", "step", "_step", "global_step", "trainer/global_step", "time",
      "_timestamp", "timestamp", "_runtime", "events"})
 # Fields whose validation errors cost only themselves: the record's metrics survive.
-_DROPPABLE = ("samples", "events", "by_type")
+_DROPPABLE = ("samples", "events", "by_type", "framework")
 
 
 def json_schema() -> dict[str, Any]:
@@ -165,6 +168,7 @@ class Snapshot:
     shape: Shape
     world_size: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # canonical key -> value
+    names: dict[str, str] = field(default_factory=dict)  # canonical key -> the name it was logged as
     unknown: dict[str, float] = field(default_factory=dict)  # other numeric keys -> value
     by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # prompt type -> canonical
     by_type_unknown: dict[str, dict[str, float]] = field(default_factory=dict)  # same keys as by_type
@@ -174,6 +178,7 @@ class Snapshot:
     placement: tuple[str, str, str, str] | None = None
     # Problems that cost part of the record, as (reason, detail) for the error counter.
     problems: list[tuple[str, str]] = field(default_factory=list)
+    framework: str | None = None  # a native record's own word on who wrote it
 
 
 class RecordError(ValueError):
@@ -260,9 +265,11 @@ def _flatten(raw: dict[str, Any], prefix: str, depth: int, out: dict[str, Any]) 
 
 
 def normalize_metrics(
-    raw: dict[str, Any], problems: list[tuple[str, str]]
+    raw: dict[str, Any], problems: list[tuple[str, str]], names: dict[str, str] | None = None
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Split raw metrics into (canonical, unknown) float maps.
+    """Split raw metrics into (canonical, unknown) float maps; ``names``, when given, receives
+    the name each canonical key was read from (``completions/mean_length`` for
+    ``response/len_mean``).
 
     A canonical key wins over its aliases when a record carries both, so that a trainer that
     logs ``reward/mean`` next to TRL's ``reward`` is read as it meant. Between two aliases of
@@ -272,7 +279,7 @@ def normalize_metrics(
     """
     flat: dict[str, Any] = {}
     _flatten(raw, "", 0, flat)
-    best: dict[str, tuple[int, float]] = {}  # canonical key -> (rank of the name used, value)
+    best: dict[str, tuple[int, float, str]] = {}  # canonical key -> (rank of the name used, value, name)
     unknown: dict[str, float] = {}
     for name, value in flat.items():
         if not name or len(name) > MAX_KEY_LENGTH or not is_text(name):
@@ -293,8 +300,10 @@ def normalize_metrics(
             number *= hit.scale
         held = best.get(hit.key)
         if held is None or hit.rank < held[0]:
-            best[hit.key] = (hit.rank, number)
-    return {key: number for key, (_, number) in best.items()}, unknown
+            best[hit.key] = (hit.rank, number, name)
+    if names is not None:
+        names.update({key: name for key, (_, _, name) in best.items()})
+    return {key: number for key, (_, number, _) in best.items()}, unknown
 
 
 def detect_shape(obj: Any) -> Shape:
@@ -346,7 +355,8 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
     if shape == "native":
         rec = _validate(NativeRecord, obj, problems)
         assert isinstance(rec, NativeRecord)
-        metrics, unknown = normalize_metrics(rec.metrics, problems)
+        names: dict[str, str] = {}
+        metrics, unknown = normalize_metrics(rec.metrics, problems, names)
         by_type: dict[str, dict[str, float]] = {}
         by_type_unknown: dict[str, dict[str, float]] = {}
         for ptype, values in rec.by_type.items():
@@ -358,23 +368,27 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
         return Snapshot(
             run=rec.run or run, rank=rank if rec.rank is None else rec.rank, step=rec.step,
             time=mtime if rec.time is None else rec.time, shape=shape, world_size=rec.world_size,
-            metrics=metrics, unknown=unknown, by_type=by_type, by_type_unknown=by_type_unknown,
-            samples=rec.samples, events=rec.events, placement=placement, problems=problems)
+            metrics=metrics, names=names, unknown=unknown, by_type=by_type,
+            by_type_unknown=by_type_unknown, samples=rec.samples, events=rec.events,
+            placement=placement, problems=problems, framework=rec.framework)
     if shape == "verl":
         verl = _validate(VerlRecord, obj, problems)
         assert isinstance(verl, VerlRecord)
-        metrics, unknown = normalize_metrics(verl.data, problems)
+        names = {}
+        metrics, unknown = normalize_metrics(verl.data, problems, names)
         # verl lines carry no events; its checkpoint timing marks a save step, which the step
         # time cards must leave out (background.md#checkpoint-io).
         events = [Event(type="checkpoint_save")] if "timing_s/save_checkpoint" in verl.data else []
         return Snapshot(run=run, rank=rank, step=verl.step, time=mtime, shape=shape,
-                        metrics=metrics, unknown=unknown, events=events, problems=problems)
+                        metrics=metrics, names=names, unknown=unknown, events=events,
+                        problems=problems, framework="verl")
     flat = _validate(FlatRecord, obj, problems)
     assert isinstance(flat, FlatRecord)
     values = {k: v for k, v in obj.items() if k not in _FLAT_RESERVED}
-    metrics, unknown = normalize_metrics(values, problems)
+    names = {}
+    metrics, unknown = normalize_metrics(values, problems, names)
     return Snapshot(
         run=flat.run or run, rank=rank if flat.rank is None else flat.rank, step=flat.step,
         time=mtime if flat.time is None else flat.time, shape=shape, world_size=flat.world_size,
-        metrics=metrics, unknown=unknown, events=flat.events, problems=problems)
+        metrics=metrics, names=names, unknown=unknown, events=flat.events, problems=problems)
 

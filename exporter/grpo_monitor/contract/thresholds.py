@@ -259,6 +259,11 @@ TABLE: tuple[Threshold, ...] = (
         ... while correct responses grew by less than this fraction: per-response length
         normalisation penalises each token of a long wrong answer less, so wrong answers grow
         longer and longer (arXiv 2503.20783)."""),
+    Threshold("signal_missing_steps", 20, "yellow", """
+        A run that has logged this many steps without one of the minimum curves (reward, KL,
+        entropy, response length, grad norm) is missing it: a key logged from the first step
+        has appeared by then, and every card that reads it is disarmed (GRPOSignalMissing,
+        grpo-coverage.yml)."""),
     # -- cluster health -------------------------------------------------------------------------
     Threshold("straggler_ratio", 0.25, "cluster", """
         A rank's 50-step step time above the run's median rank by more than this fraction: a

@@ -215,10 +215,18 @@ class GRPOMonitorCallback(TrainerCallback):
 
     def _open(self, args: TrainingArguments, state: TrainerState) -> SnapshotWriter | None:
         if self.writer is None and self._writes(state):
+            # framework: the exporter's coverage card says why a TRL run lacks a curve. TRL's
+            # own names are no typos of the user's: the exporter and `grpo-monitor check` name
+            # the ones that map to no signal.
             self.writer = SnapshotWriter(
                 self.snapshot_dir, self.run or _run_name(args),
                 rank=int(getattr(args, "process_index", 0) or 0),
-                world_size=int(getattr(args, "world_size", 1) or 1))
+                world_size=int(getattr(args, "world_size", 1) or 1),
+                framework="trl", warn_unknown_keys=False)
+            if getattr(args, "beta", None) == 0 and state.is_world_process_zero:
+                _log.warning("grpo_monitor: beta is 0 (GRPOConfig's default), so TRL logs no KL and "
+                             "no KL card can fire on this run (GRPOSignalMissing says so); set "
+                             "beta > 0 to log kl and anchor the policy")
         return self.writer
 
     def _on_log(self, args: TrainingArguments, state: TrainerState,

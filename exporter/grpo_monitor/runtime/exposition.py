@@ -90,14 +90,38 @@ RUN_LOG_INTERVAL = Family(
     "grpo_run_log_interval_seconds", "gauge",
     "Typical seconds between a rank's consecutive records of new steps on the trainer's clock "
     "(the median over its last 20, of the slowest rank): how long a silence is ordinary.")
+# What the run is watched for (contract/cards.py, docs/coverage.md).
+RUN_INFO = Family(
+    "grpo_run_info", "gauge",
+    "Constant 1: who wrote the run (framework: a native record's own word, else the shape of its "
+    "records' key names; empty when unknown).")
+RUN_LOGGED_STEPS = Family(
+    "grpo_run_logged_steps", "gauge", "Steps the run has logged a record for (its busiest rank's count).")
+SIGNAL_LOGGED = Family(
+    "grpo_run_signal_logged", "gauge",
+    "1 once a rank of the run has logged the minimum curve `key` (reward, KL, entropy, response "
+    "length, grad norm); 0 while none has.")
+CARD_ARMED = Family(
+    "grpo_card_armed", "gauge",
+    "1 when the card can fire on the run now; 0 when it cannot, and why (reason missing_signal: "
+    "needs names the keys to log; baseline_pending; not_applicable).")
+UNKNOWN_KEY_INFO = Family(
+    "grpo_unknown_key_info", "gauge",
+    "Constant 1 per key the run logs that maps to no signal (capped like grpo_metric_value), with "
+    "the known names it most likely meant (closest, comma-separated; empty when none is close).")
 RUN_FAMILIES: tuple[Family, ...] = (
-    RUN_ENDED, RUN_PAUSED, RUN_LAST_WRITE, RUN_STEP_INTERVAL, RUN_LOG_INTERVAL, CARDINALITY_DROPPED)
+    RUN_ENDED, RUN_PAUSED, RUN_LAST_WRITE, RUN_STEP_INTERVAL, RUN_LOG_INTERVAL, CARDINALITY_DROPPED,
+    RUN_INFO, RUN_LOGGED_STEPS, SIGNAL_LOGGED, CARD_ARMED, UNKNOWN_KEY_INFO)
 
 # Step-window features (signals.py); `key` is the canonical snapshot key.
 BASELINE_READY = Family(
     "grpo_baseline_ready", "gauge",
     "1 once the rank's baseline period (--signals.baseline-steps) is complete; cards that compare "
     "to a baseline wait for it.")
+BASELINE_REMAINING = Family(
+    "grpo_baseline_remaining_steps", "gauge",
+    "Steps until the rank's baseline is ready (grpo_baseline_ready 1) and the cards that wait for "
+    "it can fire; 0 once they can.")
 BASELINE_MEAN = Family("grpo_baseline_mean", "gauge", "Mean of the signal over the baseline period.")
 BASELINE_STDDEV = Family(
     "grpo_baseline_stddev", "gauge", "Sample standard deviation of the signal over the baseline period.")
@@ -170,7 +194,7 @@ PROMPT_TYPE_WINDOW_MEAN = Family(
 PROMPT_TYPE_INITIAL_MEAN = Family(
     "grpo_prompt_type_initial_mean", "gauge", "Mean of the prompt type's signal over its first steps.")
 FEATURE_FAMILIES: tuple[Family, ...] = (
-    BASELINE_READY, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
+    BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
     WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
     WINDOW_NONFINITE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
     FORECAST_POINTS, PROMPT_TYPE_WINDOW_MEAN, PROMPT_TYPE_INITIAL_MEAN)

@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from grpo_monitor.contract import thresholds
+from grpo_monitor.contract.cards import CARDS_BY_NAME
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, LawSums
 
 # (window_steps, offset_steps) pairs published as grpo_window_mean.
@@ -81,6 +82,9 @@ RECENT_RECORDS = 2
 REFERENCE_RECORDS = 10
 REFERENCE_OFFSET_RECORDS = 5
 REFERENCE_MIN_RECORDS = 5
+# Only for the keys the blow-up card reads (its declaration in contract/cards.py): six series
+# for each of the ~40 training keys would be a fifth of rank 0's series, read by nothing.
+RECORD_KEYS: frozenset[str] = frozenset(CARDS_BY_NAME["GRPOTrainingBlowUp"].keys)
 # (records, offset_records, fewest records published)
 RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
     (RECENT_RECORDS, 0, RECENT_RECORDS), (REFERENCE_RECORDS, REFERENCE_OFFSET_RECORDS, REFERENCE_MIN_RECORDS))
@@ -205,10 +209,12 @@ class KeyHistory:
             return None
         steps = list(self.steps)
         lo, hi = bisect_right(steps, start), bisect_right(steps, now - offset)
-        if hi - lo < at_least:
-            lo = hi - at_least
-        if lo < 0 or lo == hi:
+        if lo == hi:
             return None
+        if hi - lo < at_least:  # reach back to the last at_least records
+            lo = hi - at_least
+            if lo < 0:
+                return None
         return steps[lo:hi], list(self.values)[lo:hi]
 
 
@@ -308,6 +314,14 @@ class RankSignals:
     @property
     def ready(self) -> bool:
         return self.baseline_from is not None and self.step >= self.baseline_from + self.baseline_steps
+
+    @property
+    def baseline_steps_to_go(self) -> int:
+        """Steps until the baseline is ready: the cards that wait for it judge from then on (0
+        once they do). A rank at step 150 of a 200-step baseline from step 1 has 51 to go."""
+        if self.baseline_from is None:
+            return self.baseline_steps
+        return max(0, self.baseline_from + self.baseline_steps - self.step)
 
     def _history(self, key: str) -> KeyHistory:
         h = self.keys.get(key)
@@ -433,7 +447,7 @@ class RankSignals:
                 trend = None if points is None else slope(*points)
                 if trend is not None:
                     slopes.append((key, window, trend))
-            for count, offset, fewest in RECORD_WINDOWS:
+            for count, offset, fewest in RECORD_WINDOWS if key in RECORD_KEYS else ():
                 values = h.records(count, offset, fewest)
                 if values is not None:
                     records.append((key, count, offset, min(values), max(values), percentile(values, 0.5)))

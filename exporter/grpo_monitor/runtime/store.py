@@ -9,6 +9,7 @@ scrape only joins rendered lines.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import threading
@@ -17,7 +18,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from grpo_monitor.contract import thresholds
-from grpo_monitor.contract.keys import SIGNALS
+from grpo_monitor.contract.cards import MINIMUM_CURVES, Armed, RunShape, armed_table
+from grpo_monitor.contract.keys import SIGNALS, SIGNALS_BY_KEY, closest_names, framework_of
 from grpo_monitor.contract.snapshot import Snapshot
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.signals import (
@@ -32,6 +34,8 @@ from grpo_monitor.runtime.signals import (
     PromptTypeSignals,
     RankSignals,
 )
+
+log = logging.getLogger("grpo_monitor.runtime.store")
 
 # The event that marks a run's clean end (SnapshotWriter.close(), the TRL callback's
 # on_train_end, or a line a launch script appends for verl / flat-dict runs).
@@ -96,12 +100,16 @@ class RankState:
     # (step, trainer time) of the newest records with new steps: the rank's pace.
     pace: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=INTERVAL_STEPS + 1))
     intervals_now: tuple[float, float] | None = None  # intervals() as of the last render
+    logged_steps: int = 0  # records of a step newer than the rank's last
+    names: dict[str, str] = field(default_factory=dict)  # canonical key -> the name logged
+    counted: set[str] = field(default_factory=set)  # its keys already in the run's key_ranks
 
     def note_pace(self, step: int, when: float) -> None:
         if self.pace and step < self.pace[-1][0]:
             self.pace.clear()  # resumed from an earlier checkpoint: a new pace
         if not self.pace or step > self.pace[-1][0]:
             self.pace.append((step, when))
+            self.logged_steps += 1
 
     def rebaseline(self, steps: int) -> None:
         """The last ``steps`` steps become the rank's baseline, and its prompt types' too."""
@@ -163,6 +171,8 @@ class RankState:
         f = self.signals.features()
         fv = ex.format_value
         out[ex.BASELINE_READY.name].append(f"{ex.BASELINE_READY.name}{{{base}}} {int(f.ready)}\n")
+        out[ex.BASELINE_REMAINING.name].append(
+            f"{ex.BASELINE_REMAINING.name}{{{base}}} {self.signals.baseline_steps_to_go}\n")
         for key, (mean, std) in f.baseline.items():
             lbl = f'{base},key="{key}"'
             out[ex.BASELINE_MEAN.name].append(f"{ex.BASELINE_MEAN.name}{{{lbl}}} {fv(mean)}\n")
@@ -239,6 +249,10 @@ class RunState:
     # The slowest rank's typical (seconds per step, seconds per record), as last rendered.
     pace: tuple[float, float] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
+    framework: str = ""  # who wrote the run, once known (grpo_run_info)
+    key_ranks: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # canonical key -> ranks
+    closest: dict[str, list[str]] = field(default_factory=dict)  # unknown key -> likely meant
+    armed: list[Armed] = field(default_factory=list)  # the armed table, as last rendered
 
     def admit(self, kind: str, seen: set[str], name: str, cap: int) -> bool:
         if name in seen:
@@ -248,6 +262,53 @@ class RunState:
             return True
         self.dropped[kind] += 1
         return False
+
+    def shape(self) -> RunShape:
+        """What the armed table reads of the run (contract/cards.py)."""
+        ranks = self.ranks.values()
+        return RunShape(
+            key_ranks=dict(self.key_ranks), ranks=len(self.ranks),
+            baseline_steps_to_go=min((r.signals.baseline_steps_to_go for r in ranks), default=0),
+            prompt_types=max((len(r.type_signals) for r in ranks), default=0),
+            gpus=any(r.placement is not None and r.placement[3] for r in ranks))
+
+    def note_keys(self, rank: RankState) -> None:
+        """Count the canonical keys the rank logs for the first time (cheap when none is new)."""
+        keys = rank.signals.keys
+        if len(keys) == len(rank.counted):
+            return
+        for key in keys.keys() - rank.counted:
+            rank.counted.add(key)
+            if key in SIGNALS_BY_KEY:
+                self.key_ranks[key] += 1
+
+    def note_unknown(self, name: str) -> None:
+        """The first sight of a key that maps to no signal: named once in the log, with the
+        names it most likely meant, and kept for grpo_unknown_key_info."""
+        self.closest[name] = close = closest_names(name)
+        if close:
+            log.warning("run %s logs %r, which maps to no signal: did you mean %s? It is exported "
+                        "as grpo_metric_value, and no card reads it", self.name, name,
+                        " or ".join(repr(c) for c in close))
+        else:
+            log.info("run %s logs %r, which maps to no signal: exported as grpo_metric_value",
+                     self.name, name)
+
+    def _coverage_blocks(self, run: str) -> dict[str, str]:
+        self.armed = armed_table(self.shape())
+        steps = max((r.logged_steps for r in self.ranks.values()), default=0)
+        cards = "".join(
+            f'{ex.CARD_ARMED.name}{{run="{run}",card="{a.card.name}",severity="{a.card.severity}",'
+            f'reason="{a.reason}",needs="{",".join(a.needs)}"}} {int(a.reason == "armed")}\n'
+            for a in self.armed)
+        logged = "".join(f'{ex.SIGNAL_LOGGED.name}{{run="{run}",key="{k}"}} {int(k in self.key_ranks)}\n'
+                         for k in MINIMUM_CURVES)
+        unknown = "".join(
+            f'{ex.UNKNOWN_KEY_INFO.name}{{run="{run}",key="{ex.escape_label(k)}",'
+            f'closest="{ex.escape_label(",".join(c))}"}} 1\n' for k, c in self.closest.items())
+        return {ex.RUN_INFO.name: f'{ex.RUN_INFO.name}{{run="{run}",framework="{ex.escape_label(self.framework)}"}} 1\n',
+                ex.RUN_LOGGED_STEPS.name: f'{ex.RUN_LOGGED_STEPS.name}{{run="{run}"}} {steps}\n',
+                ex.SIGNAL_LOGGED.name: logged, ex.CARD_ARMED.name: cards, ex.UNKNOWN_KEY_INFO.name: unknown}
 
     def render(self) -> None:
         run = ex.escape_label(self.name)
@@ -268,6 +329,7 @@ class RunState:
                 f"{ex.RUN_LOG_INTERVAL.name}{lbl} {ex.format_value(self.pace[1])}\n")
         name = ex.CARDINALITY_DROPPED.name
         blocks[name] = "".join(f'{name}{{run="{run}",kind="{k}"}} {n}\n' for k, n in self.dropped.items())
+        blocks.update(self._coverage_blocks(run))
         self.blocks = {k: v for k, v in blocks.items() if v}
 
     def note_end(self, snap: Snapshot, ending: bool) -> None:
@@ -334,6 +396,11 @@ class RunStore:
             rank.note_pace(snap.step, snap.time)
             stalled = any(e.type in STALL_EVENTS for e in snap.events)
             rank.signals.add(snap.step, snap.metrics, stalled)
+            rank.names.update(snap.names)
+            run.note_keys(rank)
+            if not run.framework:
+                run.framework = snap.framework or framework_of(snap.names.values()) or \
+                    framework_of(snap.unknown) or ""
             if snap.world_size is not None:
                 rank.world_size = snap.world_size
             if snap.placement is not None:
@@ -341,7 +408,10 @@ class RunStore:
             rank.values.update(snap.metrics)
             self._count_nonfinite(rank, snap.metrics)
             for name, value in snap.unknown.items():
+                new = name not in run.unknown_keys
                 if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
+                    if new:
+                        run.note_unknown(name)
                     rank.unknown[(name, "")] = value
                     self._count_nonfinite(rank, {name: value}, snap.step)
             for ptype in snap.by_type:  # record order: which types a cap keeps is stable
@@ -357,7 +427,10 @@ class RunStore:
                     history.add(snap.step, followed)
                 self._count_nonfinite(rank, typed, snap.step)
                 for name, value in snap.by_type_unknown.get(ptype, {}).items():
+                    new = name not in run.unknown_keys
                     if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
+                        if new:
+                            run.note_unknown(name)
                         rank.unknown[(name, ptype)] = value
                         self._count_nonfinite(rank, {name: value}, snap.step)
             for event in snap.events:
@@ -443,6 +516,12 @@ class RunStore:
         with self._lock:
             run = self._runs.get(run_name)
             return max((r.step for r in run.ranks.values()), default=None) if run else None
+
+    def runs(self) -> list[RunState]:
+        """Every run's state, by name: for a tool that reads a folder on one thread (``grpo-monitor
+        check``); the exporter's scrapes read the rendered blocks instead."""
+        with self._lock:
+            return [self._runs[name] for name in sorted(self._runs)]
 
     def run_count(self) -> int:
         with self._lock:

@@ -17,6 +17,9 @@ Why it is shaped this way:
   it (a crash, a kill, a hung collective) simply stops writing, which is what the card looks
   for. So ``close()`` is for the clean path only; the context manager and ``close(end=False)``
   leave the end unmarked when an exception is on its way out.
+* Named keys. A key that maps to no signal the cards read (``reward/meen``) is warned about
+  once, with the names it most likely meant (``UnknownKeyWarning``; ``warn_unknown_keys=False``
+  turns it off). A step whose keys were all seen before costs one set check.
 * Bounded. Past ``max_bytes`` the file is renamed to a numbered segment that keeps the
   ``rank-<N>`` prefix and ``.jsonl`` suffix, so the exporter still reads it as history, and only
   the newest ``keep_segments`` segments are kept.
@@ -31,10 +34,12 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from grpo_monitor.contract.keys import closest_names, match_key
 from grpo_monitor.contract.run_layout import (
     check_run_name,
     rank_file,
@@ -43,9 +48,15 @@ from grpo_monitor.contract.run_layout import (
 )
 from grpo_monitor.sdk.pause import Checkpoint, ControlWatcher
 
-__all__ = ["SnapshotWriter"]
+__all__ = ["SnapshotWriter", "UnknownKeyWarning"]
 
 _log = logging.getLogger("grpo_monitor.sdk")
+
+
+class UnknownKeyWarning(UserWarning):
+    """A logged key maps to no signal the cards read: exported generically, judged by none."""
+
+
 # A broken disk is retried at most this often, so that it costs no syscall storm per step.
 _RETRY_INTERVAL_S = 1.0
 # O_RDWR, not O_WRONLY: _open reads the last byte of an existing file.
@@ -151,6 +162,8 @@ class SnapshotWriter:
         *,
         max_bytes: int = 64 * 2**20,
         keep_segments: int = 16,
+        framework: str | None = None,
+        warn_unknown_keys: bool = True,
     ) -> None:
         check_run_name(run)
         if max_bytes <= 0:
@@ -183,7 +196,7 @@ class SnapshotWriter:
         header = _encode({
             "run": self.run, "rank": self.rank, "world_size": self.world_size,
             "host": self.host, "local_rank": self.local_rank, "gpu": self.gpu,
-            "gpu_uuid": self.gpu_uuid,
+            "gpu_uuid": self.gpu_uuid, **({"framework": framework} if framework else {}),
         })
         self._prefix: bytes = header[:-1] + b',"step":'
         self._lock = threading.Lock()
@@ -198,6 +211,8 @@ class SnapshotWriter:
         self._closed = False
         self._warned_disk = False
         self._warned_value = False
+        # The metric keys already looked up: an unknown one is warned about once.
+        self._seen_keys: set[str] | None = set() if warn_unknown_keys else None
         # The run's control record (red-card pause, exporter's webhook): see should_pause().
         self._control = ControlWatcher(self.dir)
         self.control_path: str = self._control.path
@@ -238,6 +253,8 @@ class SnapshotWriter:
             step = int(step)
             if events is not None:
                 self._note_checkpoints(events, step, now)
+            if self._seen_keys is not None and not self._seen_keys.issuperset(metrics):
+                self._warn_unknown(metrics)
         # The default hook calls the caller's .item() / float(): anything may come out of it,
         # and a bad value is no reason to stop training.
         except Exception as exc:  # noqa: BLE001
@@ -253,6 +270,19 @@ class SnapshotWriter:
                 return False
             self._last_step = step if self._last_step is None else max(self._last_step, step)
             return self._append(data)
+
+    def _warn_unknown(self, metrics: Mapping[str, Any]) -> None:
+        assert self._seen_keys is not None
+        for name in metrics:
+            if name in self._seen_keys:
+                continue
+            self._seen_keys.add(name)
+            if not isinstance(name, str) or match_key(name) is not None:
+                continue
+            close = closest_names(name)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            warnings.warn(f"grpo_monitor: {name!r} maps to no signal the cards read (it is exported "
+                          f"as grpo_metric_value){hint}", UnknownKeyWarning, stacklevel=3)
 
     def should_pause(self) -> bool:
         """True while a red card holds this run paused (``<dir>/.grpo-control.json`` says

@@ -6,6 +6,7 @@ committed file differs from this output.
 
 from __future__ import annotations
 
+from grpo_monitor.contract.cards import MINIMUM_CURVES
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime import forecast, store
@@ -77,6 +78,20 @@ did it last write, and how long does it usually take between records.
 | `{step_interval}` | gauge | run | typical seconds per training step on the trainer's clock (records' `time`): per rank the median of Δtime/Δstep over its last {n} logged steps, the slowest rank's; absent until a rank has {min_intervals} intervals between records (until then the hung-run card waits for its floor for a run without a pace) |
 | `{log_interval}` | gauge | run | the same median of Δtime between consecutive records (equal to the step interval when every step is logged; ten times it at `logging_steps=10`) |
 
+
+## What the run is watched for
+
+Which cards can fire on the run, and what it logs of the minimum curves
+([coverage.md](coverage.md), generated from `contract/cards.py` like the table below).
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| `{card_armed}` | gauge | run, card, severity, reason, needs | one per card of the catalog: 1 when it can fire on the run now; 0 with `reason` `missing_signal` (`needs`: the keys to log, comma-separated), `baseline_pending` or `not_applicable` |
+| `{signal_logged}` | gauge | run, key | per minimum curve ({curves}): 1 once a rank of the run logged it, else 0 (GRPOSignalMissing) |
+| `{logged_steps}` | gauge | run | steps the run has logged a record for, its busiest rank's count |
+| `{run_info}` | gauge | run, framework | constant 1: who wrote the run (a native record's `framework`, else the first key name only one framework logs; empty when unknown) |
+| `{unknown_info}` | gauge | run, key, closest | constant 1 per key that maps to no signal (under the same cap as `{unknown}`), `closest` the known names it most likely meant (within two edits, not another statistic of a signal), empty when none |
+
 A run that has not ended stays in `/metrics` for at least {retain} of its log intervals (before its
 pace is known, {retain_unpaced} times `grpo:threshold:run_hung_unpaced_seconds`), even past
 `--snapshot.run-timeout`, so that its silence can raise the hung-run card.
@@ -93,6 +108,7 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 | metric | labels | meaning |
 |---|---|---|
 | `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default {baseline}) |
+| `{remaining}` | run, rank | steps until the baseline is ready and the cards that wait for it can fire; 0 once they can |
 | `{bmean}` | run, rank, key | mean over the baseline period (present once ready) |
 | `{bstd}` | run, rank, key | sample standard deviation over the baseline period |
 | `{imean}` | run, rank, key | mean over the key's first {init} steps (`--signals.initial-steps`): its initial value, present once those steps are past (training keys) |
@@ -104,7 +120,7 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 | `{rising}` | run, rank, key, window_steps | consecutive {rising_w}-step windows whose mean rose (training keys) |
 | `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
 | `{slope}` | run, rank, key, window_steps | least-squares slope per step over the last {slope_w} steps: where the signal is heading (training keys) |
-| `{rmin_rec}`, `{rmax_rec}`, `{rmed_rec}` | run, rank, key, records, offset_records | min / max / median of the last `records` logged values before the newest `offset_records`, windows counted in records, not steps (training keys): {rec_windows} |
+| `{rmin_rec}`, `{rmax_rec}`, `{rmed_rec}` | run, rank, key, records, offset_records | min / max / median of the last `records` logged values before the newest `offset_records`, windows counted in records, not steps, for the keys the blow-up card reads ({rec_keys}): {rec_windows} |
 | `{ptmean}` | run, rank, prompt_type, key, window_steps, offset_steps | per prompt type (a record's `by_type`), for {pt_keys}: mean over {pt_means} |
 | `{ptinit}` | run, rank, prompt_type, key | per prompt type, for {pt_keys}: mean over the type's first {init} steps |
 
@@ -209,9 +225,13 @@ def render() -> str:
         step_interval=ex.RUN_STEP_INTERVAL.name, log_interval=ex.RUN_LOG_INTERVAL.name,
         n=store.INTERVAL_STEPS, retain=store.HUNG_RETAIN_INTERVALS,
         min_intervals=store.PACE_MIN_INTERVALS, retain_unpaced=store.HUNG_RETAIN_UNPACED,
+        card_armed=ex.CARD_ARMED.name, signal_logged=ex.SIGNAL_LOGGED.name,
+        logged_steps=ex.RUN_LOGGED_STEPS.name, run_info=ex.RUN_INFO.name,
+        unknown_info=ex.UNKNOWN_KEY_INFO.name, curves=", ".join(f"`{k}`" for k in MINIMUM_CURVES),
         max_unknown=store.Limits.max_unknown_keys))
     out.append(FEATURES.format(
         ready=ex.BASELINE_READY.name, baseline=store.Limits.baseline_steps,
+        remaining=ex.BASELINE_REMAINING.name,
         bmean=ex.BASELINE_MEAN.name, bstd=ex.BASELINE_STDDEV.name,
         wmean=ex.WINDOW_MEAN.name, growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,
         goffs=", ".join(map(str, sig.GROWTH_OFFSETS)), wmin=ex.WINDOW_MIN.name, wmax=ex.WINDOW_MAX.name,
@@ -226,6 +246,7 @@ def render() -> str:
         slope=ex.WINDOW_SLOPE.name, slope_w=", ".join(map(str, sig.SLOPE_WINDOWS)),
         persist=sig.PERSISTENCE_RECORDS, rmin_rec=ex.RECORDS_MIN.name, rmax_rec=ex.RECORDS_MAX.name,
         rmed_rec=ex.RECORDS_MEDIAN.name,
+        rec_keys=", ".join(f"`{k}`" for k in sorted(sig.RECORD_KEYS)),
         rec_windows=", ".join(f"{n}@{o} (up to {n}, published from {f})" for n, o, f in sig.RECORD_WINDOWS)
         + " (records@offset_records)",
         ptmean=ex.PROMPT_TYPE_WINDOW_MEAN.name, ptinit=ex.PROMPT_TYPE_INITIAL_MEAN.name,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
-from grpo_monitor.contract.run_layout import REPORT_FOLDER, is_hidden, run_files
+from grpo_monitor.contract.run_layout import REPORT_FOLDER, runs_in
 from grpo_monitor.runtime.forecast import BLOCK_STEPS
 from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.load import RunData, load_run
@@ -130,6 +130,18 @@ def _law_lines(section: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _not_judged_lines(summary: dict[str, Any]) -> list[str]:
+    """The minimum curves the run never logged, and the verdicts it could not have been given,
+    and why (what their cards read that the run does not have)."""
+    missing = summary.get("missing_curves", [])
+    lines = [f"minimum curves never logged: {', '.join(missing)} (GRPOSignalMissing)"] if missing else []
+    not_judged = summary.get("not_judged", [])
+    if not not_judged:
+        return lines + ["not judged: none; every card's verdict could be judged on this run"]
+    return lines + ["not judged (the run does not have what their cards read):",
+                    *(f"  {n['verdict']} ({n['card']}): {n['reason']}, {n['why']}" for n in not_judged)]
+
+
 def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
     lines = [f"run {summary['run']}: {summary['logged_steps']} logged steps "
              f"{_fmt(summary['steps'])}, {summary['records']} records, ranks "
@@ -140,7 +152,8 @@ def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
                      f"{_explanation(v)}")
         for k, x in v["evidence"].items():
             lines.append(f"      {k} = {_fmt(x)}")
-    lines += ["", *_rollout_lines(summary.get("rollout_vs_trainer"), verdicts), "",
+    lines += ["", *_not_judged_lines(summary), "",
+              *_rollout_lines(summary.get("rollout_vs_trainer"), verdicts), "",
               *_law_lines(summary["entropy_reward_law"])]
     lines += ["", f"summary (whole run; window stddev over {summary['window_steps']}-step windows):",
               f"  {'signal':<20}{'p5':>10}{'p50':>10}{'p95':>10}{'p99':>10}{'mean':>10}"
@@ -330,6 +343,7 @@ def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: by
         f"<h1>Run {e(summary['run'])}</h1><p>{summary['logged_steps']} logged steps, "
         f"{summary['records']} records, {summary['bad_lines']} bad lines skipped.</p>"
         f"<h2>Verdicts</h2><ul>{''.join(items)}</ul>"
+        f"<h2>Not judged</h2><ul>{''.join(f'<li>{e(line.strip())}</li>' for line in _not_judged_lines(summary))}</ul>"
         f"<h2>Curves</h2><img alt='curves' src='data:image/png;base64,{img}'>"
         f"<h2>Rollout vs trainer</h2>{rollout_html}"
         f"<h2>Entropy-reward law</h2><p>{e(_law_lines(summary['entropy_reward_law'])[0])}</p>"
@@ -383,19 +397,6 @@ def build_report(run_dir: Path | str, out: Path | str | None = None,
         paths["html"].write_text(html_report(summary, verdicts, png, law_png), encoding="utf-8")
     return {"summary": summary, "verdicts": verdicts, "text": text,
             "outputs": {k: str(v) for k, v in paths.items()}, "data": data}
-
-
-def runs_in(folder: Path) -> list[Path]:
-    """The run folders of ``folder`` when it is a snapshot folder (no snapshot files of its
-    own, sub-folders that hold some), else []: a run folder is reported as one run."""
-    if run_files(folder, nested=False):
-        return []
-    try:
-        subs = sorted(p for p in folder.iterdir() if not is_hidden(p.name) and p.is_dir()
-                      and not p.is_symlink())
-    except OSError:
-        return []
-    return [p for p in subs if run_files(p)]
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -132,10 +132,11 @@ class Track:
         lo = np.searchsorted(self.steps, starts, side="right")
         hi = np.searchsorted(self.steps, ends, side="right")
         q = {"p10": 10, "p90": 90}.get(stat)
+        full = (self.steps[0] <= starts + 1) & (hi > lo)
         if q is not None:
             lo = np.minimum(lo, hi - PERSISTENCE_RECORDS)
+            full &= lo >= 0
         out = np.full(self.steps.size, math.nan)
-        full = (self.steps[0] <= starts + 1) & (hi > lo) & (lo >= 0)
         for i in np.flatnonzero(full):
             chunk = self.values[lo[i]:hi[i]]
             out[i] = chunk.mean() if q is None else percentile(chunk, q)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
+from grpo_monitor.contract.cards import CARDS_BY_NAME, MINIMUM_CURVES, RunShape, arm
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime.forecast import (
     BLOCK_STEPS,
@@ -34,7 +35,7 @@ from grpo_monitor.tools.report.statistics import (
     rounded,
     windows,
 )
-from grpo_monitor.tools.report.verdicts import RISING_MISMATCH
+from grpo_monitor.tools.report.verdicts import RISING_MISMATCH, VERDICTS
 
 SUMMARY_SIGNALS: tuple[str, ...] = (
     "reward/mean", "reward/std", "kl/mean", "loss", "eval/sample_acc", "entropy/mean",
@@ -67,7 +68,44 @@ def summarize(view: RunView) -> dict[str, Any]:
             "ranks": sorted(set(data.perf) | ({0} if data.train else set())),
             "window_steps": view.window, "signals": signals,
             "rollout_vs_trainer": rollout_section(view) if steps else None,
-            "entropy_reward_law": law_section(view)}
+            "entropy_reward_law": law_section(view),
+            "missing_curves": [k for k in MINIMUM_CURVES if not data.has(k)] if steps else [],
+            "not_judged": not_judged(view) if steps else []}
+
+
+# -- what the report could not judge ---------------------------------------------------------------
+
+
+def run_shape(view: RunView) -> RunShape:
+    """The run as the card declarations read it (contract/cards.py): the keys rank 0 logged (and
+    the ranks logging each perf key), its ranks, the steps it lacks for a baseline, its prompt
+    types. The folder says nothing of GPUs: the GPU cards count as not applicable."""
+    data, steps = view.data, view.steps
+    key_ranks = {key: 1 for m in data.train.values() for key in m}
+    for per_step in data.perf.values():  # perf/* keys: every rank that logged one
+        for key in {k for m in per_step.values() for k in m}:
+            key_ranks[key] = key_ranks.get(key, 0) + 1
+    types = {t for m in data.by_type.values() for t in m}
+    baseline = th.count("baseline_steps")
+    to_go = max(0, steps[0] + baseline - steps[-1]) if steps else baseline
+    return RunShape(key_ranks=key_ranks, ranks=len(set(data.perf) | {0}),
+                    baseline_steps_to_go=to_go, prompt_types=len(types))
+
+
+def not_judged(view: RunView) -> list[dict[str, Any]]:
+    """The verdicts of a card the run could not have raised, and why (the card's declaration
+    against what the run logged): ``missing_signal`` with the keys it needs, ``baseline_pending``
+    (the run is shorter than the baseline period), ``not_applicable``."""
+    shape = run_shape(view)
+    out = []
+    for kind in VERDICTS.values():
+        if kind.card is None or kind.card not in CARDS_BY_NAME:
+            continue
+        armed = arm(CARDS_BY_NAME[kind.card], shape)
+        if armed.reason != "armed":
+            out.append({"verdict": kind.id, "card": kind.card, "reason": armed.reason,
+                        "why": armed.explanation})
+    return out
 
 
 # -- rollout vs trainer --------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""False positives of the red cards, the blow-up card first, over every healthy run the suite has.
+
+Usage: python bench/bench_cards.py [--out PATH] [--demo-seeds S ...] [--demo-steps N] [--no-demo]
+
+A red card pauses training, so one on a healthy run costs a person's night. This script plays
+every healthy run through the exporter's ingest and store and the committed rules in the real
+promtool (tests/promtool_harness.py, one scrape per logged step), and counts, per red card, the
+runs it fired on and at which steps:
+
+* the shared real runs that are healthy (tests/test_real_run_cards.HEALTHY), as logged;
+* the synthetic healthy run (``simulate --scenario healthy``, 3000 steps), and the healthy part
+  of every sick scenario: its steps before the onset (the runs those scenarios start with), in
+  both logged every step and every 5th;
+* the demo's tiny real trainer, healthy, on ``--demo-seeds`` (5 seeds of ``--demo-steps`` 600).
+
+Sick runs are not counted: a red card there is the point. Writes bench/results/cards.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import real_runs  # noqa: E402
+from promtool_harness import SEVERITIES, Played, fired_at, intervals, play  # noqa: E402
+from results_io import machine, write_result  # noqa: E402
+from test_real_run_cards import HEALTHY  # noqa: E402
+
+from grpo_monitor.tools.simulate import SCENARIOS  # noqa: E402
+
+RED = sorted(a for a, s in SEVERITIES.items() if s == "critical")
+
+
+def healthy_runs(demo_seeds: list[int], demo_steps: int) -> Iterator[tuple[str, Played]]:
+    for name in HEALTHY:
+        yield f"real/{name}", real_runs.play_real(name)
+    yield "simulate/healthy", play("healthy", scrape_every=1)
+    for name, sc in SCENARIOS.items():
+        if name == "healthy" or sc.onset <= 25:
+            continue  # sick from (nearly) its first step: no healthy part to speak of
+        for every in (1, 5):
+            yield (f"simulate/{name}[:{sc.onset}] every {every}",
+                   play(name, scrape_every=1, steps=sc.onset - 1, log_every=every))
+    if demo_seeds:
+        from grpo_monitor.tools.train_demo import Config
+        from test_train_demo import train_recorded  # the tests' own recorder of the demo
+
+        for seed in demo_seeds:
+            with tempfile.TemporaryDirectory() as tmp:
+                _, played = train_recorded(Config(step_seconds=0.0, snapshot_dir=Path(tmp),
+                                                  run=f"seed{seed}", steps=demo_steps, seed=seed),
+                                           scrape_every=1)
+            yield f"train-demo seed {seed} ({demo_steps} steps)", played
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cards.json")
+    parser.add_argument("--demo-seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--demo-steps", type=int, default=600)
+    parser.add_argument("--no-demo", action="store_true")
+    args = parser.parse_args(argv)
+    seeds = [] if args.no_demo else args.demo_seeds
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, played in healthy_runs(seeds, args.demo_steps):
+            at = fired_at(played, Path(tmp))
+            spans = intervals(played.scrape_steps, at)
+            red = {a: s for a, s in spans.items() if a in RED}
+            runs.append({"run": label, "logged_steps": len(played.scrape_steps),
+                         "red_cards": {a: [list(x) for x in s] for a, s in red.items()}})
+            print(f"{label:<60} {len(played.scrape_steps):>5} steps  red: "
+                  f"{', '.join(red) or 'none'}", flush=True)
+    per_card = {card: [r["run"] for r in runs if card in r["red_cards"]] for card in RED}
+    result = {"machine": machine(), "healthy_runs": len(runs),
+              "logged_steps": sum(r["logged_steps"] for r in runs),
+              "false_positive_runs": {c: len(v) for c, v in per_card.items()},
+              "fired_on": {c: v for c, v in per_card.items() if v}, "runs": runs}
+    print(f"{len(runs)} healthy runs, {result['logged_steps']} logged steps; runs with a red card: "
+          + ", ".join(f"{c} {n}" for c, n in result["false_positive_runs"].items()))
+    write_result(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

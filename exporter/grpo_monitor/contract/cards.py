@@ -1,0 +1,359 @@
+"""What every card needs to be able to fire: the signals each rule reads, and what else it waits for.
+
+A card is *armed* on a run when it could fire there now: the run logs the signals one of its rule
+branches reads, has the ranks that branch compares, and is past the baseline period if the
+branch waits for it. Otherwise it is disarmed, for one reason:
+
+* ``missing_signal``: the run logs none, or too few, of the keys the card reads (``needs`` names
+  them; docs/metrics.md lists the aliases each key is also read under);
+* ``baseline_pending``: the run logs what the card reads, but the card waits for the baseline
+  period (``steps_to_go`` steps more);
+* ``not_applicable``: the card compares what the run does not have (ranks with one another,
+  prompt types, GPUs).
+
+This table is the one place those inputs are written down: the exporter's armed table
+(``grpo_card_armed``), ``grpo-monitor check``, the report's "could not judge" list, the coverage
+rules (``prometheus/rules/grpo-coverage.yml``, written by :func:`render`) and
+docs/coverage.md (``tools/coverage_doc.py``) all read it, and a test fails when a rule of
+prometheus/rules/ reads a signal its card's declaration does not list (or lists one it does not
+read). Adding a card is one :class:`Card` entry here next to its rule, then ``make docs``.
+
+Standard library only: the trainer side may import it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+from grpo_monitor.contract import thresholds
+
+Severity = Literal["critical", "warning"]
+Reason = Literal["armed", "missing_signal", "baseline_pending", "not_applicable"]
+# Closest to firing first: a disarmed card with several branches reports its nearest one.
+REASONS: tuple[Reason, ...] = ("armed", "baseline_pending", "missing_signal", "not_applicable")
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One rule of a card (its ``reason`` label), or one alternative within a rule.
+
+    ``keys``: the canonical keys it reads; it needs ``at_least`` of them (all, by default).
+    ``baseline``: it waits for the baseline period. ``min_ranks``: ranks logging those keys (or
+    any ranks, for a branch without keys) it needs at least. ``prompt_types``: prompt types of
+    a record's ``by_type`` it compares. ``gpu``: it reads the GPUs the run's ranks train on
+    (the ranks must report their GPU uuid). ``indirect``: keys it reads through a derived
+    feature rather than by name (the entropy-reward law's fit reads the reward).
+    """
+
+    keys: tuple[str, ...] = ()
+    at_least: int | None = None
+    baseline: bool = False
+    min_ranks: int = 1
+    prompt_types: int = 0
+    gpu: bool = False
+    reason: str = ""
+    indirect: tuple[str, ...] = ()
+
+    @property
+    def needed(self) -> int:
+        return len(self.keys) if self.at_least is None else self.at_least
+
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        return (*self.keys, *self.indirect)
+
+
+@dataclass(frozen=True)
+class Card:
+    """An alert of prometheus/rules/ (``rule_file``) and the branches any one of which arms it."""
+
+    name: str
+    severity: Severity
+    rule_file: str
+    branches: tuple[Branch, ...]
+    # About the exporter or the node, not the run's signals: armed whenever the run is there.
+    always: bool = False
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key any branch reads, in declaration order."""
+        return tuple(dict.fromkeys(k for b in self.branches for k in b.all_keys))
+
+
+ALERTS = "grpo-alerts.yml"
+CLUSTER = "grpo-cluster.yml"
+COVERAGE = "grpo-coverage.yml"
+_B = Branch
+
+CARDS: tuple[Card, ...] = (
+    # -- red cards ------------------------------------------------------------------------------
+    Card("GRPONonFiniteValues", "critical", ALERTS, (_B(),), always=True),
+    Card("GRPOKLExplosion", "critical", ALERTS, (
+        _B(("kl/mean",), baseline=True),
+        _B(("kl/mean",), reason="before_baseline"))),
+    Card("GRPOEntropyCollapse", "critical", ALERTS, (_B(("entropy/mean",)),)),
+    Card("GRPOEntropyExplosion", "critical", ALERTS, (
+        _B(("entropy/mean",)), _B(("entropy/mean",), reason="rebound"))),
+    Card("GRPOTrainingBlowUp", "critical", ALERTS, (
+        _B(("entropy/mean", "kl/mean", "grad/norm", "response/len_mean", "reward/mean"),
+           at_least=thresholds.count("blowup_min_signals")),)),
+    Card("GRPORewardCollapse", "critical", ALERTS, (_B(("reward/mean", "reward/std")),)),
+    Card("GRPORankStalled", "critical", ALERTS, (_B(min_ranks=2, reason="rank_lag"),)),
+    Card("GRPORunHung", "critical", CLUSTER, (_B(),), always=True),
+    Card("GRPOGPUXidError", "critical", CLUSTER, (_B(gpu=True),)),
+    # -- yellow cards ---------------------------------------------------------------------------
+    Card("GRPOKLGrowthAccelerating", "warning", ALERTS, (_B(("kl/mean",), baseline=True),)),
+    Card("GRPOKLTailOutliers", "warning", ALERTS, (_B(("kl/max", "kl/p95"), baseline=True),)),
+    Card("GRPORewardHackingSuspected", "warning", ALERTS, (
+        _B(("response/len_mean", "reward/mean"), baseline=True, reason="length_surge"),
+        _B(("reward/mean", "eval/sample_acc"), baseline=True, reason="flat_accuracy"))),
+    Card("GRPOResponseLengthShift", "warning", ALERTS, (
+        _B(("response/len_mean",), baseline=True),
+        _B(("response/len_mean",), reason="against_initial"))),
+    Card("GRPOCompletionsTruncated", "warning", ALERTS, (_B(("response/clip_ratio",)),)),
+    Card("GRPORewardStdRising", "warning", ALERTS, (_B(("reward/std",), baseline=True),)),
+    Card("GRPORewardQuantileExtreme", "warning", ALERTS, (
+        _B(("reward/p25", "reward/p50", "reward/p75", "reward/p95"), at_least=1, baseline=True),)),
+    Card("GRPOAdvantageVanishing", "warning", ALERTS, (
+        _B(("group/zero_std_frac",), reason="dead_groups"),
+        _B(("reward/std",), reason="reward_constant"),
+        _B(("group/zero_std_frac", "adv/mean_abs"), at_least=1, baseline=True))),
+    Card("GRPOGroupDominated", "warning", ALERTS, (
+        _B(("group/reward_gap", "reward/std"), baseline=True),)),
+    Card("GRPOGradNormSpike", "warning", ALERTS, (_B(("grad/norm",), baseline=True),)),
+    Card("GRPOStepTimeDrift", "warning", ALERTS, (_B(("perf/step_time_s",), baseline=True),)),
+    Card("GRPOThroughputDrop", "warning", ALERTS, (
+        _B(("perf/samples_per_s", "perf/tokens_per_s"), at_least=1, baseline=True),)),
+    Card("GRPORolloutMismatch", "warning", ALERTS, (
+        _B(("mismatch/kl",), reason="kl"), _B(("mismatch/chi2_token",), reason="chi2_token"),
+        _B(("mismatch/is_weight_mean",), reason="is_weight"),
+        _B(("mismatch/is_ess_ratio",), reason="ess"))),
+    Card("GRPORolloutMismatchRising", "warning", ALERTS, (
+        _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1),)),
+    Card("GRPOStaleRollouts", "warning", ALERTS, (_B(("staleness/mean",)),)),
+    Card("GRPOPromptsTooHard", "warning", ALERTS, (_B(("group/all_wrong_frac",)),)),
+    Card("GRPOPromptsTooEasy", "warning", ALERTS, (_B(("group/all_right_frac",)),)),
+    Card("GRPOShortcutLearning", "warning", ALERTS, (
+        _B(("reward/mean",), prompt_types=2, reason="against_initial"),
+        _B(("reward/mean",), prompt_types=2, reason="within_200_steps"))),
+    Card("GRPOEntropyCovarianceSurge", "warning", ALERTS, (
+        _B(("entropy/logp_adv_cov", "entropy/mean")),)),
+    # The entropy-reward law is fitted on the entropy's and the reward's block means.
+    Card("GRPORewardCeilingNear", "warning", ALERTS, (
+        _B(("entropy/mean",), indirect=("reward/mean",)),)),
+    Card("GRPOLengthBias", "warning", ALERTS, (
+        _B(("response/len_correct_mean", "response/len_incorrect_mean")),)),
+    Card("GRPOSignalMissing", "warning", COVERAGE, (_B(),), always=True),
+    # -- cluster health -------------------------------------------------------------------------
+    Card("GRPORankStraggler", "warning", CLUSTER, (
+        _B(("perf/step_time_s",), baseline=True,
+           min_ranks=thresholds.count("straggler_min_ranks")),)),
+    Card("GRPONVLinkErrorsRising", "warning", CLUSTER, (_B(gpu=True),)),
+    Card("GRPOPCIeReplayErrorsRising", "warning", CLUSTER, (_B(gpu=True),)),
+    Card("GRPOGPUTemperatureHigh", "warning", CLUSTER, (_B(gpu=True),)),
+    Card("GRPOGPUIdleDuringTraining", "warning", CLUSTER, (_B(gpu=True),)),
+    Card("GRPOExporterDown", "warning", CLUSTER, (_B(),), always=True),
+    Card("GRPOExporterSnapshotErrors", "warning", CLUSTER, (_B(),), always=True),
+    Card("GRPOExporterInternalError", "warning", CLUSTER, (_B(),), always=True),
+)
+CARDS_BY_NAME: dict[str, Card] = {c.name: c for c in CARDS}
+
+# The seed's minimum set of curves: a run that does not log one of these is watched with one eye
+# closed (background.md#what-to-log). GRPOSignalMissing names each one missing.
+MINIMUM_CURVES: tuple[str, ...] = ("reward/mean", "kl/mean", "entropy/mean", "response/len_mean",
+                                   "grad/norm")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What arming reads of a run: the canonical keys it logs, by how many ranks; its ranks; the
+    steps its baseline period still needs (0 once complete); its prompt types; whether its ranks
+    report the GPU they train on."""
+
+    key_ranks: dict[str, int] = field(default_factory=dict)
+    ranks: int = 1
+    baseline_steps_to_go: int = 0
+    prompt_types: int = 0
+    gpus: bool = False
+
+
+@dataclass(frozen=True)
+class Armed:
+    card: Card
+    reason: Reason
+    needs: tuple[str, ...] = ()  # missing_signal: the keys to log
+    steps_to_go: int = 0  # baseline_pending
+    why: str = ""  # not_applicable: what the card compares that the run lacks
+
+    @property
+    def explanation(self) -> str:
+        """The reason in words, for a person."""
+        if self.reason == "missing_signal":
+            return "needs " + ", ".join(self.needs)
+        if self.reason == "baseline_pending":
+            return f"waits for the baseline period, {self.steps_to_go} steps to go"
+        return self.why or "armed"
+
+
+def _branch(card: Card, branch: Branch, shape: RunShape) -> Armed:
+    if card.always:
+        return Armed(card, "armed")
+    if branch.gpu and not shape.gpus:
+        return Armed(card, "not_applicable", why="the run's ranks report no GPU")
+    if branch.prompt_types and shape.prompt_types < branch.prompt_types:
+        return Armed(card, "not_applicable", why=f"compares {branch.prompt_types} prompt types "
+                     f"(a record's by_type), the run logs {shape.prompt_types}")
+    if not branch.keys and shape.ranks < branch.min_ranks:
+        return Armed(card, "not_applicable", why=f"compares {branch.min_ranks} ranks or more, "
+                     f"the run has {shape.ranks}")
+    logged = [k for k in branch.all_keys if shape.key_ranks.get(k, 0)]
+    missing = tuple(k for k in branch.all_keys if k not in logged)
+    if len([k for k in branch.keys if k in logged]) < branch.needed or any(
+            k not in logged for k in branch.indirect):
+        return Armed(card, "missing_signal", missing)
+    if branch.keys and (most := max(shape.key_ranks.get(k, 0) for k in branch.keys)) < branch.min_ranks:
+        return Armed(card, "not_applicable", why=f"compares {branch.min_ranks} ranks logging "
+                     f"{' or '.join(branch.keys)}, the run has {most}")
+    if branch.baseline and shape.baseline_steps_to_go > 0:
+        return Armed(card, "baseline_pending", steps_to_go=shape.baseline_steps_to_go)
+    return Armed(card, "armed")
+
+
+def arm(card: Card, shape: RunShape) -> Armed:
+    """Whether ``card`` can fire on a run of this shape: its nearest branch's state. A card none
+    of whose branches has its signals needs any of them: ``needs`` lists each missing key once."""
+    states = [_branch(card, b, shape) for b in card.branches]
+    best = min(states, key=lambda a: REASONS.index(a.reason))
+    if best.reason == "missing_signal":
+        needs = dict.fromkeys(k for a in states if a.reason == "missing_signal" for k in a.needs)
+        return Armed(card, "missing_signal", tuple(needs))
+    return best
+
+
+def armed_table(shape: RunShape) -> list[Armed]:
+    """Every card's state on the run, in catalog order."""
+    return [arm(card, shape) for card in CARDS]
+
+
+def disarmed_by(key: str) -> list[str]:
+    """The cards every branch of which reads ``key``: a run without it disarms them."""
+    return [c.name for c in CARDS if not c.always
+            and all(key in b.all_keys and b.needed >= len(b.keys) for b in c.branches)]
+
+
+# -- the coverage card: which minimum curve is missing, and why, where the cause is known ------
+
+
+@dataclass(frozen=True)
+class MissingCause:
+    """A known reason why a framework's run lacks a minimum curve, and what to set."""
+
+    framework: str  # grpo_run_info's framework label
+    key: str
+    reason: str  # the alert's reason label
+    hint: str
+
+
+MISSING_CAUSES: tuple[MissingCause, ...] = (
+    MissingCause("trl", "kl/mean", "trl_beta_zero", (
+        "TRL logs no KL while beta is 0, GRPOConfig's default (the reference model is then not "
+        "even loaded): set beta > 0 (the original GRPO used 0.04, DeepSeek-R1 0.001) to log "
+        "kl and anchor the policy, or accept that no KL card can fire on this run.")),
+    MissingCause("trl", "entropy/mean", "trl_no_entropy", (
+        "Older TRL releases (and the Unsloth notebooks built on them) log no entropy: upgrade "
+        "TRL, whose GRPOTrainer logs entropy at every step, or log it yourself.")),
+    MissingCause("trl", "grad/norm", "trl_no_grad_norm", (
+        "transformers' Trainer logs grad_norm only while it clips gradients: keep max_grad_norm "
+        "> 0 (its default is 1.0).")),
+    MissingCause("verl", "kl/mean", "verl_no_kl", (
+        "verl logs the KL to the reference only when it computes it: "
+        "actor_rollout_ref.actor.use_kl_loss=True (actor/kl_loss) or "
+        "algorithm.use_kl_in_reward=True (actor/reward_kl_penalty).")),
+)
+
+
+def missing_cause(framework: str, key: str) -> MissingCause | None:
+    for cause in MISSING_CAUSES:
+        if cause.framework == framework and cause.key == key:
+            return cause
+    return None
+
+
+RULE_FILE = "prometheus/rules/grpo-coverage.yml"
+_RUNBOOK = '{{ or $externalLabels.grpo_runbook_url "http://localhost:9400/docs/runbook.md" }}'
+_DISARMED = ('{{ range printf "grpo_card_armed{run=%q,reason=\\"missing_signal\\",needs=~\\".*%s.*\\"}" '
+             '$labels.run $labels.key | query | sortByLabel "card" }} {{ .Labels.card }}{{ end }}')
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _alert(expr: str, reason: str, description: str) -> list[str]:
+    lines = ["      - alert: GRPOSignalMissing", "        expr: |"]
+    lines += ["          " + line for line in expr.strip().splitlines()]
+    lines += ["        labels:", "          severity: warning", "          card: yellow"]
+    if reason:
+        lines.append(f"          reason: {reason}")
+    lines += ["        annotations:",
+              "          summary: 'The run does not log a signal the cards need: they cannot fire.'",
+              f"          description: {_quote(description)}",
+              f"          runbook_url: '{_RUNBOOK}#grposignalmissing'"]
+    return lines
+
+
+def render() -> str:
+    """prometheus/rules/grpo-coverage.yml: GRPOSignalMissing, one rule per known cause
+    (MISSING_CAUSES, worded for its framework) and one for every other missing minimum curve."""
+    # The value is the run's logged steps, the key the curve it lacks. max by (run...): the ranks
+    # of a run may be spread over several exporters (one per node), and the node of rank 0 alone
+    # sees the training signals.
+    steps = ("(max by (run) (grpo_run_logged_steps) >= on() group_left() "
+             "grpo:threshold:signal_missing_steps)")
+    base = ("(max by (run, key) (grpo_run_signal_logged{{key=\"{key}\"}}) == 0)\n"
+            "  + on(run) group_left()\n" + steps)
+    head = ("Run {{ $labels.run }} has logged {{ $value }} steps without {{ $labels.key }} (its newest "
+            "step is {{ with printf \"max(grpo_step{run=%q})\" $labels.run | query }}{{ . | first | "
+            "value | printf \"%.0f\" }}{{ end }}); the cards that read it cannot fire:" + _DISARMED + ".")
+    lines = [HEADER.rstrip("\n")]
+    known = []
+    for cause in MISSING_CAUSES:
+        expr = (base.format(key=cause.key)
+                + f"\nand on(run) grpo_run_info{{framework=\"{cause.framework}\"}}")
+        known.append(f"(max by (run, key) (grpo_run_signal_logged{{key=\"{cause.key}\"}}) and on(run) "
+                     f"grpo_run_info{{framework=\"{cause.framework}\"}})")
+        lines += _alert(expr, cause.reason, f"{head} {cause.hint}")
+    generic = ("(max by (run, key) (grpo_run_signal_logged) == 0)\n"
+               "  + on(run) group_left()\n" + steps + "\n"
+               + "".join(f"unless on(run, key) {k}\n" for k in known))
+    lines += _alert(generic, "", f"{head} Log it under its canonical name or one of the "
+                    "names docs/metrics.md lists for it (grpo-monitor check RUN_DIR shows what the "
+                    "run logs and what each name is read as).")
+    return "\n".join(lines) + "\n"
+
+
+HEADER = f"""\
+# The coverage card: a run that does not log one of the minimum curves (reward, KL, entropy,
+# response length, grad norm) is watched with one eye closed, and says so.
+#
+# Generated from exporter/grpo_monitor/contract/cards.py by `make docs`
+# (`python -m grpo_monitor.contract.cards > {RULE_FILE}`); do not edit by hand.
+# The exporter publishes grpo_run_signal_logged{{run, key}} for each minimum curve,
+# grpo_run_logged_steps{{run}} and grpo_run_info{{run, framework}}; one rule per known cause of a
+# missing curve (worded for its framework), one for the rest.
+groups:
+  - name: grpo-coverage
+    rules:
+"""
+
+
+def main() -> int:
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,116 @@
+"""``grpo-monitor check RUN_DIR``: what the exporter will make of a run folder, before a card is needed.
+
+Run right after pointing a trainer at the snapshot folder. It reads the folder with the exporter's
+own ingest and store (nothing else is read, nothing is written) and prints, per run: its shape
+(ranks, steps, records, how often it logs, who wrote it), its keys — each name read as which
+signal, and the names that map to none, with the ones they most likely meant — the minimum
+curves it logs, and which cards are armed on it and why the others are not (contract/cards.py,
+the same table the exporter publishes as ``grpo_card_armed``). Exit 0; 1 when a run lacks a
+minimum curve; 2 when there is nothing to check.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from grpo_monitor.contract.cards import CARDS, MINIMUM_CURVES, missing_cause
+from grpo_monitor.contract.keys import SIGNALS_BY_KEY
+from grpo_monitor.contract.run_layout import run_files, runs_in
+from grpo_monitor.runtime.health import ERROR_REASONS, ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.store import RunState, RunStore
+
+COLOURS = {"critical": "red", "warning": "yellow"}
+
+
+def read(folder: Path) -> tuple[RunStore, ExporterHealth]:
+    """Every snapshot file under ``folder`` (a run folder, or a snapshot folder of runs), read
+    by the exporter's ingest into a store, in the order they were written."""
+    runs = runs_in(folder)
+    root = folder if runs else folder.parent
+    store, health = RunStore(), ExporterHealth()
+    ingestor = Ingestor(root, store, health)
+    for run_dir in runs or [folder]:
+        for path in run_files(run_dir):
+            ingestor.process(path)
+    store.flush()
+    return store, health
+
+
+def _names(key: str) -> str:
+    sig = SIGNALS_BY_KEY.get(key)
+    return ", ".join(sig.aliases) if sig and sig.aliases else "no other name"
+
+
+def _cadence(run: RunState) -> str:
+    rank = min(run.ranks.values(), key=lambda r: r.rank)
+    steps = [s for s, _ in rank.pace]
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    if not gaps:
+        return "one record so far"
+    every = statistics.median(gaps)
+    return "every step" if every == 1 else f"every {every:g} steps"
+
+
+def describe(run: RunState, out: TextIO) -> bool:
+    """Print what the exporter makes of one run; whether it logs every minimum curve."""
+    ranks = sorted(run.ranks)
+    first = min((r.signals.first_step or 0) for r in run.ranks.values()) if run.ranks else 0
+    last = max((r.step for r in run.ranks.values()), default=0)
+    records = max((r.logged_steps for r in run.ranks.values()), default=0)
+    who = run.framework or "unknown (no marker among its key names)"
+    out.write(f"run {run.name}: {len(ranks)} rank(s) {ranks[:8]}{' ...' if len(ranks) > 8 else ''}, "
+              f"steps {first}..{last}, {records} logged steps ({_cadence(run)}), written by {who}\n")
+    names: dict[str, str] = {}
+    for rank in run.ranks.values():
+        names.update(rank.names)
+    out.write("  keys read as signals:\n")
+    for key in sorted(names):
+        shown = names[key] if names[key] == key else f"{names[key]} -> {key}"
+        out.write(f"    {shown}\n")
+    if run.closest:
+        out.write("  keys that map to no signal (exported as grpo_metric_value, read by no card):\n")
+        for name, close in sorted(run.closest.items()):
+            hint = f"  <- did you mean {' or '.join(close)}?" if close else ""
+            out.write(f"    {name}{hint}\n")
+    missing = [k for k in MINIMUM_CURVES if k not in run.key_ranks]
+    out.write("  minimum curves: " + ", ".join(
+        f"{k} {'missing' if k in missing else 'ok'}" for k in MINIMUM_CURVES) + "\n")
+    for key in missing:
+        cause = missing_cause(run.framework, key)
+        out.write(f"    {key} is also read as: {_names(key)}\n")
+        if cause is not None:
+            out.write(f"    {cause.hint}\n")
+    armed = [a for a in run.armed if a.reason == "armed"]
+    red = [a for a in run.armed if a.card.severity == "critical"]
+    out.write(f"  cards armed: {len(armed)} of {len(CARDS)}; red cards: "
+              f"{sum(a.reason == 'armed' for a in red)} of {len(red)}\n")
+    for a in run.armed:
+        if a.reason == "armed":
+            continue
+        out.write(f"    {a.card.name:<28} {COLOURS[a.card.severity]:<6} {a.reason}: {a.explanation}\n")
+    return not missing
+
+
+def check(folder: Path, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    if not folder.is_dir():
+        err.write(f"grpo-monitor check: {folder} is not a folder\n")
+        return 2
+    store, health = read(folder)
+    runs = store.runs()
+    if not runs:
+        err.write(f"grpo-monitor check: no snapshot records in {folder}\n")
+        return 2
+    complete = True
+    for run in runs:
+        complete = describe(run, out) and complete
+    counts = {reason: health.registry.get_sample_value("grpo_snapshot_errors_total", {"reason": reason})
+              for reason in ERROR_REASONS}
+    rejected = {reason: int(n) for reason, n in counts.items() if n}
+    if rejected:
+        out.write("input the exporter could not use: " + ", ".join(
+            f"{n} {reason}" for reason, n in sorted(rejected.items())) + "\n")
+    return 0 if complete else 1
