@@ -221,13 +221,15 @@ def test_oversized_line_split_across_reads(start_exporter: Callable[..., Running
     assert exporter.errors("invalid_json") == 0
 
 
-def test_symlink_loop_is_counted_and_serving_goes_on(exporter: Running, snapshot_dir: Path) -> None:
+def test_links_are_refused_counted_once_and_serving_goes_on(exporter: Running, snapshot_dir: Path) -> None:
     (snapshot_dir / "exp").mkdir()
     (snapshot_dir / "exp" / "loop.jsonl").symlink_to(snapshot_dir / "exp" / "loop.jsonl")
     (snapshot_dir / "exp" / "up").symlink_to(snapshot_dir, target_is_directory=True)
     append(snapshot_dir / "exp" / "rank-0.jsonl", native(3))
     exporter.wait_value("grpo_step", 3, run="exp", rank="0")
-    wait_for(lambda: exporter.errors("read_error") >= 1)
+    # A link is never followed, whether it loops or leads up the tree: one reject each.
+    wait_for(lambda: exporter.errors("symlink") == 2)
+    assert exporter.errors("read_error") == 0
     # The directory loop is not followed: the one record was read once.
     assert value(exporter.scrape(), "grpo_snapshots_ingested_total", shape="native") == 1
 
