@@ -152,11 +152,12 @@ def is_snapshot_path(path: Path, root: Path) -> bool:
     not hidden, and in no hidden folder below ``root``."""
     if path.suffix not in SNAPSHOT_SUFFIXES:
         return False
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
+    # String work, not pathlib's relative_to: the ingest asks for every file event.
+    full, top = str(path), str(root)
+    prefix = top if top.endswith(os.sep) else top + os.sep
+    if not full.startswith(prefix) or len(full) == len(prefix):
         return False
-    return not any(is_hidden(part) for part in rel.parts)
+    return not any(is_hidden(part) for part in full[len(prefix):].split(os.sep))
 
 
 def _written_order(path: Path, root: Path) -> tuple[tuple[str, ...], str, int, int, str]:

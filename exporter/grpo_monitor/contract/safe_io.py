@@ -74,14 +74,15 @@ def _kind(mode: int) -> str:
 
 def _parts(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> tuple[str, ...]:
     """``path`` as the names below ``root`` that lead to it (both as any path: absolute, or
-    relative to the working folder); () for ``root`` itself."""
+    relative to the working folder); () for ``root`` itself. String work, not pathlib's: the
+    ingest asks this for every file it reads."""
     base, target = os.path.abspath(root), os.path.abspath(path)
     if target == base:
         return ()
-    try:
-        return Path(target).relative_to(base).parts
-    except ValueError:
-        raise ValueError(f"{path} is not below {root}") from None
+    prefix = base if base.endswith(os.sep) else base + os.sep
+    if not target.startswith(prefix):
+        raise ValueError(f"{path} is not below {root}")
+    return tuple(target[len(prefix):].split(os.sep))
 
 
 def _descend(fd: int, name: str, where: Path) -> int:
@@ -221,36 +222,63 @@ def walk(root: str | os.PathLike[str], start: str | os.PathLike[str] | None = No
     """Each folder of the tree ``root`` from ``start`` (default: ``root``) down, as (its path,
     its entries), parents before children. A folder is entered only when it is one, not a link
     (a link's entry is listed, for the caller to count), and when ``descend(name)``; each is
-    opened from ``root`` down without following a link. Ask an entry's ``is_dir()``, ``is_file()``
-    and ``stat()`` with ``follow_symlinks=False``: ``stat()`` then costs one ``lstat``, the
-    others nothing; and only before the next folder is asked for (the entries read their folder
-    through its descriptor, open until then). A folder that cannot be opened or listed goes to
-    ``onerror`` (its path, the error) and is skipped; ``start`` that is a link raises Refused."""
+    opened relative to its parent's descriptor without following a link (the descriptors of
+    the folders on the way down stay open meanwhile: as many as the tree is deep). Ask an
+    entry's ``is_dir()``, ``is_file()`` and ``stat()`` with ``follow_symlinks=False``:
+    ``stat()`` then costs one ``lstat``, the others nothing; and only before the next folder is
+    asked for (an entry reads its folder through the folder's descriptor). A folder that cannot
+    be opened or listed goes to ``onerror`` (its path, the error) and is skipped; ``start``
+    that is a link raises Refused."""
     first = Path(start) if start is not None else Path(root)
-    stack = [first]
-    while stack:
-        folder = stack.pop()
-        try:
-            fd = _open_folder(Path(root), _parts(root, folder))
-        except Refused:
-            if folder == first:
-                raise
-            continue  # swapped for a link since it was listed: the next listing counts it
-        except OSError as exc:
-            if exc.errno != errno.ENOENT or folder == first:
-                if onerror is not None:
-                    onerror(folder, exc)
-            continue
+
+    def failed(folder: Path, exc: OSError) -> None:
+        if onerror is not None and (exc.errno != errno.ENOENT or folder == first):
+            onerror(folder, exc)
+
+    def listing(folder: Path, fd: int) -> list[os.DirEntry[str]] | None:
         try:
             with os.scandir(fd) as it:
-                entries = list(it)
-            yield folder, entries
+                return list(it)
         except OSError as exc:
-            if onerror is not None:
-                onerror(folder, exc)
-            continue
-        finally:
+            failed(folder, exc)
+            return None
+
+    def below(entries: list[os.DirEntry[str]]) -> Iterator[str]:
+        return iter([e.name for e in entries if e.is_dir(follow_symlinks=False) and descend(e.name)])
+
+    try:
+        fd = _open_folder(Path(root), _parts(root, first))
+    except Refused:
+        raise
+    except OSError as exc:
+        failed(first, exc)
+        return
+    stack: list[tuple[Path, int, Iterator[str]]] = []
+    try:
+        entries = listing(first, fd)
+        stack.append((first, fd, below(entries or [])))
+        if entries is None:
+            return
+        yield first, entries
+        while stack:
+            folder, fd, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            path = folder / name
+            try:
+                child = _descend(fd, name, path)
+            except Refused:
+                continue  # swapped for a link since it was listed: the next listing counts it
+            except OSError as exc:
+                failed(path, exc)
+                continue
+            entries = listing(path, child)
+            stack.append((path, child, below(entries or [])))
+            if entries is not None:
+                yield path, entries
+    finally:
+        for _, fd, _ in stack:
             os.close(fd)
-        # Reversed: the stack then yields the subfolders in the order they were listed.
-        stack.extend(reversed([folder / e.name for e in entries
-                               if e.is_dir(follow_symlinks=False) and descend(e.name)]))

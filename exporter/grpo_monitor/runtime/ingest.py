@@ -16,6 +16,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import BinaryIO
 from grpo_monitor.contract.run_layout import (
     MAX_CONTROL_BYTES,
     REBASELINE_REQUEST,
+    SNAPSHOT_SUFFIXES,
     is_appended,
     is_hidden,
     is_snapshot_path,
@@ -81,7 +83,7 @@ class FileState:
     tail: bytes = b""  # *.jsonl: the last bytes before offset, to notice a rewrite in place
     skipping: bool = False  # *.jsonl: inside an oversized line, dropping bytes until a newline
     signature: tuple[int, int] = (0, 0)  # *.json: (size, mtime_ns) last looked at
-    read_ns: int = 0  # *.json: when it was last read (our clock)
+    read_ns: int = 0  # when it was last read (our clock)
     digest: bytes = b""  # *.json: hash of the content last looked at
 
 
@@ -125,6 +127,9 @@ class Ingestor:
         # file that takes the name is read (its writer may append until it reopens); then
         # forgotten, at the latest at the next rescan's end.
         self._retired: dict[Path, tuple[Path, FileState]] = {}
+        # Inodes of files read to their end and forgotten since the last rescan: never read again
+        # as a missed rotation (_missed_rotations), however soon after the next one comes.
+        self._finished: set[int] = set()
         self._unreadable: set[Path] = set()  # folders the last scan could not list
         self._listed_ns = 0  # when the last scan began (our clock)
         # Snapshot files whose last read failed: counted once, not at each of the events a
@@ -259,14 +264,20 @@ class Ingestor:
             if folder not in self._unreadable:
                 self.error(folder, "read_error", os.strerror(exc.errno or errno.EIO))
 
+        if not self._visible(top):
+            return []  # in a dot folder (a writer's scratch space), or outside the tree
         try:
             for folder, entries in walk(self.root, top, descend=lambda n: not is_hidden(n),
                                         onerror=walk_error):
+                # The folders walked are no dot folders: a name decides (no Path made for the
+                # names that are no snapshot, the most of a large tree).
                 for entry in entries:
-                    path = folder / entry.name
-                    if entry.name != REBASELINE_REQUEST and not is_snapshot_path(path, self.root):
-                        if not is_hidden(entry.name) and entry.is_symlink():
-                            self._linked_folder(path)
+                    name = entry.name
+                    if is_hidden(name) and name != REBASELINE_REQUEST:
+                        continue
+                    if not name.endswith(SNAPSHOT_SUFFIXES) and name != REBASELINE_REQUEST:
+                        if entry.is_symlink():
+                            self._linked_folder(folder / name)
                         continue
                     if entry.is_dir(follow_symlinks=False):
                         continue  # a folder of that name: walked into, not read
@@ -274,6 +285,7 @@ class Ingestor:
                         st: os.stat_result | None = entry.stat(follow_symlinks=False)
                     except OSError:
                         st = None  # process() will count why
+                    path = folder / name
                     found.append((st.st_mtime if st else 0.0, str(path), path, st))
         except Refused as exc:  # ``top`` itself is a link
             self._refuse(top, exc)
@@ -283,6 +295,11 @@ class Ingestor:
         else:
             self._unreadable |= unreadable
         return [(p, st) for _, _, p, st in found]
+
+    def _visible(self, path: Path) -> bool:
+        """Whether ``path`` is the root or lies below it, in no dot folder and no dotfile."""
+        return path == self.root or (path.is_relative_to(self.root) and not any(
+            is_hidden(part) for part in path.relative_to(self.root).parts))
 
     def _linked_folder(self, path: Path) -> None:
         """Count a link in the tree that points to a folder: a run folder (or one of its
@@ -323,16 +340,20 @@ class Ingestor:
         retired, self._retired = self._retired, {}
         for where, state in retired.values():
             self._finish(where, state)
+        self._finished.clear()
         self._vacated &= current.keys()
         self._seen = current
 
-    def scan_folder(self, folder: Path) -> None:
+    def scan_folder(self, folder: Path) -> set[Path]:
         """A folder that appeared (made, or moved in): read the files it holds, which may have
-        landed before the watcher watched it, oldest first. A folder moved within the tree keeps
-        its files' offsets: each is found by its inode."""
+        landed before the watcher watched it, oldest first; the files read. A folder moved
+        within the tree keeps its files' offsets: each is found by its inode."""
+        read: set[Path] = set()
         for path, st in self.scan(folder):
             self.process(path, st.st_ino if st is not None else None, history=st is None,
                          budget=None)
+            read.add(path)
+        return read
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -348,8 +369,7 @@ class Ingestor:
             self._control(path)
             return
         if not is_snapshot_path(path, self.root):
-            if path.is_relative_to(self.root) and not any(
-                    is_hidden(part) for part in path.relative_to(self.root).parts):
+            if self._visible(path):
                 self._linked_folder(path)
             return
         try:
@@ -383,11 +403,13 @@ class Ingestor:
     def _read(self, path: Path, fh: BinaryIO, st: os.stat_result, listed_inode: int | None,
               history: bool, budget: int | None) -> None:
         state = self.files.get(path)
+        previous = None  # the file this name held before, when we followed it
         known = state.inode if state is not None else listed_inode
         if known is not None and known != st.st_ino:
             # The name holds another file than the one we knew under it: that one was renamed
             # (a rotation whose move event is still queued, or one since a scan listed it) or
             # deleted. Its state waits, detached, for its new name.
+            previous = state
             self._detach(path)
             self._vacated.add(path)
             state = None
@@ -402,7 +424,7 @@ class Ingestor:
                 # A new file under a name whose file went away (a rotation), or a name new to
                 # us: what came before it is read first, so that a rank's records are applied
                 # in the order they were written.
-                self._catch_up(path, st.st_ino)
+                self._catch_up(path, st.st_ino, previous)
             if state is None and self._followed_elsewhere(path, st.st_ino):
                 return  # renamed while we looked, and read under its new name meanwhile
             self._vacated.discard(path)
@@ -463,20 +485,28 @@ class Ingestor:
         other = self._inodes.get(inode)
         return other is not None and other != path and self._holds(other, inode)
 
-    def _catch_up(self, name: Path, inode: int) -> None:
+    def _catch_up(self, name: Path, inode: int, previous: FileState | None = None) -> None:
         """Read what came before the file ``inode`` opened under ``name``, in the order it was
-        written: first the file that was ``name``, wherever it went in its folder (found by its
-        inode, whatever its new name: logrotate's ``rank-0.jsonl.1``, read to its end and
-        forgotten; another snapshot name, followed there), then the older segments of
-        ``name``'s rotation (the SDK renames ``<base>.jsonl`` to ``<base>.<seq>.jsonl``, the
-        sequence growing) that we do not follow yet, in sequence order: the file that was
-        ``name`` goes on where it was, and a segment that came and went while we were not
-        looking is read whole. Those existed before ``inode`` did, so every listing holds them.
-        A listing made while the writer goes on rotating may also hold newer segments, and miss
-        the new name of ``inode`` itself: then it is made again. A file renamed to another
-        folder waits, detached, for its move event or a rescan."""
+        written. ``previous``: the state of the file ``name`` held before, when we followed it.
+
+        1. That file, wherever it went in its folder, found by its inode whatever its new name:
+           under another snapshot name it is followed there; under a name that is none
+           (logrotate's ``rank-0.jsonl.1``) it is read to its end and forgotten.
+        2. Files rotated logrotate's way (``<name>.<N>``, the oldest the highest N; ``.gz`` and
+           the like are not read) that we never saw, written since we last read ``previous``:
+           rotations that came and went while we lagged, read whole, oldest first.
+        3. The older segments of ``name``'s rotation the SDK's way (``<base>.jsonl`` renamed to
+           ``<base>.<seq>.jsonl``, the sequence growing) that we do not follow yet, in sequence
+           order: the file that was ``name`` goes on where it was, and a segment that came and
+           went while we were not looking is read whole. Those existed before ``inode`` did,
+           so every listing holds them. A listing made while the writer goes on rotating may
+           also hold newer segments, and miss the new name of ``inode`` itself: then it is made
+           again.
+
+        A file renamed to another folder waits, detached, for its move event or a rescan."""
         retired = self._retired.pop(name, None)
         if retired is not None:  # its move event came: it is read once more, then forgotten
+            previous = retired[1]
             self._finish(*retired)
         base, seq = rotation_of(name.name)
         for _ in range(CATCH_UP_LISTINGS):
@@ -490,8 +520,9 @@ class Ingestor:
                         segment = other_base == base and other_seq is not None
                         try:
                             candidate_inode = entry.inode()
-                            if (not segment and candidate_inode in self._detached
-                                    and entry.is_file(follow_symlinks=False)):
+                            if segment or not entry.is_file(follow_symlinks=False):
+                                pass
+                            elif candidate_inode in self._detached:
                                 renamed.append((candidate, candidate_inode))
                                 continue
                         except OSError:
@@ -512,6 +543,9 @@ class Ingestor:
                     self.process(candidate, candidate_inode, history=False, budget=None)
                 elif (state := self._detached.pop(candidate_inode, None)) is not None:
                     self._finish(candidate, state)
+            if previous is not None:
+                self._missed_rotations(name, previous.read_ns, {inode, previous.inode})
+                previous = None  # read: a listing made again skips them
             unseen.sort()
             if seq is None and not self._holds(name, inode):
                 # ``inode`` was renamed too, so newer segments may be listed: stop at it.
@@ -522,6 +556,33 @@ class Ingestor:
             for _, candidate, candidate_inode in unseen:
                 self.process(candidate, candidate_inode, history=False, budget=None)
             return
+
+    def _missed_rotations(self, name: Path, since_ns: int, skip: set[int]) -> None:
+        """Read whole, oldest first, the files rotated logrotate's way from ``name``
+        (``<name>.<N>``, the oldest the highest N; a compressed ``.gz`` is not read) that we
+        never followed and that were written since ``since_ns``, when we last read the file
+        that was ``name``: rotations that came and went while we lagged. ``skip``: the inodes
+        of the file now under ``name`` and of the one before it."""
+        pattern = re.compile(re.escape(name.name) + r"\.([0-9]+)")
+        missed: list[tuple[int, Path, int]] = []
+        try:
+            with os.scandir(name.parent) as entries:
+                for entry in entries:
+                    if not (m := pattern.fullmatch(entry.name)):
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if (stat.S_ISREG(st.st_mode) and st.st_ino not in skip
+                            and st.st_ino not in self._inodes and st.st_ino not in self._detached
+                            and st.st_ino not in self._finished
+                            and st.st_mtime_ns >= since_ns - CLOCK_SLACK_NS):
+                        missed.append((-int(m[1]), Path(entry.path), st.st_ino))
+        except OSError:
+            return
+        for _, where, inode in sorted(missed):
+            self._finish(where, FileState(inode=inode, name=name))
 
     def _finish(self, where: Path, state: FileState) -> None:
         """Read a file renamed to a name that is no snapshot to its end, as the file it was
@@ -534,6 +595,7 @@ class Ingestor:
                 st = os.fstat(fh.fileno())
                 if st.st_ino == state.inode:
                     self._tail(state.name, state, st, fh, None)
+                    self._finished.add(state.inode)
         except (OSError, ValueError):  # gone too, no regular file, not in the tree
             return
 
@@ -541,12 +603,22 @@ class Ingestor:
               budget: int | None) -> None:
         if st.st_size < state.offset or not self._same_prefix(fh, state):
             # Truncated or rewritten in place (size alone cannot tell a rewrite to the same
-            # length): start again from the top.
+            # length): start again from the top. Or a new file that took a deleted one's inode
+            # number: what rotated away meanwhile comes first.
+            if state.offset:
+                self._missed_rotations(path, state.read_ns, {state.inode})
             state.offset, state.skipping, state.tail = 0, False, b""
         fh.seek(state.offset)
+        state.read_ns = time.time_ns()
         unfinished = b""  # after the last newline: read again next time, never consumed
         left = budget
-        while chunk := fh.read(READ_CHUNK):
+        while True:
+            # What the file holds past the offset, and some: a read of READ_CHUNK would allocate
+            # that much for a file's one new line.
+            want = max(min(READ_CHUNK, st.st_size - fh.tell() + (64 << 10)), 64 << 10)
+            chunk = fh.read(want)
+            if not chunk:
+                return
             data = unfinished + chunk
             end = data.rfind(b"\n") + 1
             unfinished = data[end:]
@@ -561,6 +633,8 @@ class Ingestor:
                     self.error(path, "oversized", f"line over {self.max_line_bytes} bytes")
                 self._consume(state, unfinished)
                 unfinished, state.skipping = b"", True
+            if len(chunk) < want:  # a short read of a regular file: its end, for now
+                return
             if left is not None:
                 left -= len(chunk)
                 if left <= 0:

@@ -172,7 +172,9 @@ class SnapshotWatcher:
                 self._safe(self.ingestor.deleted, *deleted)
                 deleted.clear()
             for folder in folders:
-                self._safe(self.ingestor.scan_folder, folder)
+                # The files it read are read past the events queued for them so far.
+                for path in self._safe(self.ingestor.scan_folder, folder) or ():
+                    changed.pop(path, None)
             folders.clear()
             self._read_changed(changed)
 
@@ -209,10 +211,10 @@ class SnapshotWatcher:
             self._safe(self.ingestor.process, path)
         changed.clear()
 
-    def _safe(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+    def _safe(self, fn, *args):  # type: ignore[no-untyped-def]
         # The worker must outlive any surprise: one bad file must not stop ingestion.
         try:
-            fn(*args)
+            return fn(*args)
         except Exception:
             self.ingestor.health.internal_errors.inc()
             log.exception("unexpected error in %s%s", getattr(fn, "__name__", fn), args)
@@ -246,7 +248,8 @@ class SnapshotWatcher:
                 log.info("snapshot folder %s was re-created; reading it again", self.root)
                 self.ingestor.forget(self.root)
             self._watch()
-            self._q.put(_RESCAN)
+            if self._root_inode != -1:  # at start-up the replay that follows is the rescan
+                self._q.put(_RESCAN)
         self._root_inode = inode
 
     def _check_observer(self) -> None:
