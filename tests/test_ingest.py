@@ -344,3 +344,29 @@ def test_rank_placement_becomes_rank_info(exporter: Running, snapshot_dir: Path)
     append(snapshot_dir / "exp" / "rank-11.jsonl", {**rec, "rank": 11})
     exporter.wait_value("grpo_rank_info", 1, run="exp", rank="11", host="node-7", local_rank="3",
                         gpu="3", uuid="GPU-8b1c")
+
+
+def test_a_file_gets_a_turn_of_bytes_and_is_read_on_after_the_others(tmp_path: Path) -> None:
+    """A file with more new bytes than a turn's budget (a huge append, or one that grows faster
+    than it is read) is read on at the next turn, from where it stopped: nothing lost, nothing
+    twice, and the other files' events are not held up behind it."""
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
+
+    big, small = tmp_path / "big" / "rank-0.jsonl", tmp_path / "small" / "rank-0.jsonl"
+    append(big, *(native(s, run="big", pad="x" * 900) for s in range(1, 401)))  # ~360 KiB
+    append(small, native(1, run="small"))
+    ingest = Ingestor(tmp_path, RunStore(), ExporterHealth())
+    turns = 0
+    ingest.process(big, budget=64 << 10)
+    ingest.process(small, budget=64 << 10)
+    assert ingest.store.max_step("small") == 1
+    while ingest.unfinished:
+        turns += 1
+        for path in list(ingest.unfinished):
+            ingest.process(path, budget=64 << 10)
+    assert ingest.store.max_step("big") == 400 and turns >= 4
+    ingested = ingest.health.registry.get_sample_value("grpo_snapshots_ingested_total",
+                                                        {"shape": "native"})
+    assert ingested == 400 + 1

@@ -616,6 +616,8 @@ class Ingestor:
             # What the file holds past the offset, and some: a read of READ_CHUNK would allocate
             # that much for a file's one new line.
             want = max(min(READ_CHUNK, st.st_size - fh.tell() + (64 << 10)), 64 << 10)
+            if left is not None:
+                want = min(want, left)
             chunk = fh.read(want)
             if not chunk:
                 return
