@@ -45,8 +45,8 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
     "invalid_events": ("a malformed `events` list", "the record's metrics"),
     "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),
     "invalid_control": ("a malformed `.grpo-baseline.json` re-baseline request", "the current baseline"),
-    SYMLINK: ("a symbolic link where a snapshot or control file, or a folder, would be read "
-              "(never followed below the snapshot folder: docs/security.md); once per path",
+    SYMLINK: ("a symbolic link in the snapshot folder, to a file or a folder, wherever it points "
+              "(never followed: docs/security.md); once per path",
               "nothing of it; the rest of the tree"),
     NOT_REGULAR: ("a FIFO, socket or device where a snapshot or control file would be read "
                   "(never opened for reading, never waited on); once per path",

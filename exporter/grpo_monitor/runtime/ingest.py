@@ -249,8 +249,9 @@ class Ingestor:
     def scan(self, top: Path | None = None) -> list[tuple[Path, os.stat_result | None]]:
         """Every snapshot file (and re-baseline request) under ``top`` (default: the root), oldest
         first, so a replay ends on the newest; with what ``lstat`` said of it when listed (None if
-        it could not be looked at). Links are not followed: a linked folder is counted here
-        (``symlink``), a link under a snapshot name is listed, for process() to count. A folder
+        it could not be looked at). Links are not followed: a link under another name (a linked
+        run folder) is counted here (``symlink``), one under a snapshot name is listed, for
+        process() to count. A folder
         that cannot be listed is counted as a read_error once, until it can be listed again."""
         top = top or self.root
         found: list[tuple[float, str, Path, os.stat_result | None]] = []
@@ -277,7 +278,8 @@ class Ingestor:
                         continue
                     if not name.endswith(SNAPSHOT_SUFFIXES) and name != REBASELINE_REQUEST:
                         if entry.is_symlink():
-                            self._linked_folder(folder / name)
+                            self._refuse(folder / name, Refused(folder / name, SYMLINK,
+                                                                "a symbolic link"))
                         continue
                     if entry.is_dir(follow_symlinks=False):
                         continue  # a folder of that name: walked into, not read
@@ -301,15 +303,15 @@ class Ingestor:
         return path == self.root or (path.is_relative_to(self.root) and not any(
             is_hidden(part) for part in path.relative_to(self.root).parts))
 
-    def _linked_folder(self, path: Path) -> None:
-        """Count a link in the tree that points to a folder: a run folder (or one of its
-        folders) whose snapshots are never read, wherever it points."""
+    def _link(self, path: Path) -> None:
+        """Count a link in the tree under a name that is no snapshot (a linked run folder, say):
+        never followed, not even to see what it points to (a stat could hang on a dead mount)."""
         try:
-            if not (stat.S_ISLNK(os.lstat(path).st_mode) and path.is_dir()):
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
                 return
         except OSError:
             return
-        self._refuse(path, Refused(path, SYMLINK, "a symbolic link to a folder"))
+        self._refuse(path, Refused(path, SYMLINK, "a symbolic link"))
 
     def rescan(self) -> None:
         """Process every file whose metadata changed since the last rescan: the safety net for
@@ -370,7 +372,7 @@ class Ingestor:
             return
         if not is_snapshot_path(path, self.root):
             if self._visible(path):
-                self._linked_folder(path)
+                self._link(path)
             return
         try:
             # The file read is the one opened: a name may change hands (a rotation) at any

@@ -69,7 +69,7 @@ class Limits:
     max_event_types: int = 32
     # Runs exported at once: a folder anyone can write into must not grow a scrape without
     # bound. Far above a node's runs; a record of a run beyond it is refused (and counted).
-    max_runs: int = 10_000
+    max_runs: int = 20_000
     # Not limits but the signal settings: the baseline period of background.md#thresholds, and the initial
     # period whose mean the early cards compare with.
     baseline_steps: int = BASELINE_STEPS

@@ -58,6 +58,10 @@ _STRINGS = ("status", "startsAt", "endsAt", "fingerprint", "generatorURL", "rece
             "groupKey", "externalURL")
 
 
+class _Late(Exception):
+    """The pause records were not written within the webhook's deadline."""
+
+
 def _is_string(value: Any) -> bool:
     # A lone surrogate escape ("\ud800") is no text Alertmanager (Go) ever writes.
     return isinstance(value, str) and is_text(value)
@@ -132,8 +136,8 @@ class WebhookHandler:
 
     def _pause_all(self, alerts: list[dict[str, Any]]) -> list[str]:
         """The runs the alerts paused, written on a thread of their own within the deadline:
-        TimeoutError past it (the thread goes on; a daemon, so that a write stuck in a hung file
-        system holds up neither this request nor the exporter's exit); the write's own error
+        _Late past it (the thread goes on; a daemon, so that a write stuck in a hung file system
+        holds up neither this request nor the exporter's exit); the write's own error
         otherwise."""
         outcome: list[tuple[bool, Any]] = []
         done = threading.Event()
@@ -148,7 +152,7 @@ class WebhookHandler:
 
         threading.Thread(target=write, name="grpo-pause-write", daemon=True).start()
         if not done.wait(self.write_deadline):
-            raise TimeoutError
+            raise _Late
         ok, value = outcome[0]
         if not ok:
             raise value
@@ -167,10 +171,10 @@ class WebhookHandler:
             return 400, problem
         try:
             paused = self._pause_all(payload["alerts"])
-        except TimeoutError:
+        except _Late:
             # The write goes on in its thread (the run stays claimed until it ends); Alertmanager
             # retries, and a retry that finds the record written changes nothing.
-            log.error("webhook: writing the control records took over %.0f s (a slow or hung "
+            log.error("webhook: writing the control records took over %g s (a slow or hung "
                       "file system under %s?); answered 503", self.write_deadline, self.snapshot_dir)
             self.count("error")
             return 503, "the control record write did not finish in time; retry"
