@@ -319,9 +319,14 @@ def test_restart_serves_the_same_values(start_exporter: Callable[..., Running], 
 def test_idle_run_leaves_metrics(start_exporter: Callable[..., Running], snapshot_dir: Path) -> None:
     # Idleness is judged on the files' mtimes, so the old run is laid down before the exporter
     # starts (a live read would see the file's fresh mtime before utime() ages it).
+    from grpo_monitor.contract import thresholds
+    from grpo_monitor.runtime.store import HUNG_RETAIN_UNPACED
+
     old = snapshot_dir / "old" / "rank-0.jsonl"
     append(old, native(1, run="old"))
-    os.utime(old, (os.path.getatime(old), os.path.getmtime(old) - 3600))
+    # Older than a run without a pace (one record) is kept for the hung-run card.
+    age = 2 * HUNG_RETAIN_UNPACED * thresholds.value("run_hung_unpaced_seconds")
+    os.utime(old, (os.path.getatime(old), os.path.getmtime(old) - age))
     exporter = start_exporter(run_timeout=60.0)
     append(snapshot_dir / "new" / "rank-0.jsonl", native(1, run="new"))
     exporter.wait_value("grpo_step", 1, run="new", rank="0")
