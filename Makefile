@@ -91,6 +91,7 @@ bench: deps system-deps
 	$(PY) bench/bench_alert_latency.py
 	$(PY) bench/bench_pause.py
 	$(PY) bench/bench_soak.py
+	$(PY) bench/bench_folder_burst.py
 	$(PY) bench/bench_forecast.py
 
 docs: deps

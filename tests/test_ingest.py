@@ -221,13 +221,15 @@ def test_oversized_line_split_across_reads(start_exporter: Callable[..., Running
     assert exporter.errors("invalid_json") == 0
 
 
-def test_symlink_loop_is_counted_and_serving_goes_on(exporter: Running, snapshot_dir: Path) -> None:
+def test_links_are_refused_counted_once_and_serving_goes_on(exporter: Running, snapshot_dir: Path) -> None:
     (snapshot_dir / "exp").mkdir()
     (snapshot_dir / "exp" / "loop.jsonl").symlink_to(snapshot_dir / "exp" / "loop.jsonl")
     (snapshot_dir / "exp" / "up").symlink_to(snapshot_dir, target_is_directory=True)
     append(snapshot_dir / "exp" / "rank-0.jsonl", native(3))
     exporter.wait_value("grpo_step", 3, run="exp", rank="0")
-    wait_for(lambda: exporter.errors("read_error") >= 1)
+    # A link is never followed, whether it loops or leads up the tree: one reject each.
+    wait_for(lambda: exporter.errors("symlink") == 2)
+    assert exporter.errors("read_error") == 0
     # The directory loop is not followed: the one record was read once.
     assert value(exporter.scrape(), "grpo_snapshots_ingested_total", shape="native") == 1
 
@@ -317,9 +319,14 @@ def test_restart_serves_the_same_values(start_exporter: Callable[..., Running], 
 def test_idle_run_leaves_metrics(start_exporter: Callable[..., Running], snapshot_dir: Path) -> None:
     # Idleness is judged on the files' mtimes, so the old run is laid down before the exporter
     # starts (a live read would see the file's fresh mtime before utime() ages it).
+    from grpo_monitor.contract import thresholds
+    from grpo_monitor.runtime.store import HUNG_RETAIN_UNPACED
+
     old = snapshot_dir / "old" / "rank-0.jsonl"
     append(old, native(1, run="old"))
-    os.utime(old, (os.path.getatime(old), os.path.getmtime(old) - 3600))
+    # Older than a run without a pace (one record) is kept for the hung-run card.
+    age = 2 * HUNG_RETAIN_UNPACED * thresholds.value("run_hung_unpaced_seconds")
+    os.utime(old, (os.path.getatime(old), os.path.getmtime(old) - age))
     exporter = start_exporter(run_timeout=60.0)
     append(snapshot_dir / "new" / "rank-0.jsonl", native(1, run="new"))
     exporter.wait_value("grpo_step", 1, run="new", rank="0")
@@ -342,3 +349,29 @@ def test_rank_placement_becomes_rank_info(exporter: Running, snapshot_dir: Path)
     append(snapshot_dir / "exp" / "rank-11.jsonl", {**rec, "rank": 11})
     exporter.wait_value("grpo_rank_info", 1, run="exp", rank="11", host="node-7", local_rank="3",
                         gpu="3", uuid="GPU-8b1c")
+
+
+def test_a_file_gets_a_turn_of_bytes_and_is_read_on_after_the_others(tmp_path: Path) -> None:
+    """A file with more new bytes than a turn's budget (a huge append, or one that grows faster
+    than it is read) is read on at the next turn, from where it stopped: nothing lost, nothing
+    twice, and the other files' events are not held up behind it."""
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
+
+    big, small = tmp_path / "big" / "rank-0.jsonl", tmp_path / "small" / "rank-0.jsonl"
+    append(big, *(native(s, run="big", pad="x" * 900) for s in range(1, 401)))  # ~360 KiB
+    append(small, native(1, run="small"))
+    ingest = Ingestor(tmp_path, RunStore(), ExporterHealth())
+    turns = 0
+    ingest.process(big, budget=64 << 10)
+    ingest.process(small, budget=64 << 10)
+    assert ingest.store.max_step("small") == 1
+    while ingest.unfinished:
+        turns += 1
+        for path in list(ingest.unfinished):
+            ingest.process(path, budget=64 << 10)
+    assert ingest.store.max_step("big") == 400 and turns >= 4
+    ingested = ingest.health.registry.get_sample_value("grpo_snapshots_ingested_total",
+                                                        {"shape": "native"})
+    assert ingested == 400 + 1

@@ -171,6 +171,37 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
+def test_a_pause_write_that_hangs_is_answered_in_time_and_scrapes_go_on(
+        hooked: Running, snapshot_dir: Path) -> None:
+    """A run folder on a file system that hangs (a dead NFS server): the record's write does not
+    return. The webhook answers within its deadline (503: Alertmanager retries), another card
+    for the run meanwhile is left to that write instead of queueing behind it, /metrics answers
+    throughout, and the write, once the file system answers, pauses the run."""
+    (snapshot_dir / "r1").mkdir()
+    webhook = hooked.exporter.webhook
+    assert webhook is not None
+    answers = threading.Event()
+    write = webhook.pauser._pause
+
+    def hung(*args: Any) -> Any:
+        answers.wait(30)
+        return write(*args)
+
+    webhook.pauser._pause = hung  # type: ignore[method-assign]
+    webhook.write_deadline = 0.3
+    try:
+        late = _post(hooked, _payload(_alert()))
+        assert late.status_code == 503 and "retry" in late.text
+        assert _outcome(hooked, "error") == 1
+        again = _post(hooked, _payload(_alert(fingerprint="fp2")))
+        assert again.status_code == 200 and again.text == "nothing to pause\n"
+        assert value(hooked.scrape(), "grpo_exporter_ready") == 1
+        assert read_control(snapshot_dir, "r1") is None
+    finally:
+        answers.set()
+    wait_for(lambda: (rec := read_control(snapshot_dir, "r1")) is not None and rec.state == "paused")
+
+
 def test_resume_of_an_unknown_run_exits_2(snapshot_dir: Path) -> None:
     res = _cli("resume", "nope", "--snapshot.dir", str(snapshot_dir))
     assert res.returncode == 2, res

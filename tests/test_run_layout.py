@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpo_monitor
-from grpo_monitor.contract import run_layout
+from grpo_monitor.contract import run_layout, safe_io
 from grpo_monitor.contract.control import ControlRecord, control_path, write_control
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
@@ -310,13 +310,18 @@ def test_control_file_names_are_spelt_in_the_run_layout_alone() -> None:
 
 
 def test_the_sdk_side_of_the_layout_is_standard_library_only() -> None:
-    # The SDK imports it inside the trainer's process, which must stay light.
-    tree = ast.parse(Path(run_layout.__file__).read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    # The SDK imports them inside the trainer's process, which must stay light: run_layout and
+    # the safe opening it writes its control files with import the standard library, and each
+    # other, alone.
+    own = {"grpo_monitor.contract.run_layout", "grpo_monitor.contract.safe_io"}
+    for module in (run_layout, safe_io):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        foreign = {name for name in imported - own if name.split(".")[0] not in sys.stdlib_module_names}
+        assert foreign <= {"__future__"}, (module.__name__, foreign)
 
 
 @pytest.mark.parametrize("name, appended", [("rank-0.jsonl", True), ("rank-0.000003.jsonl", True),

@@ -25,9 +25,9 @@ class CountingIngestor(Ingestor):
         self.rescans += 1
         super().rescan()
 
-    def process(self, path: Path) -> None:  # type: ignore[override]
+    def process(self, path: Path, *args: Any, **kwargs: Any) -> None:
         self.reads.append(Path(path))
-        super().process(path)
+        super().process(path, *args, **kwargs)
 
 
 class TickCounter(SnapshotWatcher):
@@ -48,6 +48,7 @@ def test_idle_ticks_handle_nothing_again(snapshot_dir: Path) -> None:
             w.log({"loss": 1.0}, 1)
         wait_for(lambda: ingestor.store.max_step("idle") == 1)
         wait_for(lambda: watcher._q.empty())  # every event of the write handled
+        assert ingestor.health.internal_errors._value.get() == 0
         rescans, reads = ingestor.rescans, len(ingestor.reads)
         start = watcher.ticks
         wait_for(lambda: watcher.ticks >= start + 10)  # ten idle ticks

@@ -237,6 +237,8 @@ def _serve_flags() -> list[Flag]:
         limit("--metrics.max-prompt-types", "max_prompt_types", "Per run: distinct by_type prompt "
               "types exported."),
         limit("--metrics.max-event-types", "max_event_types", "Per run: distinct event types counted."),
+        limit("--metrics.max-runs", "max_runs", "Runs exported at once; a record of another run is "
+              "refused and counted (grpo_snapshot_errors_total{reason=\"run_limit\"})."),
         limit("--signals.baseline-steps", "baseline_steps", "Steps of each rank's baseline period, "
               "its first steps; cards that compare to a baseline wait for it."),
         limit("--signals.initial-steps", "initial_steps", "Steps at the start of each signal whose "
@@ -870,6 +872,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         ControlRecord,
         now_rfc3339,
         read_control,
+        run_folder_here,
         write_control,
     )
     from grpo_monitor.contract.run_layout import is_run_name
@@ -885,7 +888,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"grpo-monitor resume: run {args.run!r}: bad control record: {exc}", file=sys.stderr)
         return 2
-    if record is None and not (Path(snapshot_dir) / args.run).is_dir():
+    if record is None and not run_folder_here(snapshot_dir, args.run):
         print(f"grpo-monitor resume: no run {args.run!r} under {snapshot_dir}", file=sys.stderr)
         return 2
     waiting = _ranks_waiting(Path(snapshot_dir) / args.run)
@@ -922,10 +925,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _ranks_waiting(run_dir: Path) -> list[int]:
     """The ranks whose snapshot file here ends with a ``paused`` mark: PauseGate holds them (it
     marks the pause in every rank's file, so a node whose folder lacks the card's record still
-    knows). Reads the last few KiB of regular files only."""
-    import stat as stat_mod
-
+    knows). Reads the last few KiB of regular files only (safe_io: no link, no FIFO)."""
     from grpo_monitor.contract.run_layout import rotation_of, run_files
+    from grpo_monitor.contract.safe_io import open_regular
     from grpo_monitor.contract.snapshot import RecordError, decode_record, identity_from_path
 
     waiting = []
@@ -933,19 +935,11 @@ def _ranks_waiting(run_dir: Path) -> list[int]:
         if not path.name.endswith(".jsonl") or rotation_of(path.name)[1] is not None:
             continue  # a rotated segment is history
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
+            with open_regular(run_dir, path) as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 8192))
+                tail = fh.read(8192)
+        except OSError:  # gone, unreadable, or refused (a link, a FIFO)
             continue
-        try:
-            st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode):
-                continue
-            os.lseek(fd, max(0, st.st_size - 8192), os.SEEK_SET)
-            tail = os.read(fd, 8192)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
         lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
         try:
             last = decode_record(lines[-1])

@@ -3,8 +3,10 @@
 Written by the exporter's Alertmanager webhook when a red card fires (state ``paused``) and by
 ``grpo-monitor resume`` (state ``running``); read by the trainer SDK
 (``SnapshotWriter.should_pause``). A dotfile, so the ingest never reads it as a snapshot.
-Always written atomically (a temporary file in the same folder, then ``os.replace``): a reader
-sees the old record or the new one, never half of one.
+Read and written through safe_io, within the snapshot folder: a link, FIFO or device in its
+place (or a linked run folder) is refused, never followed or waited on. Always written
+atomically (a temporary file in the same folder, then a rename): a reader sees the old record
+or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from grpo_monitor.contract.run_layout import (
     check_run_name,
     write_control_file,
 )
+from grpo_monitor.contract.safe_io import Refused, is_plain_folder, read_regular
 
 
 class ControlRecord(BaseModel):
@@ -56,14 +59,27 @@ def control_path(snapshot_dir: str | os.PathLike[str], run: str) -> Path:
     return Path(snapshot_dir) / check_run_name(run) / PAUSE_RECORD
 
 
+class RefusedControl(ValueError):
+    """The control record's place holds what safe_io refuses: a link, a FIFO, a socket, a device,
+    or the run folder is a link (``reason``: safe_io.SYMLINK or NOT_REGULAR)."""
+
+    def __init__(self, path: Path, refused: Refused) -> None:
+        # refused.filename: the record's path, or the run folder's when that is the link.
+        super().__init__(f"{refused.filename}: {refused.what}, never read as a control record")
+        self.path = Path(refused.filename)
+        self.reason = refused.reason
+
+
 def read_control(snapshot_dir: str | os.PathLike[str], run: str) -> ControlRecord | None:
     """The run's control record, or None when it has none (no file, no run folder). One that
     cannot be used raises ValueError, and only that: malformed (not JSON, not UTF-8, not a
-    record, over MAX_CONTROL_BYTES), or unreadable (a folder in its place, a permission)."""
+    record, over MAX_CONTROL_BYTES), unreadable (a folder in its place, a permission), or
+    refused without being opened (RefusedControl: a link, a FIFO, a linked run folder)."""
     path = control_path(snapshot_dir, run)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CONTROL_BYTES + 1)
+        data = read_regular(snapshot_dir, path, MAX_CONTROL_BYTES)
+    except Refused as exc:
+        raise RefusedControl(path, exc) from None
     except (FileNotFoundError, NotADirectoryError):  # no record, or the "run folder" is a file
         return None
     except OSError as exc:
@@ -74,8 +90,22 @@ def read_control(snapshot_dir: str | os.PathLike[str], run: str) -> ControlRecor
 
 
 def write_control(snapshot_dir: str | os.PathLike[str], run: str, record: ControlRecord) -> Path:
-    """Write atomically (run_layout.write_control_file), readable by the trainer's user."""
+    """Write atomically (run_layout.write_control_file), readable by the trainer's user, in the
+    run's folder (made if missing); safe_io.Refused when that folder is a link."""
     path = control_path(snapshot_dir, run)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_control_file(path, (json.dumps(record.model_dump(), indent=2) + "\n").encode())
+    try:
+        path.parent.mkdir(exist_ok=True)
+    except FileExistsError:  # a file or a link of that name: write_control_file says which
+        pass
+    write_control_file(path, (json.dumps(record.model_dump(), indent=2) + "\n").encode(),
+                       root=snapshot_dir)
     return path
+
+
+def run_folder_here(snapshot_dir: str | os.PathLike[str], run: str) -> bool:
+    """Whether the run has its folder in ``snapshot_dir``: a plain folder, not a link (a linked
+    run folder is never read nor written into, safe_io), nor a file of that name."""
+    try:
+        return is_plain_folder(snapshot_dir, Path(snapshot_dir) / check_run_name(run))
+    except Refused:
+        return False

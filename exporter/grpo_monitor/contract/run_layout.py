@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
+
+from grpo_monitor.contract.safe_io import replace_file, walk
 
 __all__ = [
     "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES",
@@ -151,11 +152,12 @@ def is_snapshot_path(path: Path, root: Path) -> bool:
     not hidden, and in no hidden folder below ``root``."""
     if path.suffix not in SNAPSHOT_SUFFIXES:
         return False
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
+    # String work, not pathlib's relative_to: the ingest asks for every file event.
+    full, top = str(path), str(root)
+    prefix = top if top.endswith(os.sep) else top + os.sep
+    if not full.startswith(prefix) or len(full) == len(prefix):
         return False
-    return not any(is_hidden(part) for part in rel.parts)
+    return not any(is_hidden(part) for part in full[len(prefix):].split(os.sep))
 
 
 def _written_order(path: Path, root: Path) -> tuple[tuple[str, ...], str, int, int, str]:
@@ -169,27 +171,31 @@ def _written_order(path: Path, root: Path) -> tuple[tuple[str, ...], str, int, i
     return (path.parent.relative_to(root).parts, base, 0 if seq is not None else 1, seq or 0, name)
 
 
-def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True) -> list[Path]:
+def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True,
+              root: str | os.PathLike[str] | None = None) -> list[Path]:
     """The snapshot files of the run folder ``run_dir``, in the order they were written.
 
-    Every ``*.jsonl`` and ``*.json`` regular file (a link to one included), in ``run_dir`` and,
-    with ``nested``, in its folders (links to folders not followed), skipping dotfiles and dot
-    folders. Ordered folder by folder and, within one, rotation by rotation (by base name): a
-    rotation's segments by sequence number, then the file still being written, so that a later
-    record of a step replaces an earlier one when read in this order. The order comes from the
-    names alone, never from modification times, which a copy or a coarse clock reorders.
-    ``nested=False`` lists the loose files of a snapshot folder, which are run ``DEFAULT_RUN``.
-    An unreadable or missing folder lists nothing.
+    Every ``*.jsonl`` and ``*.json`` name that is no folder, in ``run_dir`` and, with ``nested``,
+    in its folders, skipping dotfiles and dot folders. Links are not followed (safe_io.walk): a
+    linked folder is not entered, and a link, FIFO or socket under a snapshot name is listed for
+    the reader to refuse (safe_io.open_regular) and say so. ``root``: the snapshot folder that
+    ``run_dir`` lies in, when it does; a ``run_dir`` that is a link there raises
+    safe_io.Refused. Ordered folder by folder and, within one, rotation by rotation (by base
+    name): a rotation's segments by sequence number, then the file still being written, so that
+    a later record of a step replaces an earlier one when read in this order. The order comes
+    from the names alone, never from modification times, which a copy or a coarse clock
+    reorders. ``nested=False`` lists the loose files of a snapshot folder, which are run
+    ``DEFAULT_RUN``. An unreadable or missing folder lists nothing.
     """
-    root = Path(run_dir)
+    top = Path(run_dir)
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = [d for d in dirnames if nested and not is_hidden(d)]
-        for name in filenames:
-            path = Path(dirpath, name)
-            if name.endswith(SNAPSHOT_SUFFIXES) and not is_hidden(name) and path.is_file():
-                found.append(path)
-    found.sort(key=lambda p: _written_order(p, root))
+    for folder, entries in walk(root if root is not None else top, top,
+                                descend=lambda name: nested and not is_hidden(name)):
+        for entry in entries:
+            if (entry.name.endswith(SNAPSHOT_SUFFIXES) and not is_hidden(entry.name)
+                    and not entry.is_dir(follow_symlinks=False)):
+                found.append(folder / entry.name)
+    found.sort(key=lambda p: _written_order(p, top))
     return found
 
 
@@ -223,25 +229,12 @@ REPORT_FOLDER = ".report"
 MAX_CONTROL_BYTES = 1 << 16
 
 
-def write_control_file(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically: a reader sees the old content or the new, never
-    half of one. The temporary file lies in the same folder (``os.replace`` stays on one file
-    system), is a dotfile ending in ``.tmp`` (never a snapshot) of its own name (two writers never
-    share one), and is flushed to disk before it takes the name. The result is readable by all:
-    the trainer and the exporter may run as different users."""
-    path = os.fspath(path)
-    folder, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name.lstrip('.')}.", suffix=".tmp", dir=folder or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+def write_control_file(path: str | os.PathLike[str], data: bytes, *,
+                       root: str | os.PathLike[str] | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically (safe_io.replace_file): a reader sees the old
+    content or the new, never half of one, and a link or FIFO in its place is replaced, never
+    written through. ``root``: the snapshot folder ``path`` lies in, whose folders on the way
+    must be no links (default: ``path``'s own folder, followed as given). The result is readable
+    by all: the trainer and the exporter may run as different users."""
+    folder = root if root is not None else os.path.dirname(os.path.abspath(path))
+    replace_file(folder, path, data, 0o644)

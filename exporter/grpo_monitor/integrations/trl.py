@@ -35,10 +35,12 @@ from transformers import (
 from grpo_monitor.contract.control import read_control
 from grpo_monitor.contract.keys import canonical_key
 from grpo_monitor.contract.run_layout import (
+    MAX_CONTROL_BYTES,
     ROLLBACK_TARGET,
     run_name_from,
     write_control_file,
 )
+from grpo_monitor.contract.safe_io import read_regular
 from grpo_monitor.sdk.pause import PauseGate, rollback_mode
 from grpo_monitor.sdk.writer import SnapshotWriter
 
@@ -135,7 +137,9 @@ def rollback_checkpoint(snapshot_dir: str | os.PathLike[str], run: str) -> str |
                            f"`grpo-monitor resume {run}` first")
     mode = rollback_mode(record.model_dump())
     try:
-        saved = json.loads((Path(snapshot_dir) / run / ROLLBACK_TARGET).read_text())
+        # safe_io: a FIFO or a link in its place is refused (an OSError), never waited on.
+        saved = json.loads(read_regular(snapshot_dir, Path(snapshot_dir) / run / ROLLBACK_TARGET,
+                                        MAX_CONTROL_BYTES))
     except FileNotFoundError:
         saved = None
     if mode < 0:  # "none", or the last healthy checkpoint

@@ -24,8 +24,11 @@ class Exporter:
         web = load_web_config(config.web_config_file) if config.web_config_file is not None else None
         self.store = RunStore(config.limits)
         self.health = ExporterHealth()
+        # The tree every reader stays in (safe_io), resolved once: a link the folder's path goes
+        # through is followed now, as its owner set it up, and a link swapped in later is not.
+        root = config.snapshot_dir.resolve()
         self.ingestor = Ingestor(
-            config.snapshot_dir.absolute(), self.store, self.health,
+            root, self.store, self.health,
             max_file_bytes=config.max_file_bytes, max_line_bytes=config.max_line_bytes)
         self.watcher = SnapshotWatcher(
             self.ingestor, poll=config.poll, poll_interval=config.poll_interval,
@@ -35,7 +38,8 @@ class Exporter:
         # A red card's pause record, from the webhook or the Alertmanager poll; it knows how
         # often Prometheus scrapes (metrics()) to date the last healthy checkpoint.
         self.scrape_pace = ScrapePace()
-        self.pauser = CardPauser(config.snapshot_dir.absolute(), self.store, self.scrape_pace)
+        self.pauser = CardPauser(root, self.store, self.scrape_pace,
+                                 self.health)
         self.webhook = None
         if config.webhook_token_file is not None:
             from grpo_monitor.runtime.webhook import WebhookHandler
@@ -45,7 +49,7 @@ class Exporter:
                 from grpo_monitor.runtime.notify import Notifier, sinks
 
                 notifier = Notifier(sinks(config.notify_url), self.store.max_step)
-            self.webhook = WebhookHandler(config.snapshot_dir.absolute(), config.webhook_token_file,
+            self.webhook = WebhookHandler(root, config.webhook_token_file,
                                           self.store, self.health.registry, notifier=notifier,
                                           pauser=self.pauser)
         elif config.notify_url:
@@ -59,7 +63,7 @@ class Exporter:
                                              self.pauser, self.health.registry)
         self.server = ExporterServer(
             config.listen_address, self.metrics, self.watcher.ready.is_set, self.webhook,
-            replay_dir=config.snapshot_dir.absolute() if config.enable_replay else None,
+            replay_dir=root if config.enable_replay else None,
             web=web, read_timeout=config.read_timeout, max_connections=config.max_connections,
             registry=self.health.registry)
 

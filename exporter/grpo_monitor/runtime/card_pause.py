@@ -11,6 +11,12 @@ a poll sees the same card again and again. The same alert (fingerprint and start
 changes nothing, neither for a paused run (the first onset is kept) nor for a run someone
 resumed while the card still fires. A new firing (another fingerprint, or the same one with a
 new startsAt) pauses again. A resolved card never resumes a run: a person does.
+
+No lock is held while a record is read or written: the run folder is the user's, and a read or
+write there may take long (a slow or hung file system). A run whose record is being written
+is claimed for that write; another card for it meanwhile is left to that write (it pauses the
+run already). A link, FIFO or device in the record's place is never read (safe_io): counted in
+``grpo_snapshot_errors_total``, and replaced by the pause record.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ from typing import Any
 
 from grpo_monitor.contract.control import (
     ControlRecord,
+    RefusedControl,
     control_path,
     now_rfc3339,
     read_control,
     write_control,
 )
+from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.store import RunStore
 
 log = logging.getLogger("grpo_monitor.pause")
@@ -93,11 +101,15 @@ def run_folder(snapshot_dir: Path, run: str) -> Path | None:
 
 class CardPauser:
     def __init__(self, snapshot_dir: Path, store: RunStore,
-                 scrape_pace: ScrapePace | None = None) -> None:
+                 scrape_pace: ScrapePace | None = None, health: ExporterHealth | None = None) -> None:
         self.snapshot_dir = snapshot_dir
         self.store = store
         self.scrape_pace = scrape_pace or ScrapePace()
-        self._lock = threading.Lock()  # one read-modify-write of a control record at a time
+        self.health = health  # counts what it refuses to read; None: logged only
+        # Runs whose record a thread is reading and writing now: one read-modify-write of a
+        # run's record at a time, without a lock held across the file system's time.
+        self._writing: set[str] = set()
+        self._claims = threading.Lock()  # guards _writing alone
 
     def apply(self, alert: dict[str, Any]) -> str | None:
         """Pause the alert's run if it is a red card that has not paused it yet; the run's name
@@ -115,20 +127,42 @@ class CardPauser:
         fingerprint = str(alert.get("fingerprint") or "")
         onset = str(alert.get("startsAt") or "")
         alertname = str(labels.get("alertname") or "")
-        with self._lock:
-            try:
-                current = read_control(self.snapshot_dir, run)
-            except ValueError as exc:
-                log.warning("run %s: unusable control record (%s), replacing it", run, exc)
-                current = None
-            if current is not None and current.state == "paused":
-                return None  # already paused: keep the first card's record
-            if current is not None and current.fingerprint == fingerprint and current.onset == onset:
-                return None  # the same firing again, after someone resumed: their call stands
-            record = ControlRecord(
-                state="paused", alertname=alertname, run=run, step=self.store.max_step(run),
-                onset=onset or None, fingerprint=fingerprint or None, paused_at=now_rfc3339(),
-                healthy_before=healthy_before(onset, self.scrape_pace.interval()) if onset else None)
-            write_control(self.snapshot_dir, run, record)
+        with self._claims:
+            if run in self._writing:
+                log.debug("red card for run %s: its record is being written already", run)
+                return None
+            self._writing.add(run)
+        try:
+            record = self._pause(run, alertname, fingerprint, onset)
+        finally:
+            with self._claims:
+                self._writing.discard(run)
+        if record is None:
+            return None
         log.warning("red card %s: run %s paused at step %s", alertname, run, record.step)
         return run
+
+    def _pause(self, run: str, alertname: str, fingerprint: str, onset: str) -> ControlRecord | None:
+        """The run's record read, and replaced by a pause unless it holds one (or this firing's
+        resume); the record written, or None."""
+        try:
+            current = read_control(self.snapshot_dir, run)
+        except RefusedControl as exc:
+            if self.health is not None:
+                self.health.error(exc.path, exc.reason, f"{exc}; replaced by the pause record")
+            else:
+                log.warning("run %s: %s; replacing it", run, exc)
+            current = None
+        except ValueError as exc:
+            log.warning("run %s: unusable control record (%s), replacing it", run, exc)
+            current = None
+        if current is not None and current.state == "paused":
+            return None  # already paused: keep the first card's record
+        if current is not None and current.fingerprint == fingerprint and current.onset == onset:
+            return None  # the same firing again, after someone resumed: their call stands
+        record = ControlRecord(
+            state="paused", alertname=alertname, run=run, step=self.store.max_step(run),
+            onset=onset or None, fingerprint=fingerprint or None, paused_at=now_rfc3339(),
+            healthy_before=healthy_before(onset, self.scrape_pace.interval()) if onset else None)
+        write_control(self.snapshot_dir, run, record)
+        return record

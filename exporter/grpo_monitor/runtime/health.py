@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+from pathlib import Path
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -13,6 +17,12 @@ from prometheus_client import (
 )
 
 from grpo_monitor import __version__
+from grpo_monitor.contract.safe_io import NOT_REGULAR, SYMLINK
+
+log = logging.getLogger("grpo_monitor.runtime.ingest")
+# Paths named in the log at most once per reason: beyond this many, only counted (a folder
+# holding a million bad names must not grow the exporter without bound).
+MAX_LOGGED_PATHS = 10_000
 
 # Why input could not be used (the `reason` label), what happened, and what is kept of it.
 # Every reason is pre-declared at 0 so that `increase(grpo_snapshot_errors_total[5m])` works
@@ -35,6 +45,14 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
     "invalid_events": ("a malformed `events` list", "the record's metrics"),
     "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),
     "invalid_control": ("a malformed `.grpo-baseline.json` re-baseline request", "the current baseline"),
+    SYMLINK: ("a symbolic link in the snapshot folder, to a file or a folder, wherever it points "
+              "(never followed: docs/security.md); once per path",
+              "nothing of it; the rest of the tree"),
+    NOT_REGULAR: ("a FIFO, socket or device where a snapshot or control file would be read "
+                  "(never opened for reading, never waited on); once per path",
+                  "nothing of it; the rest of the tree"),
+    "run_limit": ("a record of a new run while `--metrics.max-runs` runs are exported",
+                  "the runs already exported; the run is taken once another expires"),
     "dir_missing": ("the snapshot folder disappeared (counted once per disappearance)",
                     "everything read so far; the folder is watched again when it returns"),
 }
@@ -67,6 +85,10 @@ class ExporterHealth:
         self.internal_errors = Counter(
             "grpo_exporter_internal_errors", "Unexpected errors in the ingest thread (each logged "
             "with its traceback); the thread goes on. Any is a bug.", registry=self.registry)
+        self.overflows = Counter(
+            "grpo_snapshot_event_overflows", "Times the kernel's inotify queue overflowed and file "
+            "events were lost (a burst of writes, an exporter that lagged); each starts a full "
+            "rescan of the snapshot folder at once.", registry=self.registry)
         self.expired = Counter(
             "grpo_runs_expired", "Runs dropped from /metrics after no snapshot for --snapshot.run-timeout.",
             registry=self.registry)
@@ -74,3 +96,19 @@ class ExporterHealth:
             self.ingested.labels(shape)
         for reason in ERROR_REASONS:
             self.errors.labels(reason)
+        # (path, reason) already named in the log; the ingest thread, the webhook's and the
+        # Alertmanager poll's threads all count here.
+        self._logged: set[tuple[Path, str]] = set()
+        self._logged_lock = threading.Lock()
+
+    def error(self, path: Path, reason: str, detail: str) -> None:
+        """Count input that could not be used (``reason``: one of ERROR_REASONS); name it in the
+        log once per (path, reason)."""
+        self.errors.labels(reason).inc()
+        with self._logged_lock:
+            first = (path, reason) not in self._logged and len(self._logged) < MAX_LOGGED_PATHS
+            if first:
+                self._logged.add((path, reason))
+        if first:
+            log.warning("%s: %s (%s); further %s errors for this file are only counted",
+                        path, reason, detail, reason)

@@ -1,9 +1,13 @@
 """Reading snapshot files: tail *.jsonl incrementally, re-read *.json on change.
 
 Everything here runs on the one ingest thread, so the per-file state needs no locks. The state
-is keyed by path and remembers the inode, so that a rotation by rename (the SDK's) continues at
-the same offset under the new name instead of reading the segment twice, in whatever order the
-rename, the new file and their events reach the exporter.
+is keyed by path and remembers the inode, so that a rotation by rename continues at the same
+offset under the new name instead of reading the segment twice, in whatever order the rename,
+the new file and their events reach the exporter; a file renamed to a name that is no snapshot
+(logrotate's ``rank-0.jsonl.1``) is read to its end before it is forgotten.
+
+Every file is opened through contract/safe_io: a link, FIFO, socket or device in the tree is
+refused without blocking, counted once per path (``symlink``, ``not_regular``) and never read.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass
@@ -21,11 +26,13 @@ from typing import BinaryIO
 from grpo_monitor.contract.run_layout import (
     MAX_CONTROL_BYTES,
     REBASELINE_REQUEST,
+    SNAPSHOT_SUFFIXES,
     is_appended,
     is_hidden,
     is_snapshot_path,
     rotation_of,
 )
+from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, read_regular, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
     decode_record,
@@ -39,6 +46,11 @@ from grpo_monitor.runtime.store import RunStore
 log = logging.getLogger("grpo_monitor.runtime.ingest")
 
 READ_CHUNK = 4 << 20
+# Bytes one file gets per turn when an event asks for it: a file that grows faster than it can be
+# read (or a huge one appended at once) is read on at the next turn, after the other files' events,
+# so it cannot hold up the ingest of every other run. History (the start-up replay, a rotation's
+# older segments) is read whole, in order.
+READ_BUDGET = 64 << 20
 # The largest *.json snapshot and the longest *.jsonl line read (--snapshot.max-file-bytes,
 # --snapshot.max-line-bytes); larger ones are counted as oversized and skipped, so a runaway
 # writer cannot make the exporter hold an unbounded record in memory.
@@ -58,9 +70,12 @@ CLOCK_SLACK_NS = 2_000_000_000
 CATCH_UP_LISTINGS = 3
 
 
+
 @dataclass
 class FileState:
     inode: int
+    # The snapshot name it was last followed under: its run and rank once it is renamed away.
+    name: Path = Path()
     # *.jsonl: bytes consumed, up to the last newline (or the end of an oversized line's bytes
     # skipped). A line still waiting for its newline is not consumed: it is read again from the
     # file each time, so its writer may finish it, or take back a torn one, without confusing us.
@@ -68,8 +83,13 @@ class FileState:
     tail: bytes = b""  # *.jsonl: the last bytes before offset, to notice a rewrite in place
     skipping: bool = False  # *.jsonl: inside an oversized line, dropping bytes until a newline
     signature: tuple[int, int] = (0, 0)  # *.json: (size, mtime_ns) last looked at
-    read_ns: int = 0  # *.json: when it was last read (our clock)
+    read_ns: int = 0  # when it was last read (our clock)
     digest: bytes = b""  # *.json: hash of the content last looked at
+
+
+def _under(path: Path, folders: set[Path]) -> bool:
+    """Whether ``path`` is one of ``folders`` or lies in one (a few parents, set lookups)."""
+    return path in folders or any(parent in folders for parent in path.parents)
 
 
 class Ingestor:
@@ -89,7 +109,6 @@ class Ingestor:
         self.max_line_bytes = max_line_bytes
         self.files: dict[Path, FileState] = {}
         self._inodes: dict[int, Path] = {}  # inode -> path in self.files, to find renames
-        self._logged: set[tuple[Path, str]] = set()
         # path -> lstat signature when a rescan last looked, so that a rescan re-reads (and
         # re-counts the errors of) only what changed since.
         self._seen: dict[Path, tuple[int, ...]] = {}
@@ -103,28 +122,43 @@ class Ingestor:
         # Names whose file went away (renamed, gone): the next file under one is a rotation's
         # new file, read after what came before it (see _read).
         self._vacated: set[Path] = set()
+        # Name a followed file left for a name that is no snapshot (logrotate's rank-0.jsonl.1)
+        # -> (that name, its state). Read to its end when it went, and once more before the
+        # file that takes the name is read (its writer may append until it reopens); then
+        # forgotten, at the latest at the next rescan's end.
+        self._retired: dict[Path, tuple[Path, FileState]] = {}
+        # Inodes of files read to their end and forgotten since the last rescan: never read again
+        # as a missed rotation (_missed_rotations), however soon after the next one comes.
+        self._finished: set[int] = set()
         self._unreadable: set[Path] = set()  # folders the last scan could not list
         self._listed_ns = 0  # when the last scan began (our clock)
         # Snapshot files whose last read failed: counted once, not at each of the events a
         # writer keeps making, until a read succeeds again.
         self._failing: set[Path] = set()
+        # Paths refused (safe_io: a link, a FIFO, ...) -> the reason counted: counted once per
+        # path, until it is read or gone.
+        self._refused: dict[Path, str] = {}
+        # Files whose READ_BUDGET ran out with bytes left: the watcher reads them on next turn.
+        self.unfinished: dict[Path, None] = {}
 
     # -- bookkeeping -------------------------------------------------------------------------
 
     def error(self, path: Path, reason: str, detail: str) -> None:
         """Count an error; log it once per (file, reason)."""
-        self.health.errors.labels(reason).inc()
-        if (path, reason) not in self._logged:
-            self._logged.add((path, reason))
-            log.warning("%s: %s (%s); further %s errors for this file are only counted",
-                        path, reason, detail, reason)
+        self.health.error(path, reason, detail)
 
     def _read_error(self, path: Path, detail: str) -> None:
         if path not in self._failing:
             self._failing.add(path)
             self.error(path, "read_error", detail)
 
+    def _refuse(self, path: Path, exc: Refused) -> None:
+        if self._refused.get(path) != exc.reason:
+            self._refused[path] = exc.reason
+            self.error(path, exc.reason, exc.what)
+
     def _track(self, path: Path, state: FileState) -> None:
+        state.name = path
         self.files[path] = state
         self._inodes[state.inode] = path
         self.health.files.set(len(self.files))
@@ -138,9 +172,9 @@ class Ingestor:
 
     @staticmethod
     def _holds(path: Path, inode: int) -> bool:
-        """Whether ``path`` is (still) the file ``inode``."""
+        """Whether ``path`` is (still) the file ``inode`` (itself, not a link to it)."""
         try:
-            return path.stat().st_ino == inode
+            return os.lstat(path).st_ino == inode
         except OSError:
             return False
 
@@ -150,144 +184,234 @@ class Ingestor:
             self._detached[state.inode] = state
             self._vacated.add(path)
 
+    def _drop(self, gone: set[Path]) -> None:
+        """Forget the bookkeeping of the paths ``gone``, and of everything in them."""
+        for table in (self._refused, self._retired, self.unfinished):
+            for p in [p for p in table if _under(p, gone)]:
+                del table[p]
+        self._failing = {p for p in self._failing if not _under(p, gone)}
+
     def forget(self, path: Path) -> None:
         """A file or folder is gone: drop its state (its runs stay until they expire)."""
-        for p in [p for p in self.files if p == path or path in p.parents]:
-            self._untrack(p)
+        if path in self.files:
+            self._untrack(path)
+        else:
+            for p in [p for p in self.files if _under(p, {path})]:
+                self._untrack(p)
+        self._drop({path})
         if path == self.root:
             self._detached.clear()
             self._vacated.clear()
 
-    def deleted(self, path: Path) -> None:
-        """A delete event. It may be older than a file created since under the same name (and
-        already read): only the state of what is gone is dropped."""
-        for p in [p for p in self.files if p == path or path in p.parents]:
+    def deleted(self, *paths: Path) -> None:
+        """Delete events. One may be older than a file created since under the same name (and
+        already read): only the state of what is gone is dropped. A batch of them costs one
+        pass over the files followed, however many there are (a burst of deleted folders)."""
+        gone = set(paths)
+        candidates = ([p for p in paths if p in self.files] if all(p in self.files for p in paths)
+                      else [p for p in self.files if _under(p, gone)])
+        for p in candidates:
             if not self._holds(p, self.files[p].inode):
                 self._untrack(p)
                 self._vacated.add(p)
+        for name in [n for n, (where, _) in self._retired.items() if where in gone]:
+            del self._retired[name]
+        for table in (self._refused, self.unfinished):
+            for p in [p for p in table if _under(p, gone)]:
+                del table[p]
 
     def moved(self, src: Path, dest: Path) -> None:
         """A rename: keep reading where we were, under the new name. The event may be late:
         ``src`` may have been read again since as the new file a rotation put there (the
         renamed file was then found by its inode, see _catch_up), and ``dest`` may hold
-        another file by now. Only a state whose file ``dest`` holds moves there."""
+        another file by now. Only a state whose file ``dest`` holds moves there. A file renamed
+        to a name that is no snapshot (logrotate's ``rank-0.jsonl.1``, a hidden folder) is read
+        to its end, as the file it was, before it is forgotten; one moved out of the snapshot
+        folder is no longer read."""
         state = self.files.get(src)
         if state is None:
             self._vacated.add(src)  # a file we never saw left: the next one there is new
+        elif not dest.is_relative_to(self.root):
+            self._untrack(src)
+            self._vacated.add(src)
         elif self._holds(dest, state.inode):
             self._untrack(src)
             self._vacated.add(src)
             if is_snapshot_path(dest, self.root):
                 self._untrack(dest)
                 self._track(dest, state)
+            elif is_appended(src):
+                self._finish(dest, state)
+                self._retired[src] = (dest, state)
+        self._refused.pop(src, None)
         self.process(dest, history=False)  # a rotated segment has no older segments of its own
 
-    def scan(self) -> list[tuple[Path, int | None]]:
-        """Every snapshot file under the root, oldest first, so a replay ends on the newest; with
-        the inode each name held when listed (None if it could not be looked at). A folder that
-        cannot be listed is counted as a read_error once, until it can be listed again."""
-        found: list[tuple[float, str, Path, int | None]] = []
+    def scan(self, top: Path | None = None) -> list[tuple[Path, os.stat_result | None]]:
+        """Every snapshot file (and re-baseline request) under ``top`` (default: the root), oldest
+        first, so a replay ends on the newest; with what ``lstat`` said of it when listed (None if
+        it could not be looked at). Links are not followed: a link under another name (a linked
+        run folder) is counted here (``symlink``), one under a snapshot name is listed, for
+        process() to count. A folder
+        that cannot be listed is counted as a read_error once, until it can be listed again."""
+        top = top or self.root
+        found: list[tuple[float, str, Path, os.stat_result | None]] = []
         unreadable: set[Path] = set()
         self._listed_ns = time.time_ns()
 
-        def walk_error(exc: OSError) -> None:
+        def walk_error(folder: Path, exc: OSError) -> None:
             if exc.errno == errno.ENOENT:  # gone while we walked: nothing left to read
                 return
-            folder = Path(exc.filename)
             unreadable.add(folder)
             if folder not in self._unreadable:
                 self.error(folder, "read_error", os.strerror(exc.errno or errno.EIO))
 
-        for dirpath, dirnames, filenames in os.walk(self.root, onerror=walk_error, followlinks=False):
-            dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
-            for name in filenames:
-                path = Path(dirpath, name)
-                if not (is_snapshot_path(path, self.root) or name == REBASELINE_REQUEST):
-                    continue
-                try:
-                    st = path.stat()
-                    mtime, inode = st.st_mtime, st.st_ino
-                except OSError:
-                    mtime, inode = 0.0, None  # process() will count why
-                found.append((mtime, str(path), path, inode))
+        if not self._visible(top):
+            return []  # in a dot folder (a writer's scratch space), or outside the tree
+        try:
+            for folder, entries in walk(self.root, top, descend=lambda n: not is_hidden(n),
+                                        onerror=walk_error):
+                # The folders walked are no dot folders: a name decides (no Path made for the
+                # names that are no snapshot, the most of a large tree).
+                for entry in entries:
+                    name = entry.name
+                    if is_hidden(name) and name != REBASELINE_REQUEST:
+                        continue
+                    if not name.endswith(SNAPSHOT_SUFFIXES) and name != REBASELINE_REQUEST:
+                        if entry.is_symlink():
+                            self._refuse(folder / name, Refused(folder / name, SYMLINK,
+                                                                "a symbolic link"))
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        continue  # a folder of that name: walked into, not read
+                    try:
+                        st: os.stat_result | None = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        st = None  # process() will count why
+                    path = folder / name
+                    found.append((st.st_mtime if st else 0.0, str(path), path, st))
+        except Refused as exc:  # ``top`` itself is a link
+            self._refuse(top, exc)
         found.sort(key=lambda f: (f[0], f[1]))
-        self._unreadable = unreadable
-        return [(p, inode) for _, _, p, inode in found]
+        if top == self.root:
+            self._unreadable = unreadable
+        else:
+            self._unreadable |= unreadable
+        return [(p, st) for _, _, p, st in found]
+
+    def _visible(self, path: Path) -> bool:
+        """Whether ``path`` is the root or lies below it, in no dot folder and no dotfile."""
+        return path == self.root or (path.is_relative_to(self.root) and not any(
+            is_hidden(part) for part in path.relative_to(self.root).parts))
+
+    def _link(self, path: Path) -> None:
+        """Count a link in the tree under a name that is no snapshot (a linked run folder, say):
+        never followed, not even to see what it points to (a stat could hang on a dead mount)."""
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return
+        except OSError:
+            return
+        self._refuse(path, Refused(path, SYMLINK, "a symbolic link"))
 
     def rescan(self) -> None:
         """Process every file whose metadata changed since the last rescan: the safety net for
         events a watcher missed, and the start-up replay."""
         current: dict[Path, tuple[int, ...]] = {}
         detached_before = list(self._detached)
-        for path, inode in self.scan():
-            try:
-                st = path.lstat()
-                sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
-            except OSError:
-                sig = ()
+        for path, st in self.scan():
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()
             current[path] = sig
             if self._seen.get(path) != sig:
                 # Oldest first, the scan reads each name's history in order. A file renamed
                 # since it was listed (a rotation during a long replay) is found by its inode
                 # and finished before what took its name; so is one gone before it was looked at.
-                self.process(path, inode, history=inode is None)
-        for gone in self._seen.keys() - current.keys():
-            if any(gone.is_relative_to(folder) for folder in self._unreadable):
+                self.process(path, st.st_ino if st is not None else None, history=st is None,
+                             budget=None)
+        gone: set[Path] = set()
+        for path in self._seen.keys() - current.keys():
+            if _under(path, self._unreadable):
                 # Not gone, only hidden for now: read on where we were once it can be listed.
-                current[gone] = self._seen[gone]
+                current[path] = self._seen[path]
                 continue
-            self.forget(gone)
+            self._untrack(path)
+            gone.add(path)
+        self._drop(gone)
         for inode in detached_before:  # not under any name this rescan read: gone
             self._detached.pop(inode, None)
+        # A writer had a rescan interval to reopen its file: what it left behind is finished.
+        retired, self._retired = self._retired, {}
+        for where, state in retired.values():
+            self._finish(where, state)
+        self._finished.clear()
         self._vacated &= current.keys()
         self._seen = current
 
+    def scan_folder(self, folder: Path) -> set[Path]:
+        """A folder that appeared (made, or moved in): read the files it holds, which may have
+        landed before the watcher watched it, oldest first; the files read. A folder moved
+        within the tree keeps its files' offsets: each is found by its inode."""
+        read: set[Path] = set()
+        for path, st in self.scan(folder):
+            self.process(path, st.st_ino if st is not None else None, history=st is None,
+                         budget=None)
+            read.add(path)
+        return read
+
     # -- reading -----------------------------------------------------------------------------
 
-    def process(self, path: Path, listed_inode: int | None = None, *, history: bool = True) -> None:
+    def process(self, path: Path, listed_inode: int | None = None, *, history: bool = True,
+                budget: int | None = READ_BUDGET) -> None:
         """Read whatever is new in ``path``; safe to call for any path, any number of times.
         ``listed_inode``: the file a scan found under this name. ``history``: a ``*.jsonl``
         name new to us may have rotated before we saw it (an exporter that lags, started late
-        on a folder it was told of, or missed events): its older segments are read first."""
+        on a folder it was told of, or missed events): its older segments are read first.
+        ``budget``: bytes to read at most now (None: all); the rest waits in ``unfinished``."""
+        self.unfinished.pop(path, None)
         if path.name == REBASELINE_REQUEST:
             self._control(path)
             return
         if not is_snapshot_path(path, self.root):
+            if self._visible(path):
+                self._link(path)
             return
         try:
-            if not stat.S_ISREG(path.stat().st_mode):
-                return
             # The file read is the one opened: a name may change hands (a rotation) at any
             # moment, so its inode is taken from the open file, not from the name.
-            fh = open(path, "rb")  # noqa: SIM115 -- closed below, after the bookkeeping
-        except FileNotFoundError:
-            if not path.is_symlink():
-                # Renamed again (its move event is queued) or deleted: kept aside for the name
-                # it may have now.
-                self._detach(path)
-                return
-            self._read_error(path, "dangling symlink")
+            fh = open_regular(self.root, path)
+        except Refused as exc:
+            self._detach(path)  # whatever we followed under this name went away
+            self._refuse(path, exc)
             return
+        except (FileNotFoundError, NotADirectoryError):
+            # Renamed again (its move event is queued) or deleted: kept aside for the name it
+            # may have now.
+            self._detach(path)
+            return
+        except IsADirectoryError:
+            return  # a folder of that name: walked into, not read
         except OSError as exc:
             self._read_error(path, os.strerror(exc.errno or errno.EIO))
             return
         with fh:
             try:
                 st = os.fstat(fh.fileno())
-                self._read(path, fh, st, listed_inode, history)
+                self._read(path, fh, st, listed_inode, history, budget)
             except OSError as exc:
                 self._read_error(path, os.strerror(exc.errno or errno.EIO))
                 return
         self._failing.discard(path)
+        self._refused.pop(path, None)
 
     def _read(self, path: Path, fh: BinaryIO, st: os.stat_result, listed_inode: int | None,
-              history: bool) -> None:
+              history: bool, budget: int | None) -> None:
         state = self.files.get(path)
+        previous = None  # the file this name held before, when we followed it
         known = state.inode if state is not None else listed_inode
         if known is not None and known != st.st_ino:
             # The name holds another file than the one we knew under it: that one was renamed
             # (a rotation whose move event is still queued, or one since a scan listed it) or
             # deleted. Its state waits, detached, for its new name.
+            previous = state
             self._detach(path)
             self._vacated.add(path)
             state = None
@@ -302,28 +426,32 @@ class Ingestor:
                 # A new file under a name whose file went away (a rotation), or a name new to
                 # us: what came before it is read first, so that a rank's records are applied
                 # in the order they were written.
-                self._catch_up(path, st.st_ino)
+                self._catch_up(path, st.st_ino, previous)
             if state is None and self._followed_elsewhere(path, st.st_ino):
                 return  # renamed while we looked, and read under its new name meanwhile
             self._vacated.discard(path)
             state = state or FileState(inode=st.st_ino)
             self._track(path, state)
         if is_appended(path):
-            self._tail(path, state, st, fh)
+            self._tail(path, state, st, fh, budget)
         else:
             self._reread(path, state, st, fh)
 
     def _control(self, path: Path) -> None:
         """A run's re-baseline request (grpo-monitor rebaseline)."""
         try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_CONTROL_BYTES + 1)
+            data = read_regular(self.root, path, MAX_CONTROL_BYTES)
         except FileNotFoundError:
             self._controls.pop(path, None)
+            return
+        except Refused as exc:
+            self._controls.pop(path, None)
+            self._refuse(path, exc)
             return
         except OSError as exc:  # a folder of that name, a permission
             self.error(path, "read_error", os.strerror(exc.errno or errno.EIO))
             return
+        self._refused.pop(path, None)
         if self._controls.get(path) == data:
             return
         self._controls[path] = data
@@ -336,8 +464,13 @@ class Ingestor:
             self.error(path, "invalid_control", str(exc).splitlines()[0])
             return
         run, _ = identity_from_path(path, self.root)
+        if self.store.rebaseline(run, req.at_step, req.steps) is False:
+            self.error(path, "run_limit", self._run_limit())
+            return
         log.info("run %s: re-baseline on the %d steps up to step %d", run, req.steps, req.at_step)
-        self.store.rebaseline(run, req.at_step, req.steps)
+
+    def _run_limit(self) -> str:
+        return f"{self.store.limits.max_runs} runs exported already (--metrics.max-runs)"
 
     def _adopt(self, inode: int) -> FileState | None:
         """The state of a file we know under another name (a rename we did not see)."""
@@ -354,34 +487,67 @@ class Ingestor:
         other = self._inodes.get(inode)
         return other is not None and other != path and self._holds(other, inode)
 
-    def _catch_up(self, name: Path, inode: int) -> None:
-        """Read the older segments of ``name``'s rotation (the SDK renames ``<base>.jsonl`` to
-        ``<base>.<seq>.jsonl``, the sequence growing) that we do not follow yet, in sequence
-        order, before the file ``inode`` opened under ``name``: the file that was ``name``,
-        which goes on where it was, and any segment that came and went while we were not
-        looking. Those existed before ``inode`` did, so every listing holds them. A listing
-        made while the writer goes on rotating may also hold newer segments, and miss the new
-        name of ``inode`` itself: then it is made again. A file renamed otherwise waits,
-        detached, for its move event or a rescan."""
+    def _catch_up(self, name: Path, inode: int, previous: FileState | None = None) -> None:
+        """Read what came before the file ``inode`` opened under ``name``, in the order it was
+        written. ``previous``: the state of the file ``name`` held before, when we followed it.
+
+        1. That file, wherever it went in its folder, found by its inode whatever its new name:
+           under another snapshot name it is followed there; under a name that is none
+           (logrotate's ``rank-0.jsonl.1``) it is read to its end and forgotten.
+        2. Files rotated logrotate's way (``<name>.<N>``, the oldest the highest N; ``.gz`` and
+           the like are not read) that we never saw, written since we last read ``previous``:
+           rotations that came and went while we lagged, read whole, oldest first.
+        3. The older segments of ``name``'s rotation the SDK's way (``<base>.jsonl`` renamed to
+           ``<base>.<seq>.jsonl``, the sequence growing) that we do not follow yet, in sequence
+           order: the file that was ``name`` goes on where it was, and a segment that came and
+           went while we were not looking is read whole. Those existed before ``inode`` did,
+           so every listing holds them. A listing made while the writer goes on rotating may
+           also hold newer segments, and miss the new name of ``inode`` itself: then it is made
+           again.
+
+        A file renamed to another folder waits, detached, for its move event or a rescan."""
+        retired = self._retired.pop(name, None)
+        if retired is not None:  # its move event came: it is read once more, then forgotten
+            previous = retired[1]
+            self._finish(*retired)
         base, seq = rotation_of(name.name)
         for _ in range(CATCH_UP_LISTINGS):
             unseen: list[tuple[int, Path, int]] = []
+            renamed: list[tuple[Path, int]] = []
             try:
                 with os.scandir(name.parent) as entries:
                     for entry in entries:
-                        other_base, other_seq = rotation_of(entry.name)
-                        if other_base != base or other_seq is None or (seq is not None and other_seq >= seq):
-                            continue
                         candidate = Path(entry.path)
-                        if (candidate in self.files or candidate in self._vacated
-                                or not is_snapshot_path(candidate, self.root)):
-                            continue
+                        other_base, other_seq = rotation_of(entry.name)
+                        segment = other_base == base and other_seq is not None
                         try:
-                            unseen.append((other_seq, candidate, entry.stat().st_ino))
+                            candidate_inode = entry.inode()
+                            if segment or not entry.is_file(follow_symlinks=False):
+                                pass
+                            elif candidate_inode in self._detached:
+                                renamed.append((candidate, candidate_inode))
+                                continue
                         except OSError:
                             continue
+                        if not segment or (seq is not None and other_seq >= seq):  # type: ignore[operator]
+                            continue
+                        if candidate in self.files:
+                            if candidate in self.unfinished:  # history is read whole, in order
+                                unseen.append((other_seq, candidate, candidate_inode))  # type: ignore[arg-type]
+                            continue
+                        if candidate in self._vacated or not is_snapshot_path(candidate, self.root):
+                            continue
+                        unseen.append((other_seq, candidate, candidate_inode))  # type: ignore[arg-type]
             except OSError:
                 return
+            for candidate, candidate_inode in renamed:
+                if is_snapshot_path(candidate, self.root):
+                    self.process(candidate, candidate_inode, history=False, budget=None)
+                elif (state := self._detached.pop(candidate_inode, None)) is not None:
+                    self._finish(candidate, state)
+            if previous is not None:
+                self._missed_rotations(name, previous.read_ns, {inode, previous.inode})
+                previous = None  # read: a listing made again skips them
             unseen.sort()
             if seq is None and not self._holds(name, inode):
                 # ``inode`` was renamed too, so newer segments may be listed: stop at it.
@@ -390,17 +556,73 @@ class Ingestor:
                     continue
                 unseen = unseen[: cut + 1]
             for _, candidate, candidate_inode in unseen:
-                self.process(candidate, candidate_inode, history=False)
+                self.process(candidate, candidate_inode, history=False, budget=None)
             return
 
-    def _tail(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO) -> None:
+    def _missed_rotations(self, name: Path, since_ns: int, skip: set[int]) -> None:
+        """Read whole, oldest first, the files rotated logrotate's way from ``name``
+        (``<name>.<N>``, the oldest the highest N; a compressed ``.gz`` is not read) that we
+        never followed and that were written since ``since_ns``, when we last read the file
+        that was ``name``: rotations that came and went while we lagged. ``skip``: the inodes
+        of the file now under ``name`` and of the one before it."""
+        pattern = re.compile(re.escape(name.name) + r"\.([0-9]+)")
+        missed: list[tuple[int, Path, int]] = []
+        try:
+            with os.scandir(name.parent) as entries:
+                for entry in entries:
+                    if not (m := pattern.fullmatch(entry.name)):
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if (stat.S_ISREG(st.st_mode) and st.st_ino not in skip
+                            and st.st_ino not in self._inodes and st.st_ino not in self._detached
+                            and st.st_ino not in self._finished
+                            and st.st_mtime_ns >= since_ns - CLOCK_SLACK_NS):
+                        missed.append((-int(m[1]), Path(entry.path), st.st_ino))
+        except OSError:
+            return
+        for _, where, inode in sorted(missed):
+            self._finish(where, FileState(inode=inode, name=name))
+
+    def _finish(self, where: Path, state: FileState) -> None:
+        """Read a file renamed to a name that is no snapshot to its end, as the file it was
+        (``state.name``: its run, rank and offset). Nothing when ``where`` holds another file
+        by now, or lies outside the snapshot folder."""
+        if not is_appended(state.name):
+            return
+        try:
+            with open_regular(self.root, where) as fh:
+                st = os.fstat(fh.fileno())
+                if st.st_ino == state.inode:
+                    self._tail(state.name, state, st, fh, None)
+                    self._finished.add(state.inode)
+        except (OSError, ValueError):  # gone too, no regular file, not in the tree
+            return
+
+    def _tail(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO,
+              budget: int | None) -> None:
         if st.st_size < state.offset or not self._same_prefix(fh, state):
             # Truncated or rewritten in place (size alone cannot tell a rewrite to the same
-            # length): start again from the top.
+            # length): start again from the top. Or a new file that took a deleted one's inode
+            # number: what rotated away meanwhile comes first.
+            if state.offset:
+                self._missed_rotations(path, state.read_ns, {state.inode})
             state.offset, state.skipping, state.tail = 0, False, b""
         fh.seek(state.offset)
+        state.read_ns = time.time_ns()
         unfinished = b""  # after the last newline: read again next time, never consumed
-        while chunk := fh.read(READ_CHUNK):
+        left = budget
+        while True:
+            # What the file holds past the offset, and some: a read of READ_CHUNK would allocate
+            # that much for a file's one new line.
+            want = max(min(READ_CHUNK, st.st_size - fh.tell() + (64 << 10)), 64 << 10)
+            if left is not None:
+                want = min(want, left)
+            chunk = fh.read(want)
+            if not chunk:
+                return
             data = unfinished + chunk
             end = data.rfind(b"\n") + 1
             unfinished = data[end:]
@@ -415,6 +637,13 @@ class Ingestor:
                     self.error(path, "oversized", f"line over {self.max_line_bytes} bytes")
                 self._consume(state, unfinished)
                 unfinished, state.skipping = b"", True
+            if len(chunk) < want:  # a short read of a regular file: its end, for now
+                return
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    self.unfinished[path] = None  # its turn is over; the others' events first
+                    return
 
     @staticmethod
     def _consume(state: FileState, data: bytes) -> None:
@@ -469,6 +698,8 @@ class Ingestor:
             return False
         for reason, detail in snap.problems:
             self.error(path, reason, detail)
-        self.store.apply(snap, wrote_at=mtime)
+        if self.store.apply(snap, wrote_at=mtime) is False:
+            self.error(path, "run_limit", self._run_limit())
+            return False
         self.health.ingested.labels(snap.shape).inc()
         return True

@@ -4,11 +4,15 @@
 ``<snapshot_dir>/<run>/.grpo-baseline.json`` (run_layout.REBASELINE_REQUEST): each rank's N
 steps up to step S become its new baseline. The file stays, so an exporter that restarts and
 replays the run re-applies it when the replay reaches step S — the baseline survives the
-restart.
+restart. The run's files are read, and the request written, through safe_io: a linked run
+folder is refused, a link or FIFO among the files is skipped (and named) unread, one in the
+request's place replaced.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, PositiveInt
@@ -20,7 +24,10 @@ from grpo_monitor.contract.run_layout import (
     run_files,
     write_control_file,
 )
+from grpo_monitor.contract.safe_io import Refused, is_plain_folder, open_regular
 from grpo_monitor.contract.snapshot import MAX_INT, Count, decode_record
+
+log = logging.getLogger("grpo_monitor.runtime.rebaseline")
 
 _TAIL_BYTES = 1 << 16
 
@@ -37,9 +44,12 @@ def newest_step(run_dir: Path) -> int | None:
         if not is_appended(path):  # a *.json file is one record, its step not in a last line
             continue
         try:
-            with open(path, "rb") as fh:
-                fh.seek(max(0, path.stat().st_size - _TAIL_BYTES))
-                lines = fh.read().splitlines()
+            with open_regular(run_dir, path) as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - _TAIL_BYTES))
+                lines = fh.read(_TAIL_BYTES).splitlines()
+        except Refused as exc:
+            log.warning("%s: %s, not read", path, exc.what)
+            continue
         except OSError:
             continue
         for line in reversed(lines):
@@ -58,13 +68,20 @@ def request_rebaseline(snapshot_dir: Path, run: str, *, steps: int, at_step: int
     """Write the run's re-baseline request atomically; return its path and the step it applies
     at. ValueError for a run name that names no run folder, or a run without steps."""
     run_dir = Path(snapshot_dir) / check_run_name(run)
-    if not run_dir.is_dir():
-        raise ValueError(f"no run folder {run_dir}")
+    try:
+        if not is_plain_folder(snapshot_dir, run_dir):
+            raise ValueError(f"no run folder {run_dir}")
+    except Refused as exc:
+        raise ValueError(f"{run_dir}: {exc.what}, never followed; the exporter does not read "
+                         "it either") from None
     if at_step is None:
         at_step = newest_step(run_dir)
         if at_step is None:
             raise ValueError(f"no step found in {run_dir}/*.jsonl; pass --at-step")
     req = RebaselineRequest(at_step=at_step, steps=steps)
     path = run_dir / REBASELINE_REQUEST
-    write_control_file(path, (req.model_dump_json() + "\n").encode())
+    try:
+        write_control_file(path, (req.model_dump_json() + "\n").encode(), root=snapshot_dir)
+    except Refused as exc:  # the run folder became a link meanwhile
+        raise ValueError(f"{run_dir}: {exc.what}, never followed") from None
     return path, at_step

@@ -4,7 +4,10 @@ Numbers say that something is wrong; the logged samples show what. This module r
 snapshot files on request (it keeps no state and serves no HTTP itself):
 
 * ``find_samples`` / ``available_steps``: which steps of a run carry ``samples``, and those of one
-  step. Files are streamed line by line with a bounded line size; bad lines are skipped.
+  step. Files are streamed line by line with a bounded line size; bad lines are skipped. Every
+  file is opened through safe_io, within the snapshot folder: a run folder that is a link is
+  refused (``LinkedRun``), and a link, FIFO or device among its files is skipped unread; the
+  ingest counts both.
 * ``render_json`` / ``render_html``: the payloads. Prompts and responses are model output, i.e.
   hostile text: the HTML page escapes every string and loads nothing from outside.
 * ``replay_http``: ``/replay?run=R&step=S[&format=json|html]`` as (status, content type, body).
@@ -16,10 +19,11 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from grpo_monitor.contract.run_layout import (
     DEFAULT_RUN,
@@ -27,6 +31,7 @@ from grpo_monitor.contract.run_layout import (
     is_run_name,
     run_files,
 )
+from grpo_monitor.contract.safe_io import Refused, open_regular
 from grpo_monitor.contract.samples import reward_sort_key
 from grpo_monitor.contract.snapshot import (
     RecordError,
@@ -35,8 +40,8 @@ from grpo_monitor.contract.snapshot import (
     parse_record,
 )
 
-__all__ = ["available_steps", "find_samples", "print_replay", "render_html", "render_json",
-           "replay_http"]
+__all__ = ["LinkedRun", "available_steps", "find_samples", "print_replay", "render_html",
+           "render_json", "replay_http"]
 
 MAX_LINE_BYTES = 4 << 20  # a samples line is larger than a metrics line; still bounded
 MAX_JSON_FILE_BYTES = 16 << 20
@@ -49,29 +54,36 @@ _Index = dict[tuple[int, int], tuple[Path, int]]
 # -- reading --------------------------------------------------------------------------------
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+class LinkedRun(ValueError):
+    """The run's folder is a symbolic link: never followed (docs/security.md)."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(f"run {run!r} is a symbolic link in the snapshot folder; links are never "
+                         "followed")
+
+
+def _lines(fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
     """(offset, line) of each complete line that mentions samples; oversized lines skipped."""
-    with open(path, "rb") as fh:
-        offset = 0
-        skipping = False
-        while True:
-            line = fh.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return
-            start, offset = offset, offset + len(line)
-            if not line.endswith(b"\n"):
-                if len(line) > MAX_LINE_BYTES:  # oversized: drop up to its newline
-                    skipping = True
-                continue  # or a last line still being written
-            if skipping:
-                skipping = False
-                continue
-            if _MARK in line:
-                yield start, line
+    offset = 0
+    skipping = False
+    while True:
+        line = fh.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        start, offset = offset, offset + len(line)
+        if not line.endswith(b"\n"):
+            if len(line) > MAX_LINE_BYTES:  # oversized: drop up to its newline
+                skipping = True
+            continue  # or a last line still being written
+        if skipping:
+            skipping = False
+            continue
+        if _MARK in line:
+            yield start, line
 
 
-def _read_at(path: Path, offset: int) -> bytes:
-    with open(path, "rb") as fh:
+def _read_at(snapshot_dir: Path, path: Path, offset: int) -> bytes:
+    with open_regular(snapshot_dir, path) as fh:
         if offset < 0:
             return fh.read(MAX_JSON_FILE_BYTES + 1)
         fh.seek(offset)
@@ -91,30 +103,35 @@ def _parse(raw: bytes, path: Path, snapshot_dir: Path, mtime: float) -> tuple[in
 def _index(snapshot_dir: Path, run: str) -> _Index:
     index: _Index = {}
     # In the order written: a later record of the same step and rank replaces an earlier one.
-    files = run_files(snapshot_dir / run)
+    try:
+        files = run_files(snapshot_dir / run, root=snapshot_dir)
+    except Refused:
+        raise LinkedRun(run) from None
     if run == DEFAULT_RUN:  # the loose files of the snapshot folder are run "default" too
         files += run_files(snapshot_dir, nested=False)
     for path in files:
         try:
-            mtime = path.stat().st_mtime
-            if not is_appended(path):
-                if path.stat().st_size > MAX_JSON_FILE_BYTES:
+            with open_regular(snapshot_dir, path) as fh:
+                st = os.fstat(fh.fileno())
+                if not is_appended(path):
+                    if st.st_size > MAX_JSON_FILE_BYTES:
+                        continue
+                    found = _parse(fh.read(MAX_JSON_FILE_BYTES + 1), path, snapshot_dir, st.st_mtime)
+                    if found:
+                        index[(found[0], found[1])] = (path, -1)
                     continue
-                found = _parse(path.read_bytes(), path, snapshot_dir, mtime)
-                if found:
-                    index[(found[0], found[1])] = (path, -1)
-                continue
-            for offset, line in _lines(path):
-                found = _parse(line, path, snapshot_dir, mtime)
-                if found:
-                    index[(found[0], found[1])] = (path, offset)
+                for offset, line in _lines(fh):
+                    found = _parse(line, path, snapshot_dir, st.st_mtime)
+                    if found:
+                        index[(found[0], found[1])] = (path, offset)
         except OSError:
-            continue  # vanished or unreadable: skip the file
+            continue  # vanished, unreadable, a link or a FIFO (Refused): skip the file
     return index
 
 
 def available_steps(snapshot_dir: Path, run: str) -> list[int]:
-    """The steps of ``run`` whose records carry samples, ascending; [] for an invalid run."""
+    """The steps of ``run`` whose records carry samples, ascending; [] for an invalid run
+    (LinkedRun for a linked run folder)."""
     if not is_run_name(run):
         return []
     return sorted({step for step, _ in _index(Path(snapshot_dir), run)})
@@ -126,7 +143,7 @@ def find_samples(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, l
     ``step=None`` picks the newest step with samples; a step without samples falls back to the
     nearest earlier step with samples (the returned step says which was chosen). Samples that
     several ranks logged at that step are joined in rank order. None when there is none (or the
-    run name is invalid).
+    run name is invalid); LinkedRun when the run's folder is a link.
     """
     if not is_run_name(run):
         return None
@@ -141,8 +158,8 @@ def find_samples(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, l
         if s != chosen:
             continue
         try:
-            found = _parse(_read_at(path, offset), path, snapshot_dir, 0.0)
-        except OSError:
+            found = _parse(_read_at(snapshot_dir, path, offset), path, snapshot_dir, 0.0)
+        except OSError:  # gone or swapped since the index was made
             continue
         if found:
             samples.extend(found[2])
@@ -258,7 +275,10 @@ def replay_http(snapshot_dir: Path, query: dict[str, list[str]], accept: str) ->
         fmt = "html" if "text/html" in (accept or "") else "json"
     if fmt not in ("json", "html"):
         return 400, _TEXT, b"format must be json or html\n"
-    found = find_samples(Path(snapshot_dir), run, step)
+    try:
+        found = find_samples(Path(snapshot_dir), run, step)
+    except LinkedRun as exc:
+        return 404, _TEXT, f"{exc}\n".encode()
     if found is None:
         where = f"at or before step {step}" if step is not None else "at any step"
         return 404, _TEXT, f"run {run!r} has no samples {where}\n".encode()
@@ -283,12 +303,17 @@ def _indent(text: str, prefix: str) -> str:
 
 def print_replay(snapshot_dir: Path, run: str, step: int | None, *, file: TextIO | None = None) -> int:
     """Print the samples of ``run`` at ``step`` (None: newest) as text; exit status 0, 1 when
-    there are none, 2 for an invalid run name. Errors go to stderr."""
+    there are none (a linked run folder's included), 2 for an invalid run name. Errors go to
+    stderr."""
     out = file or sys.stdout
     if not is_run_name(run):
         print(f"grpo-monitor replay: invalid run name {run!r}", file=sys.stderr)
         return 2
-    found = find_samples(Path(snapshot_dir), run, step)
+    try:
+        found = find_samples(Path(snapshot_dir), run, step)
+    except LinkedRun as exc:
+        print(f"grpo-monitor replay: {exc}", file=sys.stderr)
+        return 1
     if found is None:
         where = f"at or before step {step}" if step is not None else "at any step"
         print(f"grpo-monitor replay: run {run!r} has no samples {where} in {snapshot_dir}",

@@ -71,6 +71,9 @@ class Limits:
     max_unknown_keys: int = 256
     max_prompt_types: int = 32
     max_event_types: int = 32
+    # Runs exported at once: a folder anyone can write into must not grow a scrape without
+    # bound. Far above a node's runs; a record of a run beyond it is refused (and counted).
+    max_runs: int = 20_000
     # Not limits but the signal settings: the baseline period of background.md#thresholds, and the initial
     # period whose mean the early cards compare with.
     baseline_steps: int = BASELINE_STEPS
@@ -355,12 +358,15 @@ class RunStore:
         self._dirty: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
-    def apply(self, snap: Snapshot, wrote_at: float) -> None:
-        """Merge one snapshot; ``wrote_at`` is the mtime of the file it came from."""
+    def apply(self, snap: Snapshot, wrote_at: float) -> bool:
+        """Merge one snapshot; ``wrote_at`` is the mtime of the file it came from. False when it
+        is refused: a new run while ``max_runs`` runs are exported."""
         lim = self.limits
         with self._lock:
             run = self._runs.get(snap.run)
             if run is None:
+                if len(self._runs) >= lim.max_runs:
+                    return False
                 run = self._runs[snap.run] = RunState(snap.run)
                 # Pre-declare the kinds so that rate() sees a 0 before the first drop.
                 run.dropped.update({"unknown_key": 0, "prompt_type": 0, "event_type": 0})
@@ -384,7 +390,7 @@ class RunStore:
                     if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
                         rank.events[event.type] += 1
                 self._dirty.add((snap.run, snap.rank))
-                return
+                return True
             run.note_end(snap, ending)
             run.paused_ranks.discard(snap.rank)  # it wrote a step: it is not waiting
             rank = run.ranks.get(snap.rank)
@@ -442,6 +448,7 @@ class RunStore:
                 rank.rebaseline(rank.pending_rebaseline[1])
                 rank.pending_rebaseline = None
             self._dirty.add((snap.run, snap.rank))
+            return True
 
     def flush(self) -> None:
         """Render the ranks (and their runs) changed since the last flush."""
@@ -460,15 +467,18 @@ class RunStore:
             for run in runs.values():
                 run.render()
 
-    def rebaseline(self, run_name: str, at_step: int, steps: int) -> None:
+    def rebaseline(self, run_name: str, at_step: int, steps: int) -> bool:
         """Make the ``steps`` values up to ``at_step`` each rank's new baseline.
 
         A rank already past ``at_step`` takes its last ``steps`` values now; one not there yet
-        (a replay after a restart, or a step in the future) when it gets there.
+        (a replay after a restart, or a step in the future) when it gets there. False when
+        refused, as ``apply`` refuses: a new run while ``max_runs`` runs are exported.
         """
         with self._lock:
             run = self._runs.get(run_name)
             if run is None:
+                if len(self._runs) >= self.limits.max_runs:
+                    return False
                 run = self._runs[run_name] = RunState(run_name)
             run.rebaseline = (at_step, steps)
             for rank in run.ranks.values():
@@ -478,6 +488,7 @@ class RunStore:
                     self._dirty.add((run_name, rank.rank))
                 else:
                     rank.pending_rebaseline = (at_step, steps)
+        return True
 
     @staticmethod
     def _count_nonfinite(rank: RankState, values: dict[str, float], step: int | None = None) -> None:

@@ -2,8 +2,11 @@
 
 watchdog's observer (inotify, or polling where inotify is silent, as on NFS) only enqueues
 paths; a single worker thread reads them, so file state needs no locks and a burst of events for
-one file costs one read. A periodic rescan catches anything an observer missed, and the worker
-notices the snapshot folder being deleted and re-created (inotify watches die with it).
+one file costs one read. A new folder costs a look at that folder alone, however many the
+snapshot folder holds. A periodic rescan catches anything an observer missed; an overflow of the
+kernel's event queue (a burst, a lagging exporter) starts one at once; and the worker notices
+the snapshot folder being deleted and re-created (inotify watches die with it) and an observer
+that died.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from grpo_monitor.runtime.ingest import Ingestor
 log = logging.getLogger("grpo_monitor.runtime.watch")
 
 _RESCAN = ("rescan",)
+# watchdog reports an overflow of the kernel's inotify queue (events lost) in its log alone.
+_OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
+_OVERFLOW_MESSAGE = "Inotify queue overflowed"
 # Without a filter watchdog also reports every open and close-without-write, including the
 # exporter's own reads: twice the events, for nothing.
 # FileAttribEvent: a chmod may make a file that could not be read readable (its content is
@@ -52,8 +58,10 @@ class _Enqueue(FileSystemEventHandler):
         kind = event.event_type
         src = Path(str(event.src_path))
         if event.is_directory:
-            if kind in ("created", "moved"):  # files may have landed before the watch did
-                self.q.put(_RESCAN)
+            if kind == "created":  # files may have landed before the watch did
+                self.q.put(("folder", src))
+            elif kind == "moved":
+                self.q.put(("folder", Path(str(event.dest_path))))
             elif kind == "deleted":
                 self.q.put(("deleted", src))
         elif kind == "moved":
@@ -62,6 +70,19 @@ class _Enqueue(FileSystemEventHandler):
             self.q.put(("deleted", src))
         elif kind in ("created", "modified", "closed", "attrib"):
             self.q.put(("changed", src))
+
+
+class _Overflows(logging.Handler):
+    """watchdog's report of an inotify queue overflow, as a rescan request: events were lost, so
+    only a look at every file finds what they said."""
+
+    def __init__(self, q: queue.SimpleQueue[tuple]) -> None:
+        super().__init__(logging.WARNING)
+        self.q = q
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(_OVERFLOW_MESSAGE):
+            self.q.put(("overflow",))
 
 
 class SnapshotWatcher:
@@ -88,8 +109,13 @@ class SnapshotWatcher:
         self._observer: BaseObserver | None = None
         self._root_inode: int | None = -1  # -1: not looked yet; None: missing
         self._thread = threading.Thread(target=self._run, name="grpo-ingest", daemon=True)
+        self._overflows = _Overflows(self._q)
 
     def start(self) -> None:
+        overflow_log = logging.getLogger(_OVERFLOW_LOGGER)
+        overflow_log.addHandler(self._overflows)
+        if not overflow_log.isEnabledFor(logging.WARNING):  # a quieter --log.level must not hide it
+            overflow_log.setLevel(logging.WARNING)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -97,6 +123,7 @@ class SnapshotWatcher:
         self._q.put(("stop",))
         self._thread.join(timeout)
         self._unwatch()
+        logging.getLogger(_OVERFLOW_LOGGER).removeHandler(self._overflows)
 
     # -- the worker --------------------------------------------------------------------------
 
@@ -111,14 +138,16 @@ class SnapshotWatcher:
         while not self._stop.is_set():
             # Reset each turn: a tick with no event must not handle the previous batch again.
             batch: list[tuple] = []
+            unfinished = list(self.ingestor.unfinished)  # files whose turn ran out: read on
             try:
-                batch.append(self._q.get(timeout=self.tick))
+                batch.append(self._q.get(timeout=0 if unfinished else self.tick))
                 while True:  # drain: a burst of events for one file costs one read
                     batch.append(self._q.get_nowait())
             except queue.Empty:
                 pass
-            if batch:
+            if batch or unfinished:
                 self._handle(batch)
+                self._read_changed(dict.fromkeys(p for p in unfinished if p in self.ingestor.unfinished))
                 self._safe(self.ingestor.store.flush)
             now = time.monotonic()
             if now >= next_tick:
@@ -130,37 +159,69 @@ class SnapshotWatcher:
                 self._safe(self.ingestor.store.flush)
 
     def _handle(self, batch: list[tuple]) -> None:
+        # Events apply in the order they came; reads of changed files (and new folders) wait
+        # until a move or delete needs them done, so each file is read once a batch. A rescan
+        # reads every file: one at the batch's end stands for all the batch asked for.
         changed: dict[Path, None] = {}  # ordered set
+        folders: dict[Path, None] = {}
+        deleted: list[Path] = []
+        rescan = False
+
+        def read() -> None:
+            if deleted:
+                self._safe(self.ingestor.deleted, *deleted)
+                deleted.clear()
+            for folder in folders:
+                # The files it read are read past the events queued for them so far.
+                for path in self._safe(self.ingestor.scan_folder, folder) or ():
+                    changed.pop(path, None)
+            folders.clear()
+            self._read_changed(changed)
+
         for item in batch:
             kind = item[0]
             if kind == "changed":
+                if deleted:
+                    read()
                 changed[item[1]] = None
+            elif kind == "folder":
+                if deleted:
+                    read()
+                folders[item[1]] = None
             elif kind == "moved":
-                self._read_changed(changed)
+                read()
                 self._safe(self.ingestor.moved, item[1], item[2])
             elif kind == "deleted":
-                self._read_changed(changed)
-                self._safe(self.ingestor.deleted, item[1])
+                if changed or folders:
+                    read()
+                deleted.append(item[1])  # consecutive deletes: one pass over the files
+            elif kind == "overflow":
+                self.ingestor.health.overflows.inc()
+                log.warning("inotify's event queue overflowed: events were lost; rescanning %s "
+                            "now", self.root)
+                rescan = True
             elif kind == "rescan":
-                self._read_changed(changed)
-                self._safe(self.ingestor.rescan)
-        self._read_changed(changed)
+                rescan = True
+        read()
+        if rescan:
+            self._safe(self.ingestor.rescan)
 
     def _read_changed(self, changed: dict[Path, None]) -> None:
         for path in changed:
             self._safe(self.ingestor.process, path)
         changed.clear()
 
-    def _safe(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+    def _safe(self, fn, *args):  # type: ignore[no-untyped-def]
         # The worker must outlive any surprise: one bad file must not stop ingestion.
         try:
-            fn(*args)
+            return fn(*args)
         except Exception:
             self.ingestor.health.internal_errors.inc()
             log.exception("unexpected error in %s%s", getattr(fn, "__name__", fn), args)
 
     def _maintain(self) -> None:
         self._check_root()
+        self._check_observer()
         health = self.ingestor.health
         gone = self.ingestor.store.expire(time.time(), self.run_timeout)
         if gone:
@@ -187,8 +248,19 @@ class SnapshotWatcher:
                 log.info("snapshot folder %s was re-created; reading it again", self.root)
                 self.ingestor.forget(self.root)
             self._watch()
-            self._q.put(_RESCAN)
+            if self._root_inode != -1:  # at start-up the replay that follows is the rescan
+                self._q.put(_RESCAN)
         self._root_inode = inode
+
+    def _check_observer(self) -> None:
+        """An observer whose thread died (an error in watchdog) sees nothing more: armed again,
+        and the folder rescanned for what it missed."""
+        observer = self._observer
+        if observer is None or (observer.is_alive() and all(e.is_alive() for e in observer.emitters)):
+            return
+        log.warning("the file watcher of %s stopped; watching again and rescanning", self.root)
+        self._watch()
+        self._q.put(_RESCAN)
 
     def _watch(self) -> None:
         self._unwatch()

@@ -15,6 +15,12 @@ With a notifier (``--notify.url``, notify.py), every notification, whatever its 
 status, is also relayed to a person; a failed relay answers 502 so that Alertmanager retries.
 
 Idempotent (card_pause.py): Alertmanager's re-sends of a firing group change nothing.
+
+The records are written on a thread of their own, and a request waits for them at most
+``WRITE_DEADLINE_S``: whatever sits in a run folder (a FIFO, a link: refused without blocking,
+card_pause.py) or whatever the file system does (a hung network mount), the webhook answers
+in time, with 503 when the write did not finish (Alertmanager retries), and its connection
+goes back to the scrapes.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import hmac
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +46,9 @@ log = logging.getLogger("grpo_monitor.runtime.webhook")
 
 PATH = "/-/alertmanager/webhook"
 MAX_BODY_BYTES = 2**20
+# How long a request waits for its pause records: well within Alertmanager's patience, and short
+# enough that a hung file system costs the webhook one connection slot for a few seconds at most.
+WRITE_DEADLINE_S = 5.0
 OUTCOMES = ("paused", "ignored", "unauthorized", "bad_request", "too_large", "error")
 NOTIFY_OUTCOMES = ("sent", "failed")
 # What Alertmanager's webhook payload (version 4) holds as string maps, and as strings; anything
@@ -46,6 +56,10 @@ NOTIFY_OUTCOMES = ("sent", "failed")
 _STRING_MAPS = ("labels", "annotations", "groupLabels", "commonLabels", "commonAnnotations")
 _STRINGS = ("status", "startsAt", "endsAt", "fingerprint", "generatorURL", "receiver",
             "groupKey", "externalURL")
+
+
+class _Late(Exception):
+    """The pause records were not written within the webhook's deadline."""
 
 
 def _is_string(value: Any) -> bool:
@@ -76,8 +90,10 @@ class WebhookHandler:
 
     def __init__(self, snapshot_dir: Path, token_file: Path, store: RunStore,
                  registry: CollectorRegistry, max_body_bytes: int = MAX_BODY_BYTES,
-                 notifier: Notifier | None = None, pauser: CardPauser | None = None) -> None:
+                 notifier: Notifier | None = None, pauser: CardPauser | None = None,
+                 write_deadline: float = WRITE_DEADLINE_S) -> None:
         self.snapshot_dir = snapshot_dir
+        self.write_deadline = write_deadline
         self.token_file = Path(token_file)
         self.store = store
         self.max_body_bytes = max_body_bytes
@@ -118,6 +134,30 @@ class WebhookHandler:
     def count(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
 
+    def _pause_all(self, alerts: list[dict[str, Any]]) -> list[str]:
+        """The runs the alerts paused, written on a thread of their own within the deadline:
+        _Late past it (the thread goes on; a daemon, so that a write stuck in a hung file system
+        holds up neither this request nor the exporter's exit); the write's own error
+        otherwise."""
+        outcome: list[tuple[bool, Any]] = []
+        done = threading.Event()
+
+        def write() -> None:
+            try:
+                outcome.append((True, [run for alert in alerts if (run := self.pauser.apply(alert))]))
+            except BaseException as exc:  # noqa: BLE001 -- handed to the request's thread
+                outcome.append((False, exc))
+            finally:
+                done.set()
+
+        threading.Thread(target=write, name="grpo-pause-write", daemon=True).start()
+        if not done.wait(self.write_deadline):
+            raise _Late
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
     def handle(self, body: bytes) -> tuple[int, str]:
         """An authorized request's body -> (HTTP status, message)."""
         try:
@@ -129,12 +169,15 @@ class WebhookHandler:
         if problem is not None:
             self.count("bad_request")
             return 400, problem
-        paused: list[str] = []
         try:
-            for alert in payload["alerts"]:
-                run = self.pauser.apply(alert)
-                if run:
-                    paused.append(run)
+            paused = self._pause_all(payload["alerts"])
+        except _Late:
+            # The write goes on in its thread (the run stays claimed until it ends); Alertmanager
+            # retries, and a retry that finds the record written changes nothing.
+            log.error("webhook: writing the control records took over %g s (a slow or hung "
+                      "file system under %s?); answered 503", self.write_deadline, self.snapshot_dir)
+            self.count("error")
+            return 503, "the control record write did not finish in time; retry"
         except PermissionError as exc:
             # The usual cause in a container: the run folder belongs to the trainer's user and
             # the exporter's uid may not write there (docs/pause.md, "Permissions").

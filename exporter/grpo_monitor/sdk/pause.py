@@ -45,6 +45,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from grpo_monitor.contract.run_layout import MAX_CONTROL_BYTES, PAUSE_RECORD
+from grpo_monitor.contract.safe_io import read_regular
 
 if TYPE_CHECKING:
     from grpo_monitor.sdk.writer import SnapshotWriter
@@ -107,10 +108,13 @@ def rollback_mode(record: dict[str, Any]) -> float:
 
 
 class ControlWatcher:
-    """A run's control record, read again only when the file changed (one ``os.stat`` per call).
-    Never raises: an unreadable or malformed record counts as none (warned once)."""
+    """A run's control record, read again only when the file changed (one ``os.lstat`` per call).
+    Never raises, never blocks: an unreadable or malformed record counts as none (warned once),
+    and so does a link, FIFO or device in its place, which is never opened for reading
+    (safe_io: a FIFO there must not hang the training job)."""
 
     def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
         self.path: str = os.path.join(run_dir, PAUSE_RECORD)
         self.record: dict[str, Any] | None = None
         self.mtime: float = 0.0
@@ -121,14 +125,13 @@ class ControlWatcher:
     def read(self) -> dict[str, Any] | None:
         try:
             try:
-                st = os.stat(self.path)
+                st = os.lstat(self.path)
             except FileNotFoundError:
                 self._sig, self.record = None, None
                 return None
             sig = (st.st_mtime_ns, st.st_size, st.st_ino)
             if sig != self._sig:
-                with open(self.path, "rb") as fh:
-                    data = fh.read(MAX_CONTROL_BYTES + 1)
+                data = read_regular(self.run_dir, self.path, MAX_CONTROL_BYTES)
                 if len(data) > MAX_CONTROL_BYTES:
                     raise ValueError(f"over {MAX_CONTROL_BYTES} bytes")
                 record = json.loads(data)

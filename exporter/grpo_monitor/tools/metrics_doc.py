@@ -153,6 +153,7 @@ EXPORTER = """
 | `grpo_snapshots_ingested_total` | counter | shape | records ingested, by shape: `native`, `verl`, `flat` |
 | `grpo_snapshot_errors_total` | counter | reason | input that could not be used, in part or whole (reasons below) |
 | `grpo_snapshot_files` | gauge | | snapshot files being followed |
+| `grpo_snapshot_event_overflows_total` | counter | | overflows of the kernel's inotify event queue (events lost in a burst, or while the exporter lagged); each starts a full rescan at once |
 | `grpo_runs` | gauge | | runs currently exported |
 | `grpo_runs_expired_total` | counter | | runs dropped after `--snapshot.run-timeout` |
 | `grpo_webhook_requests_total` | counter | outcome | Alertmanager webhook requests (`--web.webhook-token-file`), by outcome: `paused`, `ignored`, `unauthorized`, `bad_request`, `too_large`, `error` |

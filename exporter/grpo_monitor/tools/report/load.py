@@ -3,12 +3,15 @@
 Rank 0's records give the training signals, one set per step: when a step is logged twice, the
 latest record wins (by its ``time``, then by the order the files were written in). Every rank
 gives its ``perf/*`` signals, and its events (checkpoint saves). Lines that are not a record are
-skipped and counted.
+skipped and counted. Files are opened through safe_io, the run folder being the tree: a link,
+FIFO or device among them is skipped unread, and named on stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract.run_layout import is_appended, run_files
+from grpo_monitor.contract.safe_io import Refused, open_regular
 from grpo_monitor.contract.snapshot import (
     RecordError,
     as_text,
@@ -24,6 +28,8 @@ from grpo_monitor.contract.snapshot import (
     parse_record,
 )
 
+log = logging.getLogger("grpo_monitor.report")
+
 
 @dataclass
 class RunData:
@@ -31,6 +37,7 @@ class RunData:
     path: Path
     records: int = 0
     bad_lines: int = 0
+    refused: list[Path] = field(default_factory=list)  # links, FIFOs, devices: not read
     # rank 0's training signals: step -> canonical key -> value (latest record per step wins)
     train: dict[int, dict[str, float]] = field(default_factory=dict)
     by_type: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
@@ -60,8 +67,13 @@ def load_run(run_dir: Path | str) -> RunData:
     for path in run_files(run_dir):
         run, rank = identity_from_path(path, run_dir.parent)
         try:
-            mtime = path.stat().st_mtime
-            text = path.read_text(encoding="utf-8", errors="replace")
+            with open_regular(run_dir, path) as fh:
+                mtime = os.fstat(fh.fileno()).st_mtime
+                text = fh.read().decode("utf-8", errors="replace")
+        except Refused as exc:
+            data.refused.append(path)
+            log.warning("%s: %s, not read", path, exc.what)
+            continue
         except OSError:
             continue
         if is_appended(path):
