@@ -518,3 +518,25 @@ def test_records_are_identical_without_orjson(tmp_path: Path) -> None:
         assert rec["metrics"]["c"] == -math.inf
     assert records["orjson"] == records["json"]
     assert "NaN" in lines["orjson"] and "-Infinity" in lines["orjson"]
+
+
+@pytest.mark.parametrize("placed", ["fifo", "link"])
+def test_a_fifo_or_a_link_at_the_ranks_file_neither_hangs_nor_leads_the_records_away(
+        placed: str, tmp_path: Path) -> None:
+    # The snapshot folder is shared: what another user places at rank-0.jsonl must not hang
+    # the training loop (a FIFO) nor carry its records elsewhere (a link). The records are
+    # dropped and counted, as on a broken disk.
+    run = tmp_path / "snap" / "r"
+    run.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("")
+    if placed == "fifo":
+        os.mkfifo(run / "rank-0.jsonl")
+    else:
+        os.symlink(elsewhere, run / "rank-0.jsonl")
+    writer = SnapshotWriter(tmp_path / "snap", "r", rank=0, world_size=1)
+    for step in range(2000):  # past a pipe's 64 KiB buffer, were it written to
+        assert not writer.log({"loss": 0.1}, step)
+    writer.close()
+    assert writer.write_errors >= 1 and writer.dropped_records >= 2000
+    assert elsewhere.read_text() == ""

@@ -27,10 +27,12 @@ Why it is shaped this way:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -59,8 +61,11 @@ class UnknownKeyWarning(UserWarning):
 
 # A broken disk is retried at most this often, so that it costs no syscall storm per step.
 _RETRY_INTERVAL_S = 1.0
-# O_RDWR, not O_WRONLY: _open reads the last byte of an existing file.
-_OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+# O_RDWR, not O_WRONLY: _open reads the last byte of an existing file. O_NOFOLLOW, O_NONBLOCK: the
+# snapshot folder is shared, and a link or a FIFO placed at the rank's file must neither lead the
+# records elsewhere nor hang the training loop (a FIFO opens at once, and is then refused).
+_OPEN_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+               | getattr(os, "O_CLOEXEC", 0))
 
 
 def _to_json_value(value: Any) -> Any:
@@ -444,7 +449,11 @@ class SnapshotWriter:
             self._fail(exc)
             return False
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, f"{self.path} is no regular file (a FIFO, socket or "
+                              "device placed there); nothing is written to it")
+            size = st.st_size
             # A previous process may have died mid-line; do not glue our first record onto it.
             self._torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
         except OSError as exc:
