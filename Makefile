@@ -93,6 +93,7 @@ bench: deps system-deps
 	$(PY) bench/bench_soak.py
 	$(PY) bench/bench_folder_burst.py
 	$(PY) bench/bench_forecast.py
+	$(PY) bench/bench_cards.py
 
 docs: deps
 	$(PY) -m grpo_monitor.tools.metrics_doc > docs/metrics.md

@@ -8,9 +8,9 @@ promtool (tests/promtool_harness.py, one scrape per logged step), and counts, pe
 runs it fired on and at which steps:
 
 * the shared real runs that are healthy (tests/test_real_run_cards.HEALTHY), as logged;
-* the synthetic healthy run (``simulate --scenario healthy``, 3000 steps), and the healthy part
-  of every sick scenario: its steps before the onset (the runs those scenarios start with), in
-  both logged every step and every 5th;
+* the synthetic healthy run (``simulate --scenario healthy``, 3000 steps) logged every step,
+  every 5th and every 10th, and the healthy part of every sick scenario shaped otherwise from
+  its first step (its steps before the onset; the others' are a prefix of the healthy run);
 * the demo's tiny real trainer, healthy, on ``--demo-seeds`` (5 seeds of ``--demo-steps`` 600).
 
 Sick runs are not counted: a red card there is the point. Writes bench/results/cards.json.
@@ -29,22 +29,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import real_runs  # noqa: E402
-from promtool_harness import SEVERITIES, Played, fired_at, intervals, play  # noqa: E402
+from promtool_harness import Played, alerts, fired_at, intervals, play  # noqa: E402
 from results_io import machine, write_result  # noqa: E402
 from test_real_run_cards import HEALTHY  # noqa: E402
 
 from grpo_monitor.tools.simulate import SCENARIOS  # noqa: E402
 
-RED = sorted(a for a, s in SEVERITIES.items() if s == "critical")
+# The training red cards: the ones a replay can judge. GRPORunHung reads the files' modification
+# times and GRPOGPUXidError NVML's events, which a replay does not have (tests/test_run_hung.py
+# and tests/test_gpu_collector.py prove those two).
+RED = sorted({r["alert"] for r in alerts("grpo-alerts.yml") if r["labels"]["severity"] == "critical"})
 
 
 def healthy_runs(demo_seeds: list[int], demo_steps: int) -> Iterator[tuple[str, Played]]:
     for name in HEALTHY:
         yield f"real/{name}", real_runs.play_real(name)
-    yield "simulate/healthy", play("healthy", scrape_every=1)
+    for every in (1, 5, 10):
+        yield f"simulate/healthy every {every}", play("healthy", scrape_every=1, log_every=every)
+    # A sick scenario runs the healthy generator up to its onset: its healthy part is a prefix of
+    # the run above, unless the scenario shapes the run from its first step.
     for name, sc in SCENARIOS.items():
-        if name == "healthy" or sc.onset <= 25:
-            continue  # sick from (nearly) its first step: no healthy part to speak of
+        if sc.shape is None or sc.onset <= 25:
+            continue
         for every in (1, 5):
             yield (f"simulate/{name}[:{sc.onset}] every {every}",
                    play(name, scrape_every=1, steps=sc.onset - 1, log_every=every))
