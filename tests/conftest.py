@@ -108,3 +108,14 @@ def world_readable_dir() -> Iterator[Path]:
     d.chmod(0o777)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Captured output as UTF-8 text: the fuzz tests name folders by bytes that are not UTF-8,
+    and a report travels from the suite's worker processes (pytest-xdist) to the main one as
+    UTF-8, which a surrogate in it would stop."""
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [(title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+                       for title, text in report.sections]

@@ -17,6 +17,7 @@ from grpo_monitor.contract.safe_io import (
     Refused,
     is_plain_folder,
     open_regular,
+    printable,
     read_regular,
     replace_file,
     walk,
@@ -109,3 +110,18 @@ def test_walk_lists_links_but_enters_real_folders_only(tree: Path) -> None:
     assert seen == {".": ["linked", "run"], "run": ["ok.jsonl", "sub", "up"], "run/sub": ["deep.jsonl"]}
     with pytest.raises(Refused):
         list(walk(tree, tree / "linked"))
+
+
+def test_a_name_that_is_not_utf8_is_logged_as_its_bytes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A folder named by bytes that are not UTF-8 (Python holds them as surrogates) is named in
+    the exporter's log by escapes a UTF-8 log file accepts, not by the surrogates it would refuse."""
+    from grpo_monitor.runtime.health import ExporterHealth
+
+    name = os.fsdecode(b"run-\xff\xfe")
+    assert printable(tmp_path / name / "latest.json").endswith("run-\\xff\\xfe/latest.json")
+    assert printable("caf\u00e9") == "caf\u00e9"
+    caplog.set_level("WARNING", logger="grpo_monitor")
+    ExporterHealth().error(tmp_path / name / "latest.json", "invalid_json", "bad")
+    (line,) = [r.getMessage() for r in caplog.records]
+    line.encode("utf-8")  # raises on a surrogate
+    assert "run-\\xff\\xfe" in line, line

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["NOT_REGULAR", "REFUSALS", "SYMLINK", "Refused", "is_plain_folder", "open_regular",
+__all__ = ["NOT_REGULAR", "REFUSALS", "SYMLINK", "Refused", "is_plain_folder", "open_regular", "printable",
            "read_regular", "replace_file", "walk"]
 
 SYMLINK = "symlink"
@@ -61,6 +61,13 @@ class Refused(OSError):
         super().__init__(errno.EPERM, what, os.fspath(path))
         self.reason = reason
         self.what = what
+
+
+def printable(path: str | os.PathLike[str]) -> str:
+    """A path as a log line can carry it: a name that is not UTF-8 (its bytes decoded by
+    surrogateescape) shows its bytes as ``\\xff`` escapes instead of unencodable surrogates,
+    which a UTF-8 log stream, file or report would refuse."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _kind(mode: int) -> str:

@@ -17,7 +17,7 @@ from prometheus_client import (
 )
 
 from grpo_monitor import __version__
-from grpo_monitor.contract.safe_io import NOT_REGULAR, SYMLINK
+from grpo_monitor.contract.safe_io import NOT_REGULAR, SYMLINK, printable
 
 log = logging.getLogger("grpo_monitor.runtime.ingest")
 # Paths named in the log at most once per reason: beyond this many, only counted (a folder
@@ -111,4 +111,4 @@ class ExporterHealth:
                 self._logged.add((path, reason))
         if first:
             log.warning("%s: %s (%s); further %s errors for this file are only counted",
-                        path, reason, detail, reason)
+                        printable(path), reason, printable(detail), reason)

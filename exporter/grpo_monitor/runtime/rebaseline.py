@@ -24,7 +24,7 @@ from grpo_monitor.contract.run_layout import (
     run_files,
     write_control_file,
 )
-from grpo_monitor.contract.safe_io import Refused, is_plain_folder, open_regular
+from grpo_monitor.contract.safe_io import Refused, is_plain_folder, open_regular, printable
 from grpo_monitor.contract.snapshot import MAX_INT, Count, decode_record
 
 log = logging.getLogger("grpo_monitor.runtime.rebaseline")
@@ -48,7 +48,7 @@ def newest_step(run_dir: Path) -> int | None:
                 fh.seek(max(0, os.fstat(fh.fileno()).st_size - _TAIL_BYTES))
                 lines = fh.read(_TAIL_BYTES).splitlines()
         except Refused as exc:
-            log.warning("%s: %s, not read", path, exc.what)
+            log.warning("%s: %s, not read", printable(path), exc.what)
             continue
         except OSError:
             continue

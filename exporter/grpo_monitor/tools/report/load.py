@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract.run_layout import is_appended, run_files
-from grpo_monitor.contract.safe_io import Refused, open_regular
+from grpo_monitor.contract.safe_io import Refused, open_regular, printable
 from grpo_monitor.contract.snapshot import (
     RecordError,
     as_text,
@@ -72,7 +72,7 @@ def load_run(run_dir: Path | str) -> RunData:
                 text = fh.read().decode("utf-8", errors="replace")
         except Refused as exc:
             data.refused.append(path)
-            log.warning("%s: %s, not read", path, exc.what)
+            log.warning("%s: %s, not read", printable(path), exc.what)
             continue
         except OSError:
             continue
