@@ -31,8 +31,12 @@ DIST   ?= dist
 demo: demo-deps stack-deps
 	$(PY) -m grpo_monitor.cli demo $(ARGS)
 
+# The suite in TEST_WORKERS processes (pytest-xdist), a test file to a worker: most of its time
+# is spent waiting on real servers, containers and trainers, so three workers on a 2-core
+# machine take about a third of the serial time. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
 test: deps system-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 deps: $(STAMP)
 

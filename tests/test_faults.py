@@ -49,6 +49,15 @@ INGESTED = "grpo_snapshots_ingested_total"
 WITHOUT_DAC_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
+
+def _task_state(task: Path) -> str:
+    """A thread's state letter (/proc/PID/task/TID/stat, after the parenthesised name); "T" once
+    a gone thread can no longer run."""
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "T"
+
 class ExporterProcess(Running):
     """`grpo-monitor serve` as a child process that can be killed, frozen and started again on
     the same folder (each start on a new port, with its own log). Running's scrape helpers
@@ -90,7 +99,11 @@ class ExporterProcess(Running):
         self.process.stop()
 
     def freeze(self) -> None:
+        """SIGSTOP, and back once every thread of the exporter is stopped: the signal is only
+        queued by kill(), and on a busy machine a thread may run on (read a file) for a while."""
         os.kill(self.pid, signal.SIGSTOP)
+        wait_for(lambda: all(_task_state(task) in ("T", "t") for task in Path(f"/proc/{self.pid}/task").iterdir()),
+                 timeout=10, what=f"every thread of {self.pid} stopped")
 
     def thaw(self) -> None:
         if self.process is not None and self.process.alive():
