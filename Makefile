@@ -98,6 +98,9 @@ bench: deps system-deps
 	$(PY) bench/bench_folder_burst.py
 	$(PY) bench/bench_forecast.py
 	$(PY) bench/bench_cards.py
+	$(PY) bench/bench_ingest.py
+	$(PY) bench/bench_restart.py
+	$(PY) bench/bench_rules.py
 
 docs: deps
 	$(PY) -m grpo_monitor.tools.metrics_doc > docs/metrics.md

@@ -213,3 +213,44 @@ def test_unit_tests_prove_the_forecast_records() -> None:
                      for case in group.get("promql_expr_test", []) or [])
     unproven = [r for r in records if r not in exprs]
     assert not unproven, f"no promql_expr_test reads: {unproven}"
+
+
+# -- recording rules that read only the keys their readers ask for ------------------------------
+
+_MATCHER = re.compile(r'key(=~|=|!~|!=)"([^"]*)"')
+
+
+def _admits(selector: str) -> set[str]:
+    """The canonical keys a selector's key matchers admit (all of them with none)."""
+    from grpo_monitor.contract.keys import SIGNALS
+
+    keys = {s.key for s in SIGNALS}
+    for op, pattern in _MATCHER.findall(selector):
+        rx = re.compile(pattern)
+        match = {"=": lambda k: k == pattern, "!=": lambda k: k != pattern,
+                 "=~": lambda k: rx.fullmatch(k) is not None, "!~": lambda k: rx.fullmatch(k) is None}[op]
+        keys = {k for k in keys if match(k)}
+    return keys
+
+
+@pytest.mark.parametrize("record", ["run_rank_key:grpo_window_mean:ratio_baseline",
+                                    "run_rank_key:grpo_window_mean:ratio_200steps",
+                                    "run_rank_key:grpo_window_mean:delta_200steps"])
+def test_a_recording_rule_limited_to_some_keys_has_every_key_its_readers_ask_for(record: str) -> None:
+    """These rules read only the keys something reads them for (every rank's perf/* keys would
+    cost the most and feed nothing); each card and dashboard panel that reads one names keys
+    the rule computes, so a narrower rule cannot silently starve a card."""
+    (rule,) = [r for r in rules() if r.get("record") == record]
+    inputs = [m.group(0) for m in re.finditer(r"\w+\{[^}]*\}", rule["expr"])]
+    computed = set.intersection(*(_admits(sel) for sel in inputs))
+    assert computed, rule["expr"]
+    texts = [r["expr"] for r in rules() if "alert" in r or r.get("record") != record]
+    texts += [p.read_text() for p in (ROOT / "grafana").rglob("*.json")]
+    readers = [m.group(1).replace('\\"', '"') for text in texts
+               for m in re.finditer(re.escape(record) + r"(\{[^}]*\}|(?![\w{]))", text)]
+    assert readers, f"nothing reads {record}"
+    for selector in readers:
+        if any("$" in pattern for _, pattern in _MATCHER.findall(selector)):
+            continue  # a dashboard variable picks the key: its values are not known here
+        asked = _admits(selector)
+        assert asked <= computed, f"{record}{selector} asks for {sorted(asked - computed)}, which the rule does not compute"

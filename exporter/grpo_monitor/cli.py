@@ -227,6 +227,12 @@ def _serve_flags() -> list[Flag]:
         duration("--snapshot.poll-interval", "poll_interval", "How often to poll with --snapshot.poll."),
         duration("--snapshot.rescan-interval", "rescan_interval",
                  "Full rescan of the folder, a safety net for missed file events."),
+        Flag("--storage.path", "storage_path", "Folder of the exporter's own (not the snapshot "
+             "folder) for its saved state: a restart reads only what was written since, ready in "
+             "seconds at any run length (docs/scaling.md). Without it every start-up reads every "
+             "snapshot file.", d["storage_path"], type=Path),
+        duration("--storage.save-interval", "storage_save_interval",
+                 "How often the state is saved to --storage.path (and once at a clean stop)."),
         duration("--snapshot.run-timeout", "run_timeout", "A run with no new snapshot for this long "
                  "leaves /metrics (its files stay on disk)."),
         size("--snapshot.max-file-bytes", "max_file_bytes",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,7 @@ class KeyMatch:
     scale: float = 1.0
 
 
+@lru_cache(maxsize=8192)  # every key of every record: a trainer logs the same few names
 def match_key(name: str) -> KeyMatch | None:
     """The canonical key a logged name stands for, or None for an unknown name.
 

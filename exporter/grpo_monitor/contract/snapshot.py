@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import PurePath
 from typing import Annotated, Any, Literal
 
@@ -77,7 +78,7 @@ class Sample(BaseModel):
     model_config = ConfigDict(extra="allow")
     prompt: str
     prompt_type: str | None = None
-    responses: list[SampleResponse] = []
+    responses: list[SampleResponse] = Field(default_factory=list)
 
 
 class Event(BaseModel):
@@ -113,9 +114,9 @@ class NativeRecord(_Envelope):
         default=None, description="the trainer that wrote the record (trl, verl, ...), which the "
         "coverage card names when it knows why a framework's run lacks a curve")
     metrics: MetricsMap
-    by_type: dict[NameStr, MetricsMap] = {}
-    samples: list[Sample] = []
-    events: list[Event] = []
+    by_type: dict[NameStr, MetricsMap] = Field(default_factory=dict)
+    samples: list[Sample] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
 
 
 class VerlRecord(BaseModel):
@@ -135,7 +136,7 @@ class FlatRecord(_Envelope):
         default=None, validation_alias=AliasChoices("time", "_timestamp", "timestamp"))
     # Not a metric: the same trainer events as a native record's, so that a flat-dict or verl
     # run can mark its end with one appended line ({"step": N, "events": [{"type": "run_end"}]}).
-    events: list[Event] = []
+    events: list[Event] = Field(default_factory=list)
 
 
 _FLAT_RESERVED = frozenset(
@@ -209,6 +210,7 @@ def as_text(s: str) -> str:
     return s if is_text(s) else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+@lru_cache(maxsize=65536)  # per record, for a few files: the ingest's hottest path
 def identity_from_path(path: PurePath, snapshot_dir: PurePath) -> tuple[str, int]:
     """Run and rank implied by where a file lies: ``<dir>/<run>/.../rank-<N>.jsonl``."""
     try:

@@ -11,6 +11,7 @@ from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.http import ExporterServer
 from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.saved_state import StateFile
 from grpo_monitor.runtime.store import RunStore
 from grpo_monitor.runtime.watch import SnapshotWatcher
 from grpo_monitor.runtime.web_config import load_web_config
@@ -27,12 +28,18 @@ class Exporter:
         # The tree every reader stays in (safe_io), resolved once: a link the folder's path goes
         # through is followed now, as its owner set it up, and a link swapped in later is not.
         root = config.snapshot_dir.resolve()
+        if config.storage_path is not None and config.storage_path.resolve().is_relative_to(root):
+            # Anyone who writes snapshots could then place a state file (saved_state.py).
+            raise ValueError(f"--storage.path {config.storage_path} lies in the snapshot folder; "
+                             "give the exporter a folder of its own")
         self.ingestor = Ingestor(
             root, self.store, self.health,
             max_file_bytes=config.max_file_bytes, max_line_bytes=config.max_line_bytes)
         self.watcher = SnapshotWatcher(
             self.ingestor, poll=config.poll, poll_interval=config.poll_interval,
-            rescan_interval=config.rescan_interval, run_timeout=config.run_timeout)
+            rescan_interval=config.rescan_interval, run_timeout=config.run_timeout,
+            state=StateFile(config.storage_path, root) if config.storage_path is not None else None,
+            save_interval=config.storage_save_interval)
         self.gpu = (GPUCollector(config.gpu_interval, nvml=config.gpu_nvml, registry=self.health.registry)
                     if config.gpu_collector else None)
         # A red card's pause record, from the webhook or the Alertmanager poll; it knows how

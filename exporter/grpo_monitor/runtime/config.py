@@ -82,6 +82,10 @@ class ExporterConfig:
     poll: bool = False
     poll_interval: float = 1.0
     rescan_interval: float = 30.0
+    # A folder of the exporter's own for its saved state (saved_state.py): a restart then reads
+    # only what was written since. None: none saved, a start-up reads every snapshot file.
+    storage_path: Path | None = None
+    storage_save_interval: float = 60.0
     # An hour: ten 6-minute steps of a large run, far beyond the stall alerts' windows, so a
     # stalled run is alerted on long before it leaves /metrics.
     run_timeout: float = 3600.0

@@ -141,6 +141,20 @@ class Ingestor:
         # Files whose READ_BUDGET ran out with bytes left: the watcher reads them on next turn.
         self.unfinished: dict[Path, None] = {}
 
+    # -- a saved state (saved_state.py) ------------------------------------------------------
+
+    def saved_controls(self) -> dict[Path, bytes]:
+        return self._controls
+
+    def restore(self, files: dict[Path, FileState], controls: dict[Path, bytes]) -> None:
+        """Follow ``files`` from where a saved state left them: the next rescan reads each from
+        its offset (a file that changed hands since is found by its inode, as after a lag), and
+        forgets those gone."""
+        self.files = dict(files)
+        self._inodes = {state.inode: path for path, state in self.files.items()}
+        self._controls = dict(controls)
+        self._seen = {path: () for path in self.files}  # unlike any listing: each is looked at
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def error(self, path: Path, reason: str, detail: str) -> None:
@@ -701,5 +715,5 @@ class Ingestor:
         if self.store.apply(snap, wrote_at=mtime) is False:
             self.error(path, "run_limit", self._run_limit())
             return False
-        self.health.ingested.labels(snap.shape).inc()
+        self.health.ingested_by_shape[snap.shape].inc()
         return True

@@ -15,6 +15,8 @@ import statistics
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from grpo_monitor.contract import thresholds
@@ -357,6 +359,24 @@ class RunStore:
         self._runs: dict[str, RunState] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store still: what saved_runs() returns is then one moment's state."""
+        with self._lock:
+            yield
+
+    def saved_runs(self) -> tuple[dict[str, RunState], set[tuple[str, int]]]:
+        """The runs and the ranks whose series are not rendered yet, for a saved state
+        (saved_state.py); under locked()."""
+        return self._runs, self._dirty
+
+    def restore(self, runs: dict[str, RunState], dirty: set[tuple[str, int]]) -> None:
+        """The runs of a saved state: their series as rendered when it was saved, and the ranks
+        changed since rendered at the next flush."""
+        with self._lock:
+            self._runs = dict(runs)
+            self._dirty = set(dirty)
 
     def apply(self, snap: Snapshot, wrote_at: float) -> bool:
         """Merge one snapshot; ``wrote_at`` is the mtime of the file it came from. False when it

@@ -34,7 +34,9 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
+from grpo_monitor.contract.safe_io import printable
 from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.saved_state import StateFile
 
 log = logging.getLogger("grpo_monitor.runtime.watch")
 
@@ -95,8 +97,12 @@ class SnapshotWatcher:
         rescan_interval: float = 30.0,
         run_timeout: float = 3600.0,
         tick: float = 0.5,
+        state: StateFile | None = None,
+        save_interval: float = 60.0,
     ) -> None:
         self.ingestor = ingestor
+        self.state = state
+        self.save_interval = save_interval
         self.root = ingestor.root
         self.poll = poll
         self.poll_interval = poll_interval
@@ -123,18 +129,23 @@ class SnapshotWatcher:
         self._q.put(("stop",))
         self._thread.join(timeout)
         self._unwatch()
+        if self.state is not None and self.ready.is_set() and not self._thread.is_alive():
+            self._save()  # the thread that moves the offsets has ended: this is its last state
         logging.getLogger(_OVERFLOW_LOGGER).removeHandler(self._overflows)
 
     # -- the worker --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.state is not None:
+            self._safe(self._restore)
         self._check_root()
-        self._safe(self.ingestor.rescan)  # replay what is already on disk
+        self._safe(self.ingestor.rescan)  # replay what is already on disk (since the saved state)
         self._safe(self.ingestor.store.flush)
         self.ingestor.health.ready.set(1)
         self.ready.set()
         next_rescan = time.monotonic() + self.rescan_interval
         next_tick = time.monotonic() + self.tick
+        next_save = time.monotonic() + self.save_interval
         while not self._stop.is_set():
             # Reset each turn: a tick with no event must not handle the previous batch again.
             batch: list[tuple] = []
@@ -157,6 +168,33 @@ class SnapshotWatcher:
                 next_rescan = now + self.rescan_interval
                 self._safe(self.ingestor.rescan)
                 self._safe(self.ingestor.store.flush)
+            # Between batches, with no file half read: the offsets saved are those the store has.
+            if self.state is not None and now >= next_save and not self.ingestor.unfinished:
+                next_save = now + self.save_interval
+                self._safe(self._save)
+
+    def _restore(self) -> None:
+        assert self.state is not None
+        result, saved = self.state.load()
+        self.ingestor.health.state_restores.labels(result).inc()
+        if saved is not None:
+            self.ingestor.store.restore(saved.runs, saved.dirty)
+            self.ingestor.restore(saved.files, saved.controls)
+
+    def _save(self) -> None:
+        assert self.state is not None
+        health = self.ingestor.health
+        t0 = time.perf_counter()
+        try:
+            size = self.state.save(self.ingestor.store, self.ingestor)
+        except OSError as exc:
+            health.state_save_errors.inc()
+            log.warning("cannot save the exporter's state to %s: %s", printable(self.state.path),
+                        exc.strerror or exc)
+            return
+        health.state_saves.inc()
+        health.state_bytes.set(size)
+        health.state_save_seconds.set(time.perf_counter() - t0)
 
     def _handle(self, batch: list[tuple]) -> None:
         # Events apply in the order they came; reads of changed files (and new folders) wait

@@ -163,6 +163,9 @@ EXPORTER = """
 | `grpo_http_connections` | gauge | | open HTTP connections (at most `--web.max-connections`) |
 | `grpo_exporter_internal_errors_total` | counter | | unexpected errors in the ingest thread, logged with a traceback; the thread goes on (any is a bug) |
 | `grpo_exporter_ready` | gauge | | 1 once the files on disk at start-up are replayed (also `/-/ready`) |
+| `grpo_exporter_state_restores_total` | counter | result | start-ups by what became of the saved state (`--storage.path`, [scaling.md](scaling.md#a-restart-that-does-not-re-read-the-history)): `restored`, or `missing`, `stale` (another version or snapshot folder), `corrupt`, `refused` (not a regular file of the exporter's user, writable by no one else) and every file read instead |
+| `grpo_exporter_state_saves_total`, `grpo_exporter_state_save_errors_total` | counter | | saved states written, and those that could not be (logged; the previous one stays) |
+| `grpo_exporter_state_bytes`, `grpo_exporter_state_last_save_duration_seconds` | gauge | | size of the last saved state, and the time its save took |
 | `grpo_exporter_build_info` | gauge | version | constant 1 |
 | `process_*`, `python_*` | | | prometheus-client's process and platform collectors |
 

@@ -1,0 +1,199 @@
+"""What the committed rules cost Prometheus at 64, 1,024 and 4,096 ranks.
+
+Usage: python bench/bench_rules.py [--ranks 64,1024] [--steps 400] [-n 5] [--interval 5s]
+                                   [--prometheus-dir DIR] [--out PATH]
+
+Method.
+1. A healthy simulated job (tools/simulate.py, seed 0) of 4 ranks and --steps steps is written
+   through the real SnapshotWriter, live (the writers close without marking the run's end), its
+   last record at the time of writing; rank 0 logs every training key, every rank its perf
+   keys. An Exporter replays the folder and renders its exposition once.
+2. That exposition is widened to N ranks: rank 0's series once, rank 1's for every rank 1 to N-1
+   (ranks 2 and 3 dropped), grpo_world_size set to N. It is the series set an N-rank job of this
+   length exports (what the rules cost depends on how many series each selector reads, not on
+   their values), without replaying N x --steps records.
+3. A local HTTP server serves the body at /metrics; the real `prometheus` runs the committed
+   prometheus.yml of --prometheus-dir (its rule files; scrape and evaluation --interval; the
+   Alertmanager target a closed port) against it. Once Prometheus holds every rank's grpo_step,
+   two evaluations of every group are let pass, then ``prometheus_rule_group_last_duration_seconds``
+   of each group is read from Prometheus's /metrics after each of its next -n evaluations
+   (``prometheus_rule_group_iterations_total`` moved); then each rule's last evaluation time
+   (/api/v1/rules), the ten costliest kept.
+4. Per size: series, body size, the median of each group's evaluation time, and their sum (the
+   groups evaluate concurrently, each in its own goroutine, so the sum is the CPU they take per
+   interval, not the wall time of one). --prometheus-dir of an older checkout measures the rules
+   before a change on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from polling import wait_for  # noqa: E402
+from prometheus_harness import prometheus_config, start_prometheus  # noqa: E402
+from results_io import machine, write_result  # noqa: E402
+
+from grpo_monitor.runtime.app import Exporter  # noqa: E402
+from grpo_monitor.runtime.config import ExporterConfig, parse_duration  # noqa: E402
+from grpo_monitor.sdk.writer import SnapshotWriter  # noqa: E402
+from grpo_monitor.tools import simulate  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "rules.json"
+RUN = "bench"
+TEMPLATE_RANKS = 4
+STEP_SECONDS = 5.0
+_RANK = re.compile(r'rank="(\d+)"')
+_SAMPLE = re.compile(r'^prometheus_rule_group_(last_duration_seconds|iterations_total)\{rule_group="([^"]+)"\} (\S+)$')
+
+
+def job_exposition(steps: int) -> str:
+    """The exposition of a live, healthy TEMPLATE_RANKS-rank job of ``steps`` steps."""
+    with tempfile.TemporaryDirectory(prefix="grpo-rules-bench-") as tmp:
+        snapshots = Path(tmp)
+        writers = [SnapshotWriter(snapshots, RUN, rank=r, world_size=TEMPLATE_RANKS) for r in range(TEMPLATE_RANKS)]
+        start = time.time() - steps * STEP_SECONDS
+        written = simulate.write_steps(writers, simulate.generate("healthy", steps=steps, ranks=TEMPLATE_RANKS,
+                                                                  step_seconds=STEP_SECONDS, start_time=start))
+        for w in writers:
+            w.close(end=False)
+        records = sum(written.records.values())
+        with Exporter(ExporterConfig(snapshot_dir=snapshots, listen_address="127.0.0.1:0")) as exporter:
+            reg = exporter.health.registry
+            wait_for(lambda: exporter.watcher.ready.is_set() and (reg.get_sample_value(
+                "grpo_snapshots_ingested_total", {"shape": "native"}) or 0) >= records,
+                     timeout=600, interval=0.05, what="the template job replayed")
+            return "".join(exporter.store.render())
+
+
+def widen(body: str, ranks: int) -> str:
+    """``body`` with rank 1's series repeated for ranks 1..ranks-1 (see the module's step 2)."""
+    out: list[str] = []
+    for line in body.splitlines():
+        m = _RANK.search(line) if not line.startswith("#") else None
+        if m is None or m.group(1) == "0":
+            if line.startswith("grpo_world_size{"):
+                line = line.rsplit(" ", 1)[0] + f" {ranks}"
+            out.append(line)
+        elif m.group(1) == "1":
+            head, tail = line[:m.start()], line[m.end():]
+            if tail.startswith("}") and head.startswith("grpo_world_size{"):
+                tail = tail.rsplit(" ", 1)[0] + f" {ranks}"
+            out.extend(f'{head}rank="{r}"{tail}' for r in range(1, ranks))
+    return "\n".join(out) + "\n"
+
+
+class _Body(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def rule_groups(prom_url: str) -> dict[str, tuple[float, float]]:
+    """{group: (iterations, last duration in seconds)} from Prometheus's own /metrics."""
+    text = requests.get(f"{prom_url}/metrics", timeout=10).text
+    seen: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            seen.setdefault(m.group(2).rsplit(";", 1)[-1], {})[m.group(1)] = float(m.group(3))
+    return {g: (v["iterations_total"], v["last_duration_seconds"]) for g, v in seen.items()
+            if "iterations_total" in v and "last_duration_seconds" in v}
+
+
+def measure(body: str, ranks: int, prometheus_dir: Path, interval: str, n: int) -> dict[str, object]:
+    handler = type("Body", (_Body,), {"body": body.encode()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+    try:
+        with tempfile.TemporaryDirectory(prefix="grpo-rules-prom-") as tmp, ExitStack() as stack:
+            config = prometheus_config(f"127.0.0.1:{server.server_port}", "127.0.0.1:1", interval,
+                                       source=prometheus_dir / "prometheus.yml")
+            _, prom_url = start_prometheus(stack, Path(tmp), config)
+
+            def ranks_scraped() -> bool:
+                r = requests.get(f"{prom_url}/api/v1/query", params={"query": "count(grpo_step)"}, timeout=30)
+                result = r.json()["data"]["result"]
+                return bool(result) and int(float(result[0]["value"][1])) == ranks
+
+            wait_for(ranks_scraped, timeout=300, interval=0.5, what=f"Prometheus holding {ranks} ranks")
+            start = rule_groups(prom_url)
+            wait_for(lambda: all(rule_groups(prom_url)[g][0] >= it + 2 for g, (it, _) in start.items()),
+                     timeout=300, interval=0.2, what="two evaluations of every group")
+            durations: dict[str, list[float]] = {g: [] for g in start}
+            last = rule_groups(prom_url)
+
+            def sampled() -> bool:
+                nonlocal last
+                now = rule_groups(prom_url)
+                for g, (it, d) in now.items():
+                    if it > last[g][0] and len(durations[g]) < n:
+                        durations[g].append(d)
+                last = now
+                return all(len(v) >= n for v in durations.values())
+
+            wait_for(sampled, timeout=60 + 3 * n * parse_duration(interval), interval=0.1, what=f"{n} evaluations of every group")
+            # Where the time goes: each rule's own last evaluation time, the costliest first.
+            rules = requests.get(f"{prom_url}/api/v1/rules", timeout=30).json()["data"]["groups"]
+            costliest = sorted(((r.get("name"), r.get("evaluationTime", 0.0) * 1000) for g in rules for r in g["rules"]),
+                               key=lambda nr: -nr[1])[:10]
+    finally:
+        server.shutdown()
+        server.server_close()
+    groups = {g: round(statistics.median(v) * 1000, 2) for g, v in sorted(durations.items())}
+    return {"ranks": ranks, "series": series, "body_mib": round(len(body.encode()) / 2**20, 2),
+            "group_median_ms": groups, "all_groups_ms": round(sum(groups.values()), 1),
+            "costliest_rules_ms": [[name, round(ms, 2)] for name, ms in costliest]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="64,1024", help="comma-separated job sizes (default 64,1024, what "
+                    "make bench runs; the docs' table adds 4096)")
+    ap.add_argument("--steps", type=int, default=400, help="steps of the job (default 400)")
+    ap.add_argument("-n", type=int, default=5, help="evaluations of each group measured (default 5)")
+    ap.add_argument("--interval", default="5s", help="scrape and evaluation interval (default 5s)")
+    ap.add_argument("--prometheus-dir", type=Path, default=REPO / "prometheus",
+                    help="the prometheus/ folder whose prometheus.yml and rules are measured")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+
+    template = job_exposition(args.steps)
+    sizes = []
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        result = measure(widen(template, ranks), ranks, args.prometheus_dir.resolve(), args.interval, args.n)
+        sizes.append(result)
+        slowest = sorted(result["group_median_ms"].items(), key=lambda kv: -kv[1])[:3]
+        print(f"{ranks:>5} ranks: {result['series']:>7} series, {result['body_mib']:>5} MiB; all groups "
+              f"{result['all_groups_ms']} ms (slowest: {', '.join(f'{g} {ms} ms' for g, ms in slowest)})",
+              flush=True)
+    write_result(args.out, {"source": "bench/bench_rules.py", "steps": args.steps, "interval": args.interval,
+                            "evaluations": args.n, "prometheus_dir": str(args.prometheus_dir),
+                            "sizes": sizes, "machine": machine()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

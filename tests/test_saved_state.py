@@ -1,0 +1,208 @@
+"""The saved state (--storage.path): a restarted exporter serves what it served before, reading
+only what was written since; a state that is not this exporter's own, whole and current is
+counted and every file read instead. Real exporters on real files, scraped over HTTP; one
+`serve` process killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+from conftest import Running, value
+from polling import wait_for
+from processes import start_listening
+
+from grpo_monitor.runtime.saved_state import FILE_NAME, MAGIC, RESTORE_RESULTS
+from grpo_monitor.sdk.writer import SnapshotWriter
+from grpo_monitor.tools import simulate
+from grpo_monitor.tools.stack import Child
+
+RANKS = 4
+
+
+def run_families(running: Running) -> str:
+    """Every series of a run in a scrape (a `run` label), in order: not the exporter's own
+    process and health series, which start again at zero with any process."""
+    text = requests.get(f"{running.url}/metrics", timeout=10).text
+    lines = [line for line in text.splitlines() if '{run="' in line]
+    assert len(lines) > 100, text[-2000:]
+    return "\n".join(lines)
+
+
+def ingested(running: Running) -> float:
+    return value(running.scrape(), "grpo_snapshots_ingested_total", shape="native") or 0.0
+
+
+def restores(running: Running) -> dict[str, float]:
+    s = running.scrape()
+    return {r: value(s, "grpo_exporter_state_restores_total", result=r) or 0.0 for r in RESTORE_RESULTS}
+
+
+class Job:
+    """A live healthy job of RANKS ranks; write(a, b) logs steps a..b-1 of its 600."""
+
+    def __init__(self, snapshot_dir: Path, **writer: object) -> None:
+        self.writers = [SnapshotWriter(snapshot_dir, "job", rank=r, world_size=RANKS, **writer)  # type: ignore[arg-type]
+                        for r in range(RANKS)]
+        self.steps = list(simulate.generate("healthy", steps=600, ranks=RANKS))
+        self.records = 0
+
+    def write(self, first: int, end: int) -> None:
+        written = simulate.write_steps(self.writers, self.steps[first - 1:end - 1])
+        self.records += sum(written.records.values())
+
+
+def caught_up(running: Running, records: float) -> None:
+    wait_for(lambda: ingested(running) >= records, timeout=30, what=f"{records} records ingested")
+    running.exporter.store.flush()
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def test_a_restart_serves_what_it_served_and_reads_only_what_is_new(
+        snapshot_dir: Path, state_dir: Path, start_exporter: Callable[..., Running]) -> None:
+    # Small segments: the SDK rotates the files while the exporter is down, too.
+    job = Job(snapshot_dir, max_bytes=256 * 1024)
+    job.write(1, 301)
+    first = start_exporter(storage_path=state_dir)
+    assert restores(first)["missing"] == 1
+    caught_up(first, job.records)
+    before = run_families(first)
+    first.exporter.stop()  # a clean stop saves the state
+    assert (state_dir / FILE_NAME).stat().st_mode & 0o777 == 0o600
+    assert state_dir.stat().st_mode & 0o777 == 0o700
+
+    second = start_exporter(storage_path=state_dir)
+    assert restores(second) == {**dict.fromkeys(RESTORE_RESULTS, 0.0), "restored": 1.0}
+    # Ready with every series as it was, and not one old record read again.
+    assert ingested(second) == 0
+    assert run_families(second) == before
+
+    # The trainer goes on (rotating its files); it is followed from where it was, and the series
+    # are those of an exporter that read every file from the start.
+    already = job.records
+    job.write(301, 601)
+    caught_up(second, job.records - already)
+    assert ingested(second) == job.records - already
+    assert len(list(snapshot_dir.glob("job/rank-0*.jsonl"))) > 2, "the SDK never rotated"
+    fresh = start_exporter()
+    caught_up(fresh, job.records)
+    assert run_families(second) == run_families(fresh)
+
+
+def test_written_while_it_was_down_is_read_at_the_restart(
+        snapshot_dir: Path, state_dir: Path, start_exporter: Callable[..., Running]) -> None:
+    job = Job(snapshot_dir, max_bytes=256 * 1024)
+    job.write(1, 251)
+    first = start_exporter(storage_path=state_dir)
+    caught_up(first, job.records)
+    first.exporter.stop()
+    already = job.records
+    job.write(251, 451)  # the exporter is down: an upgrade, a reboot
+    second = start_exporter(storage_path=state_dir)
+    assert restores(second)["restored"] == 1
+    assert ingested(second) == job.records - already  # read at the start-up, before ready
+    fresh = start_exporter()
+    caught_up(fresh, job.records)
+    second.exporter.store.flush()
+    assert run_families(second) == run_families(fresh)
+
+
+def _tamper_header(path: Path, **changes: object) -> None:
+    data = path.read_bytes()
+    head = data[len(MAGIC):].split(b"\n", 1)
+    meta = json.loads(head[0])
+    meta.update(changes)
+    path.write_bytes(MAGIC + json.dumps(meta).encode() + b"\n" + head[1])
+
+
+@pytest.mark.parametrize("damage, result", [
+    (lambda p: p.write_bytes(p.read_bytes()[:-100]), "corrupt"),  # cut short
+    (lambda p: p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1])), "corrupt"),  # a flipped bit
+    (lambda p: p.write_bytes(b"not a state\n"), "corrupt"),
+    (lambda p: _tamper_header(p, version="0.0.1"), "stale"),
+    (lambda p: _tamper_header(p, root="/elsewhere"), "stale"),
+    (lambda p: p.chmod(0o666), "refused"),  # another user could have written it
+    (lambda p: (p.unlink(), p.symlink_to(p.parent / "elsewhere")), "refused"),
+], ids=["cut-short", "flipped-bit", "not-a-state", "other-version", "other-folder", "world-writable", "link"])
+def test_a_state_that_is_not_this_exporters_is_counted_and_every_file_read(
+        snapshot_dir: Path, state_dir: Path, start_exporter: Callable[..., Running],
+        damage: Callable[[Path], object], result: str) -> None:
+    job = Job(snapshot_dir)
+    job.write(1, 101)
+    first = start_exporter(storage_path=state_dir)
+    caught_up(first, job.records)
+    before = run_families(first)
+    first.exporter.stop()
+    damage(state_dir / FILE_NAME)
+    second = start_exporter(storage_path=state_dir)
+    assert restores(second) == {**dict.fromkeys(RESTORE_RESULTS, 0.0), result: 1.0}
+    caught_up(second, job.records)
+    assert ingested(second) == job.records  # every record read again
+    assert run_families(second) == before
+
+
+def test_a_save_that_fails_is_counted_and_the_exporter_goes_on(
+        snapshot_dir: Path, tmp_path: Path, start_exporter: Callable[..., Running]) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    job = Job(snapshot_dir)
+    job.write(1, 11)
+    running = start_exporter(storage_path=blocked / "state", storage_save_interval=0.1)
+    running.wait_value("grpo_exporter_state_save_errors_total", lambda v: (v or 0) >= 1)
+    job.write(11, 21)
+    running.wait_value("grpo_step", 20, run="job", rank="0")
+
+
+def test_a_state_folder_in_the_snapshot_folder_is_refused(snapshot_dir: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "serve", "--snapshot.dir",
+                          str(snapshot_dir), "--storage.path", str(snapshot_dir / "state"),
+                          "--web.listen-address", "127.0.0.1:0"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "lies in the snapshot folder" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_killed_exporter_restarts_from_its_last_periodic_save(
+        snapshot_dir: Path, state_dir: Path, tmp_path: Path) -> None:
+    """SIGKILL (an OOM kill): no clean stop; the periodic save is what the restart has."""
+    from contextlib import ExitStack
+
+    job = Job(snapshot_dir)
+    job.write(1, 201)
+
+    def serve(stack: ExitStack) -> tuple[Child, str]:
+        child, port = start_listening(stack, "serve", lambda port: [
+            sys.executable, "-m", "grpo_monitor.cli", "serve", "--snapshot.dir", str(snapshot_dir),
+            "--storage.path", str(state_dir), "--storage.save-interval", "200ms",
+            "--web.listen-address", f"127.0.0.1:{port}", "--no-collector.gpu"], tmp_path)
+        return child, f"http://127.0.0.1:{port}"
+
+    def metric(url: str, line_start: str) -> float | None:
+        text = requests.get(f"{url}/metrics", timeout=5).text
+        return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)), None)
+
+    with ExitStack() as stack:
+        child, url = serve(stack)
+        wait_for(lambda: metric(url, 'grpo_step{run="job",rank="0"}') == 200, timeout=30, what="step 200 served")
+        first = metric(url, "grpo_exporter_state_saves_total ") or 0.0
+        wait_for(lambda: (metric(url, "grpo_exporter_state_saves_total ") or 0.0) >= first + 1,
+                 timeout=30, what="a save after step 200 was served")
+        child.proc.send_signal(signal.SIGKILL)
+        child.proc.wait(timeout=10)
+    already = job.records
+    job.write(201, 221)
+    with ExitStack() as stack:
+        _, url = serve(stack)
+        assert metric(url, 'grpo_exporter_state_restores_total{result="restored"}') == 1.0
+        wait_for(lambda: metric(url, 'grpo_step{run="job",rank="0"}') == 220, timeout=30, what="step 220 served")
+        assert metric(url, 'grpo_snapshots_ingested_total{shape="native"}') == job.records - already
