@@ -15,8 +15,8 @@ back exactly, and costs a write of the state per --storage.save-interval: 22 MiB
 ranks, whatever the runs' length (docs/scaling.md).
 
 Saved by the ingest thread between two batches of events (so the files' offsets and the store
-agree), under the store's lock for the pickling only; written to a temporary file, flushed and
-renamed, so a crash leaves the previous state or the new one. Loaded only when it is what this
+agree), under the store's lock for the pickling only; written by safe_io.replace_file (a
+temporary file, flushed, renamed), so a crash leaves the previous state or the new one. Loaded only when it is what this
 exporter wrote: a regular file owned by its user and writable by no one else (a pickle runs
 code when loaded, so a state file another user could write would be their code), with the
 format, version and snapshot folder of this exporter, and its checksum right. Anything else
@@ -35,10 +35,14 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_monitor import __version__
-from grpo_monitor.contract.safe_io import printable
+from grpo_monitor.contract.safe_io import Refused, open_regular, printable, replace_file
+
+if TYPE_CHECKING:
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +78,7 @@ class StateFile:
         self.path = directory / FILE_NAME
         self.root = str(snapshot_root)
 
-    def save(self, store: Any, ingestor: Any) -> int:
+    def save(self, store: RunStore, ingestor: Ingestor) -> int:
         """Write the state of ``store`` (a RunStore) and ``ingestor`` (an Ingestor); the bytes
         written. Called on the ingest thread, so nothing else moves the files' offsets."""
         with store.locked():
@@ -86,45 +90,27 @@ class StateFile:
                              "saved_at": time.time()}).encode()
         data = MAGIC + header + b"\n" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = self.directory / f".{FILE_NAME}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a crash
-        finally:
-            os.close(dir_fd)
+        replace_file(self.directory, self.path, data, mode=0o600)
         return len(data)
 
     def load(self) -> tuple[str, Saved | None]:
         """(result, state): one of RESTORE_RESULTS, and the state when it is "restored"."""
         try:
-            st = os.lstat(self.path)
+            with open_regular(self.directory, self.path) as fh:  # no link, nothing but a file
+                st = os.fstat(fh.fileno())
+                own = st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+                data = fh.read() if own else b""
         except FileNotFoundError:
             return "missing", None
+        except Refused:
+            own = False
         except OSError as exc:
             log.warning("%s: %s; reading every snapshot file", printable(self.path), exc.strerror)
             return "corrupt", None
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        if not own:
             log.warning("%s: not a regular file of this user writable by no one else; not loaded, "
                         "reading every snapshot file", printable(self.path))
             return "refused", None
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            log.warning("%s: %s; reading every snapshot file", printable(self.path), exc.strerror)
-            return "corrupt", None
         magic, _, rest = data.partition(b"\n")
         header, _, rest = rest.partition(b"\n")
         digest, _, payload = rest.partition(b"\n")
