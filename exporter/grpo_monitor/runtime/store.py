@@ -277,15 +277,17 @@ class RunState:
             prompt_types=max((len(r.type_signals) for r in ranks), default=0),
             gpus=any(r.placement is not None and r.placement[3] for r in ranks))
 
-    def note_keys(self, rank: RankState) -> None:
-        """Count the canonical keys the rank logs for the first time (cheap when none is new)."""
+    def note_keys(self, rank: RankState) -> bool:
+        """Count the canonical keys the rank logs for the first time (cheap when none is new);
+        whether there was one."""
         keys = rank.signals.keys
         if len(keys) == len(rank.counted):
-            return
+            return False
         for key in keys.keys() - rank.counted:
             rank.counted.add(key)
             if key in SIGNALS_BY_KEY:
                 self.key_ranks[key] += 1
+        return True
 
     def note_unknown(self, name: str) -> None:
         """The first sight of a key that maps to no signal: named once in the log, with the
@@ -422,11 +424,11 @@ class RunStore:
             rank.note_pace(snap.step, snap.time)
             stalled = any(e.type in STALL_EVENTS for e in snap.events)
             rank.signals.add(snap.step, snap.metrics, stalled)
-            rank.names.update(snap.names)
-            run.note_keys(rank)
-            if not run.framework:
-                run.framework = snap.framework or framework_of(snap.names.values()) or \
-                    framework_of(snap.unknown) or ""
+            # What a record's names say (which name a key was logged under, which framework)
+            # can only change with a name new to the run: not looked at again per record.
+            new_names = run.note_keys(rank)
+            if new_names:
+                rank.names.update(snap.names)
             if snap.world_size is not None:
                 rank.world_size = snap.world_size
             if snap.placement is not None:
@@ -438,8 +440,12 @@ class RunStore:
                 if run.admit("unknown_key", run.unknown_keys, name, lim.max_unknown_keys):
                     if new:
                         run.note_unknown(name)
+                        new_names = True
                     rank.unknown[(name, "")] = value
                     self._count_nonfinite(rank, {name: value}, snap.step)
+            if not run.framework and (new_names or snap.framework):
+                run.framework = snap.framework or framework_of(snap.names.values()) or \
+                    framework_of(snap.unknown) or ""
             for ptype in snap.by_type:  # record order: which types a cap keeps is stable
                 if not run.admit("prompt_type", run.prompt_types, ptype, lim.max_prompt_types):
                     continue

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from grpo_monitor.contract.cards import CARDS, MINIMUM_CURVES, missing_cause
 from grpo_monitor.contract.keys import SIGNALS_BY_KEY
-from grpo_monitor.contract.run_layout import run_files, runs_in
+from grpo_monitor.contract.run_layout import runs_in
 from grpo_monitor.runtime.health import ERROR_REASONS, ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunState, RunStore
@@ -34,8 +34,7 @@ def read(folder: Path) -> tuple[RunStore, ExporterHealth]:
     store, health = RunStore(), ExporterHealth()
     ingestor = Ingestor(root, store, health)
     for run_dir in runs or [folder]:
-        for path in run_files(run_dir):
-            ingestor.process(path)
+        ingestor.scan_folder(run_dir)  # the start-up replay's way: oldest first, to the end
     store.flush()
     return store, health
 
