@@ -540,3 +540,22 @@ def test_a_fifo_or_a_link_at_the_ranks_file_neither_hangs_nor_leads_the_records_
     writer.close()
     assert writer.write_errors >= 1 and writer.dropped_records >= 2000
     assert elsewhere.read_text() == ""
+
+
+def test_an_unknown_key_warning_made_an_error_costs_no_record(tmp_path: Path) -> None:
+    """Under -W error (a user's test suite) the warning is raised, after the record is written:
+    the record is on disk and not counted as dropped."""
+    import warnings
+
+    from grpo_monitor.sdk.writer import UnknownKeyWarning
+
+    w = SnapshotWriter(tmp_path, "strict", rank=0, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UnknownKeyWarning):
+            w.log({"reward/meen": 1.0}, 1)
+        assert w.log({"reward/meen": 2.0}, 2)  # once per key
+    w.close(end=False)
+    assert w.dropped_records == 0
+    steps = [json.loads(line)["step"] for line in (tmp_path / "strict" / "rank-0.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]

@@ -258,8 +258,6 @@ class SnapshotWriter:
             step = int(step)
             if events is not None:
                 self._note_checkpoints(events, step, now)
-            if self._seen_keys is not None and not self._seen_keys.issuperset(metrics):
-                self._warn_unknown(metrics)
         # The default hook calls the caller's .item() / float(): anything may come out of it,
         # and a bad value is no reason to stop training.
         except Exception as exc:  # noqa: BLE001
@@ -274,7 +272,11 @@ class SnapshotWriter:
                 self.dropped_records += 1
                 return False
             self._last_step = step if self._last_step is None else max(self._last_step, step)
-            return self._append(data)
+            written = self._append(data)
+        # After the write: under -W error the warning is raised, and must not cost the record.
+        if self._seen_keys is not None and not self._seen_keys.issuperset(metrics):
+            self._warn_unknown(metrics)
+        return written
 
     def _warn_unknown(self, metrics: Mapping[str, Any]) -> None:
         assert self._seen_keys is not None
