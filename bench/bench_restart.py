@@ -25,9 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
 from results_io import machine, write_result  # noqa: E402
 
 from grpo_monitor.runtime.app import Exporter  # noqa: E402

@@ -77,6 +77,7 @@ def test_a_restart_serves_what_it_served_and_reads_only_what_is_new(
     assert restores(first)["missing"] == 1
     caught_up(first, job.records)
     before = run_families(first)
+    first_files = first.scrape()
     first.exporter.stop()  # a clean stop saves the state
     assert (state_dir / FILE_NAME).stat().st_mode & 0o777 == 0o600
     assert state_dir.stat().st_mode & 0o777 == 0o700
@@ -85,6 +86,7 @@ def test_a_restart_serves_what_it_served_and_reads_only_what_is_new(
     assert restores(second) == {**dict.fromkeys(RESTORE_RESULTS, 0.0), "restored": 1.0}
     # Ready with every series as it was, and not one old record read again.
     assert ingested(second) == 0
+    assert value(second.scrape(), "grpo_snapshot_files") == value(first_files, "grpo_snapshot_files") > 0
     assert run_families(second) == before
 
     # The trainer goes on (rotating its files); it is followed from where it was, and the series
@@ -130,10 +132,11 @@ def _tamper_header(path: Path, **changes: object) -> None:
     (lambda p: p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1])), "corrupt"),  # a flipped bit
     (lambda p: p.write_bytes(b"not a state\n"), "corrupt"),
     (lambda p: _tamper_header(p, version="0.0.1"), "stale"),
+    (lambda p: _tamper_header(p, code="0" * 16), "stale"),  # the pickled classes' code changed
     (lambda p: _tamper_header(p, root="/elsewhere"), "stale"),
     (lambda p: p.chmod(0o666), "refused"),  # another user could have written it
     (lambda p: (p.unlink(), p.symlink_to(p.parent / "elsewhere")), "refused"),
-], ids=["cut-short", "flipped-bit", "not-a-state", "other-version", "other-folder", "world-writable", "link"])
+], ids=["cut-short", "flipped-bit", "not-a-state", "other-version", "other-code", "other-folder", "world-writable", "link"])
 def test_a_state_that_is_not_this_exporters_is_counted_and_every_file_read(
         snapshot_dir: Path, state_dir: Path, start_exporter: Callable[..., Running],
         damage: Callable[[Path], object], result: str) -> None:

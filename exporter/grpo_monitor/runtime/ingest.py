@@ -154,6 +154,7 @@ class Ingestor:
         self._inodes = {state.inode: path for path, state in self.files.items()}
         self._controls = dict(controls)
         self._seen = {path: () for path in self.files}  # unlike any listing: each is looked at
+        self.health.files.set(len(self.files))
 
     # -- bookkeeping -------------------------------------------------------------------------
 

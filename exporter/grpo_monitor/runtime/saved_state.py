@@ -47,14 +47,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FILE_NAME = "exporter-state.pickle"
-# Bumped when what is pickled changes shape; a state of another format or package version is
-# stale (the classes it holds may have changed) and read again from the files.
 FORMAT = 1
+# The modules whose classes a state pickles. A state saved by other code than theirs is stale
+# (a class may have gained a field its pickle lacks) and the files are read again: the package
+# version alone is not bumped by every change.
+PICKLED_MODULES = ("store", "signals", "forecast", "ingest")
+
+
+def code_fingerprint() -> str:
+    """A hash of the source of PICKLED_MODULES, as installed."""
+    digest = hashlib.sha256()
+    for name in PICKLED_MODULES:
+        digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    return digest.hexdigest()[:16]
 MAGIC = b"grpo-monitor exporter state\n"
 RESTORE_RESULTS: dict[str, str] = {
     "restored": "the saved state was loaded; only what was written since is read",
     "missing": "no saved state (the first start, or --storage.path is new)",
-    "stale": "saved by another version or format, or for another snapshot folder",
+    "stale": "saved by other code (another version, or a change to the classes it holds), or for "
+             "another snapshot folder",
     "corrupt": "unreadable: cut short, a wrong checksum, or not a state file",
     "refused": "not a regular file owned by this user and writable by no one else",
 }
@@ -77,6 +88,7 @@ class StateFile:
         self.directory = directory
         self.path = directory / FILE_NAME
         self.root = str(snapshot_root)
+        self.code = code_fingerprint()
 
     def save(self, store: RunStore, ingestor: Ingestor) -> int:
         """Write the state of ``store`` (a RunStore) and ``ingestor`` (an Ingestor); the bytes
@@ -86,8 +98,8 @@ class StateFile:
             payload = pickle.dumps({"runs": runs, "dirty": dirty, "files": ingestor.files,
                                     "controls": ingestor.saved_controls()},
                                    protocol=pickle.HIGHEST_PROTOCOL)
-        header = json.dumps({"format": FORMAT, "version": __version__, "root": self.root,
-                             "saved_at": time.time()}).encode()
+        header = json.dumps({"format": FORMAT, "version": __version__, "code": self.code,
+                             "root": self.root, "saved_at": time.time()}).encode()
         data = MAGIC + header + b"\n" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         replace_file(self.directory, self.path, data, mode=0o600)
@@ -116,7 +128,8 @@ class StateFile:
         digest, _, payload = rest.partition(b"\n")
         try:
             meta = json.loads(header)
-            stale = (meta["format"], meta["version"], meta["root"]) != (FORMAT, __version__, self.root)
+            stale = ((meta["format"], meta["version"], meta["code"], meta["root"])
+                     != (FORMAT, __version__, self.code, self.root))
         except (ValueError, TypeError, KeyError):
             stale = None
         if magic + b"\n" != MAGIC or stale is None or hashlib.sha256(payload).hexdigest().encode() != digest:

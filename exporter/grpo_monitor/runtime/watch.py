@@ -168,8 +168,9 @@ class SnapshotWatcher:
                 next_rescan = now + self.rescan_interval
                 self._safe(self.ingestor.rescan)
                 self._safe(self.ingestor.store.flush)
-            # Between batches, with no file half read: the offsets saved are those the store has.
-            if self.state is not None and now >= next_save and not self.ingestor.unfinished:
+            # Between batches: the offsets saved are those the store has (a file whose turn ran
+            # out mid-read has the offset of the records it gave the store).
+            if self.state is not None and now >= next_save:
                 next_save = now + self.save_interval
                 self._safe(self._save)
 
