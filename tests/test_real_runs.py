@@ -31,6 +31,10 @@ from real_runs import (
 TRL_NEW = {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "policy/clip_frac",
            "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean",
            "reward/std", "train/lr"}
+TRL_OLD = {"kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std"}
+VERL_2025 = {"entropy/mean", "grad/norm", "kl/mean", "loss", "perf/step_time_s", "perf/tokens_per_s",
+             "policy/clip_frac", "response/clip_ratio", "response/len_max", "response/len_mean",
+             "reward/max", "reward/mean", "reward/min", "staleness/max", "staleness/mean", "train/lr"}
 VERL = {"entropy/mean", "grad/norm", "kl/mean", "loss", "policy/clip_frac", "response/len_max",
         "response/len_mean", "reward/max", "reward/mean", "reward/min", "train/lr"}
 
@@ -55,6 +59,26 @@ RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
         106, 0, 105, VERL | {"perf/step_time_s", "perf/tokens_per_s", "response/clip_ratio"}, set()),
     # Dec-2024 verl: critic/kl, actor/entropy_loss, actor/lr(1e-4); no step total, no clip ratio.
     "verl-ppo-qwen25-05b-gsm8k": (435, 0, 434, VERL, VERL),
+    # TRL 0.23 through Unsloth, logged every 10 steps; no KL (beta 0).
+    "aaipl-gptoss20b-minesweeper-grpo-healthy": (50, 10, 500, TRL_NEW, TRL_NEW),
+    # A verl fork's W&B export of 3 metrics, each under a subset's qualifier
+    # (actor/main_chain/entropy, response_length/main_chain/mean) and val-core/GSM8K/reward/mean@1:
+    # none of them is a listed name.
+    "deepgrpo-qwen25-0.5b-gsm8k-verl-healthy": (2959, 0, 2958, set(), set()),
+    # Feb-2025 TRL through Unsloth, every 10 steps.
+    "gemma3-1b-gsm8k-unsloth-abdo-healthy": (25, 10, 250, TRL_OLD | {"grad/norm", "train/lr"},
+                                             TRL_OLD | {"grad/norm", "train/lr"}),
+    # verl's file logger (2025) with the off-policy staleness; step 10 missing.
+    "grpo-qwen3-1.7b-math-verl-klblowup": (71, 1, 72, VERL_2025, VERL_2025),
+    "mixedcuts-qwen3-1.7b-math-verl-collapse": (61, 1, 61, VERL_2025, VERL_2025),
+    # TRL console dicts: both completion_length and completions/mean_length; no entropy.
+    "recall-qwen25-7b-l3-zero-std-dead": (72, 1, 72, (TRL_NEW - {"entropy/mean"}) | {"kl/mean"},
+                                          (TRL_NEW - {"entropy/mean"}) | {"kl/mean"}),
+    # A verl fork's W&B export of 2 metrics: actor/entropy and val-core/openai/gsm8k/acc/mean@1
+    # (step 0 holds only the latter, which is no listed name).
+    "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": (928, 0, 927, {"entropy/mean"}, set()),
+    # Unsloth's notebook table, as the unsloth-llama32 run.
+    "unsloth-llama31-8b-gsm8k-techtinker-healthy": (250, 1, 250, TRL_OLD, TRL_OLD),
 }
 
 
