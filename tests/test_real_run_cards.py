@@ -28,7 +28,8 @@ HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-25
            "gemma3-1b-gsm8k-unsloth-abdo-healthy", "unsloth-llama31-8b-gsm8k-techtinker-healthy")
 # Healthy by their authors, and the yellow cards they raise are true: the Minesweeper run's
 # completions sit at the 128-token cap (77-100%) and up to 90% of its groups have one reward.
-TRUE_YELLOW = {"aaipl-gptoss20b-minesweeper-grpo-healthy": {"GRPOAdvantageVanishing"}}
+TRUE_YELLOW = {"aaipl-gptoss20b-minesweeper-grpo-healthy": {"GRPOAdvantageVanishing",
+                                                         "GRPOCompletionsTruncated"}}
 # Sick, with the step the authors' data put the onset at, and the card that must come within 50
 # steps of it (red cards, or the yellow card of the sickness).
 SICK_ONSET = {

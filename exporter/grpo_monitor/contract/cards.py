@@ -93,7 +93,8 @@ CARDS: tuple[Card, ...] = (
     Card("GRPOKLExplosion", "critical", ALERTS, (
         _B(("kl/mean",), baseline=True),
         _B(("kl/mean",), reason="before_baseline"))),
-    Card("GRPOEntropyCollapse", "critical", ALERTS, (_B(("entropy/mean",)),)),
+    Card("GRPOEntropyCollapse", "critical", ALERTS, (
+        _B(("entropy/mean",)), _B(("entropy/mean",), reason="first_records"))),
     Card("GRPOEntropyExplosion", "critical", ALERTS, (
         _B(("entropy/mean",)), _B(("entropy/mean",), reason="rebound"))),
     Card("GRPOTrainingBlowUp", "critical", ALERTS, (

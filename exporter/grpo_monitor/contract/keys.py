@@ -280,6 +280,9 @@ KNOWN_UNMAPPED: tuple[str, ...] = (
     "global_seqlen/*", "prompt_length/*", "response_length/min",
     "response_length/std*", "response/aborted_ratio", "timing_s/*", "timing_per_token_ms/*",
     "timing/*", "perf/*", "training/*", "val-aux/*",
+    # look-alikes whose meaning differs by framework: +entropy in OpenRLHF, -entropy in
+    # Stable-Baselines3; OpenRLHF's KL between the rollout policy and the updated one
+    "entropy_loss", "ppo_kl",
 )
 
 

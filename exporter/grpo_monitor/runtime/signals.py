@@ -86,11 +86,13 @@ REFERENCE_MIN_RECORDS = 5
 # for each of the ~40 training keys would be a fifth of rank 0's series, read by nothing.
 RECORD_KEYS: frozenset[str] = frozenset(CARDS_BY_NAME["GRPOTrainingBlowUp"].keys)
 # (records, offset_records, fewest records published)
-# The last PERSISTENCE_RECORDS records too: "in each of its last 3 records", the persistence of
-# the cards that judge a run from its first records (an entropy cliff in a run's first steps).
 RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
-    (RECENT_RECORDS, 0, RECENT_RECORDS), (PERSISTENCE_RECORDS, 0, PERSISTENCE_RECORDS),
-    (REFERENCE_RECORDS, REFERENCE_OFFSET_RECORDS, REFERENCE_MIN_RECORDS))
+    (RECENT_RECORDS, 0, RECENT_RECORDS), (REFERENCE_RECORDS, REFERENCE_OFFSET_RECORDS, REFERENCE_MIN_RECORDS))
+# Published besides: the last PERSISTENCE_RECORDS records, "in each of its last 3 records", the
+# persistence of the cards that judge a run from its first records (an entropy cliff in a run's
+# first steps).
+PUBLISHED_RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
+    *RECORD_WINDOWS, (PERSISTENCE_RECORDS, 0, PERSISTENCE_RECORDS))
 # The first records of a signal (FIRST_RECORDS of them, exact zeros left out) give the reference
 # of the cards that must judge a run from its first few records: their median, published as
 # grpo_first_records_median once there are that many. Counted in records, so a run logging every
@@ -560,7 +562,7 @@ class RankSignals:
                 trend = None if points is None else slope(*points)
                 if trend is not None:
                     slopes.append((key, window, trend))
-            for count, offset, fewest in RECORD_WINDOWS if key in RECORD_KEYS else ():
+            for count, offset, fewest in PUBLISHED_RECORD_WINDOWS if key in RECORD_KEYS else ():
                 values = h.records(count, offset, fewest)
                 if values is not None:
                     records.append((key, count, offset, min(values), max(values), percentile(values, 0.5)))

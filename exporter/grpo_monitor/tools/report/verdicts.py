@@ -613,13 +613,16 @@ def entropy_explosion(view: RunView) -> Finding | None:
 # which falls below all of its earlier records.
 BLOWUP_SIGNALS: tuple[tuple[str, str | None], ...] = (
     ("entropy/mean", "blowup_ratio"), ("kl/mean", "blowup_ratio"), ("grad/norm", "blowup_ratio"),
-    ("response/len_mean", "blowup_length_ratio"), ("reward/mean", None))
+    ("response/len_mean", "blowup_length_ratio"), ("reward/mean", None),
+    ("response/clip_ratio", "blowup_ratio"))
+# Signals whose rise counts only above a level of their own: (key, threshold of that level).
+BLOWUP_LEVELS: dict[str, str] = {"response/clip_ratio": "blowup_truncated_ratio"}
 
 
 @verdict("training_blow_up", "critical",
-         f"{th.count('blowup_min_signals')} or more of entropy, KL, grad norm, response length and "
-         "reward left the range of their earlier records together within 2 logged records: the "
-         "run is collapsing", card="GRPOTrainingBlowUp")
+         f"{th.count('blowup_min_signals')} or more of entropy, KL, grad norm, response length, "
+         "reward and the truncated share left the range of their earlier records together within "
+         "2 logged records: the run is collapsing", card="GRPOTrainingBlowUp")
 def training_blow_up(view: RunView) -> Finding | None:
     """GRPOTrainingBlowUp: at a step, at least blowup_min_signals of BLOWUP_SIGNALS beyond their
     earlier records (the last RECORD_WINDOWS window against the one before); once raised, held
@@ -643,8 +646,11 @@ def training_blow_up(view: RunView) -> Finding | None:
             with np.errstate(invalid="ignore"):
                 out = (last > factor * tr.records(ref, ref_off, ref_min, "median")) & \
                     (last > tr.records(ref, ref_off, ref_min, "max"))
+                if key in BLOWUP_LEVELS:
+                    out &= last > th.value(BLOWUP_LEVELS[key])
                 up = last > factor * tr.floor()
-            high += tr.asof(steps, up.astype(float)) == 1
+            if key not in BLOWUP_LEVELS:  # the card's hold reads the four rising signals
+                high += tr.asof(steps, up.astype(float)) == 1
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios[f"{key}_ratio"] = tr.asof(steps, last / tr.records(ref, ref_off, ref_min, "median"))
         moved += tr.asof(steps, out.astype(float)) == 1
