@@ -102,50 +102,47 @@ def healthy(reason: str) -> Label:
 
 
 LABELS: dict[str, Label] = {
+    # The reason of each label in our words: where its PROVENANCE.md puts the verdict and onset.
     "aaipl-gptoss20b-minesweeper-grpo-healthy": healthy(
-        'health per authors: "HEALTHY (successful run)", README "Valid JSON % | ~60% | 100%"'),
+        "healthy by its authors; the valid-JSON reward rises over the run"),
     "deepgrpo-qwen25-0.5b-gsm8k-verl-healthy": healthy(
-        "health per authors: HEALTHY, the authors' proposed method; notes: validation "
-        "0.428 -> 0.658"),
+        "healthy: the authors' proposed method; validation accuracy rises over the run"),
     "gemma3-1b-gsm8k-unsloth-abdo-healthy": healthy(
-        'health per authors: HEALTHY, "Fine-tuning significantly improved the model\'s ability"'),
+        "healthy by its authors; correctness reward rises over the run"),
     "unsloth-llama31-8b-gsm8k-techtinker-healthy": healthy(
-        'health per authors: "Not stated"; "The committed outputs look healthy": reward '
-        "0.67 -> 1.93"),
+        "no verdict from the author; healthy by its data (reward rises, no instability)"),
     "unsloth-llama32-3b-grpo-gsm8k-500": healthy(
-        "health per authors: HEALTHY (tutorial run, reward rises); notes: KL spikes are "
-        '"isolated one-step spikes in a healthy run"'),
+        "healthy tutorial run; its KL spikes are isolated single steps"),
     "unslothgrpo-llama31-8b-gsm8k-250": healthy(
-        'health per authors: "Not stated"; "Trajectory looks healthy": reward 0.18 -> 1.70'),
+        "no verdict from the author; healthy by its data (reward rises)"),
     "verl-grpo-qwen2-7b-gsm8k-megatron-base": healthy(
-        'health per authors: "HEALTHY baseline", GSM8K "89.08 / 89.92"'),
-    "verl-ppo-qwen25-05b-gsm8k": healthy(
-        'health per authors: "HEALTHY reference run", test score 0.567'),
+        "healthy baseline by its authors (GSM8K about 89%)"),
+    "verl-ppo-qwen25-05b-gsm8k": healthy("healthy reference run by its authors"),
     "grpo-qwen3-1.7b-math-verl-klblowup": Label(
         "sick", 63, DIVERGENCE,
-        'health per authors: "FAILED late", "from step ~64 response length ..., truncation ... '
-        'and KL ... blew up"; notes: step 63 grad_norm 0.223 (max before 0.144), length 1,649'),
+        "failed late by its authors: length, truncation and KL blow up; the data first move at "
+        "step 63 (grad norm and length above all earlier values)"),
     "mixedcuts-qwen3-1.7b-math-verl-collapse": Label(
         "sick", 48, DIVERGENCE,
-        'health per authors: "diverged from about step 48 and collapsed by step 56"; notes: '
-        "step 48 grad_norm 0.373 (max before 0.252)"),
+        "diverged around step 48 and collapsed within ten steps, by its authors; the data first "
+        "move at step 48 (grad norm above all earlier values)"),
     "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": Label(
         # Only entropy and validation were committed: no yellow card reads them.
         "sick", 678, NONE,
-        'health per authors: "FAILED (training instability)"; notes: "From step 678 (0.35) '
-        'entropy never drops below 0.248 again"'),
+        "filed by its authors under training instability; entropy leaves its band for good at "
+        "step 678 and explodes from step 790"),
     "trl-dapo-qwen25vl-3b-aokvqa-collapse": Label(
         "sick", 10, COLLAPSE,
-        'health per authors: "Not stated"; "Observable: degenerate - the policy drops the '
-        '<think> format immediately", length 53 -> 2-5; onset: the first logged step'),
+        "degenerate from its first records (length and entropy collapse); onset: the first "
+        "logged step"),
     "memredteam-qwen25-3b-grpo-sparse-reward": Label(
         "sick", 1, DEAD_SIGNAL,
-        'health per authors: "FAILED in practice (no learning signal)"; notes: '
-        '"frac_reward_zero_std 0.75-1.0 throughout"; onset: the first logged step'),
+        "failed in practice, no learning signal (nearly all groups with one reward); onset: the "
+        "first logged step"),
     "recall-qwen25-7b-l3-zero-std-dead": Label(
         "sick", 1, DEAD_SIGNAL,
-        'health per authors: "FAILED / stalled"; notes: frac_reward_zero_std 1.0 on 62 of 72 '
-        'steps "from step 1 on"'),
+        "stalled by its authors' own criterion (zero reward spread from step 1); onset: the "
+        "first logged step"),
 }
 
 

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,11 @@ from grpo_monitor.contract import vocabulary
 from grpo_monitor.contract.key_map import KEY_MAP_FILE, KeyMap, KeyMapError
 from grpo_monitor.contract.keys import SIGNALS, is_known_unmapped, match_key, proposals
 from grpo_monitor.contract.snapshot import parse_record
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.sdk.writer import SnapshotWriter, UnknownKeyWarning
 from grpo_monitor.tools.check import check
+from conftest import Running, value
 from promtool_harness import Played, Recorder, fired
 
 
@@ -243,3 +247,35 @@ def test_a_reward_collapse_is_judged_from_min_and_max_without_a_spread(tmp_path:
     spans = fired(play_records(recs, tmp_path), tmp_path)
     first = first_step(spans, "GRPORewardCollapse")
     assert first is not None and first <= 150, spans
+
+
+# -- the exporter, over HTTP -----------------------------------------------------------------
+
+
+def test_the_exporter_reads_the_flags_key_map_and_a_run_folders_over_it(
+        start_exporter: Callable[..., Running], snapshot_dir: Path, tmp_path: Path) -> None:
+    flag_map = tmp_path / "keys.toml"
+    flag_map.write_text('"kl_div_ref" = "kl/mean"\n"gold" = "eval/heldout_score"\n')
+    mine = snapshot_dir / "mine"
+    mine.mkdir()
+    # The run's own file wins over the flag's for the same name.
+    (mine / KEY_MAP_FILE).write_text('"gold" = false\n')
+    running = start_exporter(key_map_file=flag_map)
+    for run in ("mine", "theirs"):
+        (snapshot_dir / run).mkdir(exist_ok=True)
+        with open(snapshot_dir / run / "m.jsonl", "a") as fh:
+            fh.write(json.dumps({"step": 1, "kl_div_ref": 0.02, "gold": 0.7}) + "\n")
+    running.wait_value("grpo_kl_mean", 0.02, run="theirs", rank="0")
+    running.wait_value("grpo_heldout_score", 0.7, run="theirs", rank="0")
+    running.wait_value("grpo_kl_mean", 0.02, run="mine", rank="0")
+    samples = running.scrape()
+    assert value(samples, "grpo_heldout_score", run="mine", rank="0") is None
+    assert value(samples, "grpo_metric_value", run="mine", rank="0", key="gold") == 0.7
+
+
+def test_a_key_map_flag_that_is_no_key_map_is_one_line(tmp_path: Path, snapshot_dir: Path) -> None:
+    bad = tmp_path / "keys.toml"
+    bad.write_text('"x" = "reward/meen"\n')
+    with pytest.raises(ValueError, match=r"--snapshot.key-map: .*did you mean 'reward/mean'"):
+        Exporter(ExporterConfig(snapshot_dir=snapshot_dir, listen_address="127.0.0.1:0",
+                                key_map_file=bad))

@@ -278,7 +278,8 @@ KNOWN_UNMAPPED: tuple[str, ...] = (
     "critic/rewards/*", "critic/advantages/*", "critic/returns/*", "critic/values/*",
     "critic/vf_*", "critic/vpred_mean", "critic/kl_coeff", "critic/grad_norm", "critic/lr*",
     "global_seqlen/*", "prompt_length/*", "response_length/min",
-    "response_length/std*", "response/aborted_ratio", "timing_s/*", "timing_per_token_ms/*",
+    "response_length/std*", "response_length_non_aborted/*", "response/aborted_ratio", "timing_s/*",
+    "timing_per_token_ms/*",
     "timing/*", "perf/*", "training/*", "val-aux/*",
     # look-alikes whose meaning differs by framework: +entropy in OpenRLHF, -entropy in
     # Stable-Baselines3; OpenRLHF's KL between the rollout policy and the updated one

@@ -76,6 +76,12 @@ TABLE: tuple[Threshold, ...] = (
         time. A healthy run loses 30-60% of its entropy and settles; losing 90% is a collapse.
         Judged against the initial value, not the baseline, so that a run that collapses before
         its baseline period ends is caught."""),
+    Threshold("first_records_judged", 20, "red", """
+        ... and judged from a run's first records (each of its last 3 below that fraction of the
+        median of its first 3) while the run has logged at most this many steps: a cliff in the
+        first steps, before the initial value (itself lowered by the fall) can show it. A healthy
+        run does not spend most of its entropy so soon; later, the window card judges, and
+        a card raised early stays while entropy stays down."""),
     Threshold("entropy_explosion_ratio", 5, "red", """
         Entropy above this multiple of its initial value in 90% of the last 20 steps: the policy
         turning to noise, its answers rambling until the length limit cuts them. Healthy runs
