@@ -98,6 +98,7 @@ bench: deps system-deps
 	$(PY) bench/bench_folder_burst.py
 	$(PY) bench/bench_forecast.py
 	$(PY) bench/bench_cards.py
+	$(PY) bench/bench_real_runs.py
 	$(PY) bench/bench_ingest.py
 	$(PY) bench/bench_restart.py
 	$(PY) bench/bench_rules.py

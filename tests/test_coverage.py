@@ -39,6 +39,8 @@ def rule_keys(expr: str) -> set[str]:
     found: set[str] = set()
     for op, pattern in re.findall(r'key(=~?)"([^"]+)"', expr):
         found |= {pattern} if op == "=" else {k for k in SIGNALS_BY_KEY if re.fullmatch(pattern, k)}
+    if "grpo_heldout_" in expr:  # the held-out score's own features carry no key label
+        found.add("eval/heldout_score")
     return found
 
 
@@ -117,7 +119,8 @@ def test_arming_states_each_reason() -> None:
     three = RunShape(key_ranks={"kl/mean": 1, "reward/mean": 1, "response/len_mean": 1})
     assert arm(CARDS_BY_NAME["GRPOTrainingBlowUp"], three).reason == "armed"
     assert arm(CARDS_BY_NAME["GRPOTrainingBlowUp"], one).needs == ("entropy/mean", "grad/norm",
-                                                                   "response/len_mean")
+                                                                   "response/len_mean",
+                                                                   "response/clip_ratio")
     # Alternatives: any one of the mismatch signals arms the card; none: all are named.
     assert arm(CARDS_BY_NAME["GRPORolloutMismatch"], RunShape(key_ranks={"mismatch/is_ess_ratio": 1})).reason == "armed"
     assert arm(CARDS_BY_NAME["GRPORolloutMismatch"], one).needs == (
@@ -183,7 +186,9 @@ def test_the_real_runs_say_what_they_are_not_watched_for(tmp_path: Path) -> None
 TRL = {"reward": 0.5, "reward_std": 0.3, "frac_reward_zero_std": 0.1, "entropy": 0.8,
        "completions/mean_length": 120.0, "completions/clipped_ratio": 0.0,
        "clip_ratio/region_mean": 0.01, "grad_norm": 0.4, "learning_rate": 1e-6, "loss": 0.01}
-VERL = {"critic/score/mean": 0.5, "actor/kl_loss": 0.01, "actor/entropy": 0.8,
+# verl logs the reward's mean, min and max (no spread) under critic/score/*.
+VERL = {"critic/score/mean": 0.5, "critic/score/min": 0.0, "critic/score/max": 1.0,
+        "actor/kl_loss": 0.01, "actor/entropy": 0.8,
         "response_length/mean": 300.0, "actor/grad_norm": 0.5, "actor/pg_loss": 0.0}
 OPENRLHF = {"policy_loss": 0.1, "kl": 0.01, "reward": 0.5, "return": 0.4,
             "response_length": 200.0, "total_length": 400.0, "actor_lr": 1e-6}
@@ -266,7 +271,7 @@ def test_a_typo_is_named_by_the_sdk_the_exporter_and_check(exporter: Running, sn
     exporter.wait_value("grpo_unknown_key_info", 1, run="typo", key="reward/meen", closest="reward/mean")
     samples = exporter.scrape()
     assert value(samples, "grpo_card_armed", run="typo", card="GRPORewardCollapse", severity="critical",
-                 reason="missing_signal", needs="reward/mean,reward/std") == 0
+                 reason="missing_signal", needs="reward/mean,reward/std,reward/min,reward/max") == 0
     assert value(samples, "grpo_run_signal_logged", run="typo", key="reward/mean") == 0
     assert value(samples, "grpo_unknown_key_info", run="quiet", key="rewards/format", closest="") == 1
     named = [r.getMessage() for r in caplog.records if "reward/meen" in r.getMessage()]

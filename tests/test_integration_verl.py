@@ -131,9 +131,13 @@ def test_verl_file_logger_run_is_ingested_as_it_is(exporter: Running, snapshot_d
         assert value(s, "grpo_metric_value", key=key, **lbl) == float(data[key]), key
     # Keys of some steps only keep the value of the last step that had them.
     step5 = verl_metrics(5)
-    for key in ("timing_s/save_checkpoint", "val-core/openai/gsm8k/reward/mean@1"):
-        assert key not in data
-        assert value(s, "grpo_metric_value", key=key, **lbl) == float(step5[key]), key
+    key = "timing_s/save_checkpoint"
+    assert key not in data
+    assert value(s, "grpo_metric_value", key=key, **lbl) == float(step5[key]), key
+    # The validation score is the held-out score, read on the steps that log it.
+    held = "val-core/openai/gsm8k/reward/mean@1"
+    assert held not in data and value(s, "grpo_metric_value", key=held, **lbl) is None
+    assert value(s, "grpo_heldout_score", **lbl) == float(step5[held])
     # Aliases never leak into the generic family; perf/time_per_step == timing_s/step.
     for key in [*mapped.values(), "perf/time_per_step"]:
         assert value(s, "grpo_metric_value", key=key, **lbl) is None, key

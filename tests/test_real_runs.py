@@ -31,6 +31,7 @@ from real_runs import (
 TRL_NEW = {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "policy/clip_frac",
            "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean",
            "reward/std", "train/lr"}
+HELDOUT = "eval/heldout_score"
 TRL_OLD = {"kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std"}
 VERL_2025 = {"entropy/mean", "grad/norm", "kl/mean", "loss", "perf/step_time_s", "perf/tokens_per_s",
              "policy/clip_frac", "response/clip_ratio", "response/len_max", "response/len_mean",
@@ -54,29 +55,32 @@ RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
         250, 1, 250, {"grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"},
         {"grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"}),
     # Mid-2025 verl: actor/kl_loss, actor/entropy, timing_s/step. Step 0 holds only the initial
-    # validation score, which is no canonical key.
+    # validation score (val-core/openai/gsm8k/reward/mean@1): the held-out score.
     "verl-grpo-qwen2-7b-gsm8k-megatron-base": (
-        106, 0, 105, VERL | {"perf/step_time_s", "perf/tokens_per_s", "response/clip_ratio"}, set()),
-    # Dec-2024 verl: critic/kl, actor/entropy_loss, actor/lr(1e-4); no step total, no clip ratio.
-    "verl-ppo-qwen25-05b-gsm8k": (435, 0, 434, VERL, VERL),
+        106, 0, 105, VERL | {"perf/step_time_s", "perf/tokens_per_s", "response/clip_ratio", HELDOUT},
+        {HELDOUT}),
+    # Dec-2024 verl: critic/kl, actor/entropy_loss, actor/lr(1e-4); no step total, no clip ratio;
+    # val/test_score/openai/gsm8k every few steps.
+    "verl-ppo-qwen25-05b-gsm8k": (435, 0, 434, VERL | {HELDOUT}, VERL),
     # TRL 0.23 through Unsloth, logged every 10 steps; no KL (beta 0).
     "aaipl-gptoss20b-minesweeper-grpo-healthy": (50, 10, 500, TRL_NEW, TRL_NEW),
     # A verl fork's W&B export of 3 metrics, each under a subset's qualifier
-    # (actor/main_chain/entropy, response_length/main_chain/mean) and val-core/GSM8K/reward/mean@1:
-    # none of them is a listed name.
-    "deepgrpo-qwen25-0.5b-gsm8k-verl-healthy": (2959, 0, 2958, set(), set()),
+    # (actor/main_chain/entropy, response_length/main_chain/mean) and val-core/GSM8K/reward/mean@1.
+    "deepgrpo-qwen25-0.5b-gsm8k-verl-healthy": (
+        2959, 0, 2958, {"entropy/mean", "response/len_mean", HELDOUT}, {HELDOUT}),
     # Feb-2025 TRL through Unsloth, every 10 steps.
     "gemma3-1b-gsm8k-unsloth-abdo-healthy": (25, 10, 250, TRL_OLD | {"grad/norm", "train/lr"},
                                              TRL_OLD | {"grad/norm", "train/lr"}),
-    # verl's file logger (2025) with the off-policy staleness; step 10 missing.
-    "grpo-qwen3-1.7b-math-verl-klblowup": (71, 1, 72, VERL_2025, VERL_2025),
-    "mixedcuts-qwen3-1.7b-math-verl-collapse": (61, 1, 61, VERL_2025, VERL_2025),
+    # verl's file logger (2025), with val-core/math500/reward/mean@4 every 10 steps and the
+    # off-policy staleness; step 10 missing.
+    "grpo-qwen3-1.7b-math-verl-klblowup": (71, 1, 72, VERL_2025 | {HELDOUT}, VERL_2025),
+    "mixedcuts-qwen3-1.7b-math-verl-collapse": (61, 1, 61, VERL_2025 | {HELDOUT}, VERL_2025),
     # TRL console dicts: both completion_length and completions/mean_length; no entropy.
     "recall-qwen25-7b-l3-zero-std-dead": (72, 1, 72, (TRL_NEW - {"entropy/mean"}) | {"kl/mean"},
                                           (TRL_NEW - {"entropy/mean"}) | {"kl/mean"}),
-    # A verl fork's W&B export of 2 metrics: actor/entropy and val-core/openai/gsm8k/acc/mean@1
-    # (step 0 holds only the latter, which is no listed name).
-    "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": (928, 0, 927, {"entropy/mean"}, set()),
+    # A verl fork's W&B export of 2 metrics: actor/entropy and val-core/openai/gsm8k/acc/mean@1.
+    "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": (928, 0, 927, {"entropy/mean", HELDOUT},
+                                                        {HELDOUT}),
     # Unsloth's notebook table, as the unsloth-llama32 run.
     "unsloth-llama31-8b-gsm8k-techtinker-healthy": (250, 1, 250, TRL_OLD, TRL_OLD),
 }

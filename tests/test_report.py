@@ -436,14 +436,15 @@ def test_stale_rollouts(tmp_path: Path, age: float, fires: bool) -> None:
 @pytest.mark.parametrize("key, verdict", [("group/all_wrong_frac", "prompts_too_hard"),
                                           ("group/all_right_frac", "prompts_too_easy")])
 def test_dead_groups_by_cause(tmp_path: Path, key: str, verdict: str) -> None:
-    # Seven groups in ten all wrong (all right) from step 1: the cause is named from the first
-    # full 20-step window. A flat reward beside it is no plateau of the KL's making.
+    # Seven groups in ten all wrong (all right) from step 1: the cause is named from the run's
+    # 3rd record, the 20-step window covering the run so far until the run is that long. A flat
+    # reward beside it is no plateau of the KL's making.
     def extra(step, rng):  # type: ignore[no-untyped-def]
         return {key: 0.7 + rng.gauss(0, 0.02), "kl/mean": 0.001}
     res = _run_of(tmp_path, 300, extra)
     assert _ids(res) == [verdict], res["text"]
     v = res["verdicts"][0]
-    assert v["steps"] == [20, 300] and v["evidence"]["signal"] == key
+    assert v["steps"] == [3, 300] and v["evidence"]["signal"] == key
     assert v["evidence"]["window_p10"] > v["evidence"]["above"] == 0.5
 
 

@@ -238,6 +238,10 @@ def _serve_flags() -> list[Flag]:
         size("--snapshot.max-file-bytes", "max_file_bytes",
              "Largest *.json snapshot read; larger ones are counted as oversized."),
         size("--snapshot.max-line-bytes", "max_line_bytes", "Longest *.jsonl line read."),
+        Flag("--snapshot.key-map", "key_map_file", "TOML file mapping the names runs log onto "
+             "the canonical keys, for every run (a run folder's own .grpo-keys.toml goes on top; "
+             "grpo-monitor check prints the lines to paste; docs/snapshot-format.md).",
+             d["key_map_file"], type=Path),
         limit("--metrics.max-unknown-keys", "max_unknown_keys", "Per run: distinct non-canonical "
               "keys exported as grpo_metric_value before the cap drops the rest."),
         limit("--metrics.max-prompt-types", "max_prompt_types", "Per run: distinct by_type prompt "

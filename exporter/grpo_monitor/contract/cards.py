@@ -93,13 +93,18 @@ CARDS: tuple[Card, ...] = (
     Card("GRPOKLExplosion", "critical", ALERTS, (
         _B(("kl/mean",), baseline=True),
         _B(("kl/mean",), reason="before_baseline"))),
-    Card("GRPOEntropyCollapse", "critical", ALERTS, (_B(("entropy/mean",)),)),
+    Card("GRPOEntropyCollapse", "critical", ALERTS, (
+        _B(("entropy/mean",)), _B(("entropy/mean",), reason="first_records"))),
     Card("GRPOEntropyExplosion", "critical", ALERTS, (
         _B(("entropy/mean",)), _B(("entropy/mean",), reason="rebound"))),
     Card("GRPOTrainingBlowUp", "critical", ALERTS, (
-        _B(("entropy/mean", "kl/mean", "grad/norm", "response/len_mean", "reward/mean"),
+        _B(("entropy/mean", "kl/mean", "grad/norm", "response/len_mean", "reward/mean",
+            "response/clip_ratio"),
            at_least=thresholds.count("blowup_min_signals")),)),
-    Card("GRPORewardCollapse", "critical", ALERTS, (_B(("reward/mean", "reward/std")),)),
+    # The reward's spread, or its range where the run logs no spread (verl's default).
+    Card("GRPORewardCollapse", "critical", ALERTS, (
+        _B(("reward/mean", "reward/std")), _B(("reward/mean", "reward/min", "reward/max")))),
+    Card("GRPOHeldOutCollapse", "critical", ALERTS, (_B(("eval/heldout_score",)),)),
     Card("GRPORankStalled", "critical", ALERTS, (_B(min_ranks=2, reason="rank_lag"),)),
     Card("GRPORunHung", "critical", CLUSTER, (_B(),), always=True),
     Card("GRPOGPUXidError", "critical", CLUSTER, (_B(gpu=True),)),
@@ -113,12 +118,15 @@ CARDS: tuple[Card, ...] = (
         _B(("response/len_mean",), baseline=True),
         _B(("response/len_mean",), reason="against_initial"))),
     Card("GRPOCompletionsTruncated", "warning", ALERTS, (_B(("response/clip_ratio",)),)),
+    Card("GRPORewardOverOptimization", "warning", ALERTS, (
+        _B(("eval/heldout_score", "reward/mean")),)),
     Card("GRPORewardStdRising", "warning", ALERTS, (_B(("reward/std",), baseline=True),)),
     Card("GRPORewardQuantileExtreme", "warning", ALERTS, (
         _B(("reward/p25", "reward/p50", "reward/p75", "reward/p95"), at_least=1, baseline=True),)),
     Card("GRPOAdvantageVanishing", "warning", ALERTS, (
         _B(("group/zero_std_frac",), reason="dead_groups"),
         _B(("reward/std",), reason="reward_constant"),
+        _B(("reward/mean", "reward/std"), reason="saturated"),
         _B(("group/zero_std_frac", "adv/mean_abs"), at_least=1, baseline=True))),
     Card("GRPOGroupDominated", "warning", ALERTS, (
         _B(("group/reward_gap", "reward/std"), baseline=True),)),
@@ -164,6 +172,22 @@ CARDS_BY_NAME: dict[str, Card] = {c.name: c for c in CARDS}
 # closed (background.md#what-to-log). GRPOSignalMissing names each one missing.
 MINIMUM_CURVES: tuple[str, ...] = ("reward/mean", "kl/mean", "entropy/mean", "response/len_mean",
                                    "grad/norm")
+# Signals many healthy runs never log, whose absence raises no coverage card: a held-out score
+# is logged by the runs that evaluate, at their own cadence (every 50 or 500 steps, or never);
+# a coverage card on every run that does not would teach people to ignore the coverage card.
+# The armed table and `grpo-monitor check` still say which cards they disarm.
+OPTIONAL_SIGNALS: frozenset[str] = frozenset({"eval/heldout_score"})
+
+
+def red_cards_watched() -> list[Card]:
+    """The red cards GRPOSignalMissing speaks for beyond the minimum curves: those that read a
+    signal which is no minimum curve and not optional (a red card disarmed by a missing minimum
+    curve is named in that curve's own coverage card)."""
+    return [c for c in CARDS if c.severity == "critical" and not c.always
+            and set(c.keys) - set(MINIMUM_CURVES) - OPTIONAL_SIGNALS
+            # a card that needs some of many signals is disarmed only when minimum curves are
+            # missing too, whose own coverage cards name it
+            and all(b.at_least is None for b in c.branches)]
 
 
 @dataclass(frozen=True)
@@ -331,6 +355,18 @@ def render() -> str:
     lines += _alert(generic, "", f"{head} Log it under its canonical name or one of the "
                     "names docs/metrics.md lists for it (grpo-monitor check RUN_DIR shows what the "
                     "run logs and what each name is read as).")
+    for card in red_cards_watched():
+        # The card's own armed state: missing_signal, whatever branch it would need.
+        expr = (f"max by (run, card, needs) (grpo_card_armed{{card=\"{card.name}\",reason=\"missing_signal\"}} == 0)\n"
+                "  + on(run) group_left()\n" + steps)
+        lines += _alert(expr, "red_card_disarmed", (
+            f"Run {{{{ $labels.run }}}} has logged {{{{ $value }}}} steps (its newest step is "
+            "{{ with printf \"max(grpo_step{run=%q})\" $labels.run | query }}{{ . | first | "
+            "value | printf \"%.0f\" }}{{ end }}) and the red card "
+            f"{card.name} cannot fire on it: it needs {{{{ $labels.needs }}}} (any one branch's "
+            f"set: docs/coverage.md). Log them under a name docs/metrics.md lists, or map the "
+            f"run's own names onto them (grpo-monitor check RUN_DIR prints the lines of a key "
+            f"map); else this sickness goes unseen on this run."))
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from functools import lru_cache
+
+from grpo_monitor.contract import vocabulary
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ SIGNALS: tuple[Signal, ...] = (
            ("group_reward_std",)),
     Signal("group/zero_std_frac", "grpo_group_zero_std_ratio",
            "Fraction of prompt groups whose rewards are all equal (zero advantage).", "ratio",
-           ("frac_reward_zero_std", "group_zero_std_frac")),
+           ("frac_reward_zero_std", "group_zero_std_frac", "zero_std_frac", "zero_adv_frac")),
     Signal("adv/mean_abs", "grpo_advantage_abs_mean", "Mean absolute group-normalised advantage.",
            "advantage", ("advantage_mean_abs", "adv_abs_mean")),
     # Distribution stability (background.md#distribution-stability).
@@ -199,6 +202,12 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("eval/sample_acc", "grpo_sample_accuracy_ratio",
            "Fraction of sampled responses graded correct by a verifier.", "ratio",
            ("sample_acc", "eval/sample_accuracy")),
+    # The held-out truth: a score on data the policy does not train on (a validation set, a gold
+    # reward model), logged at its own sparse cadence. Besides these names, any name of a
+    # held-out namespace that names a score is read as it (HELDOUT_PATTERNS below).
+    Signal("eval/heldout_score", "grpo_heldout_score",
+           "Score on held-out data (validation accuracy or reward), logged at its own cadence.",
+           "score", ("heldout_score", "val_score", "eval_score")),
     # Cluster health from the trainer's side (background.md#cluster-health, background.md#throughput-drops).
     Signal("perf/step_time_s", "grpo_step_duration_seconds", "Wall time of one training step.",
            # timing/step_total: OpenRLHF. Older verl (timing/*, before Jan 2025) logged only the
@@ -238,13 +247,57 @@ _PREFIXED_RANK = 1000
 _SPACED_SLASH = re.compile(r"\s+/\s+")
 
 
+# A held-out score is logged under names nobody can list: verl's val-core/<data source>/<reward
+# key>/mean@<n> (one per data source), TRL's eval_<metric>, a loop's eval/accuracy. A name maps to
+# eval/heldout_score when it lies in a held-out namespace (the patterns, best first: the first
+# one a record carries wins) and names a score (HELDOUT_SCORE_WORDS) and no other statistic
+# (HELDOUT_EXCLUDED_WORDS: a std, a length, a loss, a timing is no score).
+HELDOUT_PATTERNS: tuple[str, ...] = (
+    "val-core/*mean@1", "val-core/*", "val/test_score/*", "val-aux/*mean@1", "val/*", "eval/*",
+    "eval_*", "validation/*", "valid/*", "test/*", "heldout/*", "held_out/*", "gold/*")
+HELDOUT_SCORE_WORDS = frozenset({"acc", "accuracy", "score", "reward", "pass", "correct",
+                                 "correctness", "exact", "em", "success", "solve", "solved",
+                                 "win", "f1", "test"})
+HELDOUT_EXCLUDED_WORDS = frozenset({"std", "min", "max", "var", "loss", "len", "length", "time",
+                                    "runtime", "second", "seconds", "kl", "entropy", "clip",
+                                    "tokens", "count", "num", "best", "worst", "maj", "format"})
+_HELDOUT_RANK = 2000  # after every listed name and every train/ name
+_VOCABULARY_RANK = 3000  # after those and the held-out names
+_QUALIFIED_RANK = 3500  # after those: a subset's value where the record has no plain one
+
+# Names frameworks always log that the project leaves unmapped on purpose: other statistics of a
+# mapped signal, counters, timings, per-reward-function scores. No warning, no automatic match.
+KNOWN_UNMAPPED: tuple[str, ...] = (
+    # TRL's GRPOTrainer
+    "completions/min_length", "completions/*_terminated_length", "clip_ratio/low_*",
+    "clip_ratio/high_*", "num_tokens", "epoch", "rewards/*", "rewards / *", "sampling/*",
+    "total_flos", "train_runtime", "train_*_per_second", "train_loss", "eval_runtime",
+    "eval_*_per_second", "eval_loss", "kl_coef", "beta",
+    # verl
+    "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/kl_coef", "actor/loss", "actor/perf/*",
+    "critic/rewards/*", "critic/advantages/*", "critic/returns/*", "critic/values/*",
+    "critic/vf_*", "critic/vpred_mean", "critic/kl_coeff", "critic/grad_norm", "critic/lr*",
+    "global_seqlen/*", "prompt_length/*", "response_length/min",
+    "response_length/std*", "response_length_non_aborted/*", "response/aborted_ratio", "timing_s/*",
+    "timing_per_token_ms/*",
+    "timing/*", "perf/*", "training/*", "val-aux/*",
+    # look-alikes whose meaning differs by framework: +entropy in OpenRLHF, -entropy in
+    # Stable-Baselines3; OpenRLHF's KL between the rollout policy and the updated one
+    "entropy_loss", "ppo_kl",
+)
+
+
 @dataclass(frozen=True)
 class KeyMatch:
-    """How a logged name maps: its canonical key, rank among the key's names, unit factor."""
+    """How a logged name maps: its canonical key, rank among the key's names, unit factor, and
+    by which rule (``listed``: the key or a listed alias; ``prefixed``: ``train/`` + one of
+    those; ``heldout``: HELDOUT_PATTERNS; ``vocabulary``: vocabulary.auto_match; ``key_map``:
+    the user's key map)."""
 
     key: str
     rank: int
     scale: float = 1.0
+    how: str = "listed"
 
 
 @lru_cache(maxsize=8192)  # every key of every record: a trainer logs the same few names
@@ -261,8 +314,50 @@ def match_key(name: str) -> KeyMatch | None:
     if hit is None and name.startswith("train/"):
         bare = _match_bare(name[len("train/"):])
         if bare is not None:
-            hit = KeyMatch(bare.key, _PREFIXED_RANK + bare.rank, bare.scale)
+            hit = KeyMatch(bare.key, _PREFIXED_RANK + bare.rank, bare.scale, "prefixed")
+    if hit is None and not is_known_unmapped(name):
+        rank = heldout_rank(name)
+        if rank is not None:
+            hit = KeyMatch("eval/heldout_score", _HELDOUT_RANK + rank, how="heldout")
+        elif (key := vocabulary.auto_match(name, _FORMS)) is not None:
+            hit = KeyMatch(key, _VOCABULARY_RANK, how="vocabulary")
+        elif (plain := _unqualified(name)) is not None:
+            hit = KeyMatch(plain.key, _QUALIFIED_RANK + plain.rank, plain.scale, "qualified")
     return hit
+
+
+def _unqualified(name: str) -> KeyMatch | None:
+    """A listed name with a subset's qualifier between its segments (a verl fork's
+    ``actor/main_chain/entropy``, ``response_length/main_chain/mean``): read as the listed name
+    when the qualifier names no statistic and no signal (``reward/std/mean`` is a mean of stds,
+    never the reward's mean). It ranks after every other name, so a record that also logs the
+    plain name is read by it."""
+    parts = name.split("/")
+    if len(parts) < 3:
+        return None
+    middle = set(vocabulary.words("/".join(parts[1:-1])))
+    if middle & (vocabulary.STATISTICS | _SIGNAL_WORDS):
+        return None
+    return _match_bare(f"{parts[0]}/{parts[-1]}")
+
+
+def heldout_rank(name: str) -> int | None:
+    """The rank of the first HELDOUT_PATTERNS pattern a held-out score's name matches; None for
+    a name that is no held-out score."""
+    lowered = name.lower()
+    for rank, pattern in enumerate(HELDOUT_PATTERNS):
+        if fnmatchcase(lowered, pattern):
+            ws = set(vocabulary.words(lowered)) - {"eval", "val", "core", "aux", "validation",
+                                                   "valid", "heldout", "held", "out", "gold"}
+            if ws & HELDOUT_SCORE_WORDS and not ws & HELDOUT_EXCLUDED_WORDS:
+                return rank
+            return None
+    return None
+
+
+def is_known_unmapped(name: str) -> bool:
+    """Whether a framework always logs ``name`` and the project leaves it unmapped on purpose."""
+    return any(fnmatchcase(name, pattern) for pattern in KNOWN_UNMAPPED)
 
 
 def _match_bare(name: str) -> KeyMatch | None:
@@ -281,6 +376,16 @@ def canonical_key(name: str) -> str | None:
 
 # Every name a key is read under: the canonical keys and their aliases, for suggestions.
 KNOWN_NAMES: tuple[str, ...] = (*SIGNALS_BY_KEY, *ALIASES)
+# The forms of those names (vocabulary.py), for the automatic match and the proposals. Scaled
+# aliases are left out: a name in another unit must say its scale in a key map.
+_FORMS = vocabulary.index({s.key: (s.key, *s.aliases) for s in SIGNALS})
+# Every word of a known name: a qualifier made of none of them is a subset's name.
+_SIGNAL_WORDS = frozenset(w for n in KNOWN_NAMES for w in vocabulary.words(n))
+
+
+def proposals(name: str) -> list[str]:
+    """The canonical keys a name that maps to nothing may stand for (vocabulary.proposals)."""
+    return [] if is_known_unmapped(name) else vocabulary.proposals(name, _FORMS)
 # Words that name a statistic: two names that differ in one of these are two statistics of one
 # signal (``completions/min_length`` next to ``completions/mean_length``), never a typo.
 _STATISTICS = frozenset({"min", "max", "mean", "median", "std", "sum", "count", "total", "low",
@@ -308,6 +413,13 @@ def _edits(a: str, b: str, limit: int) -> int:
 
 
 def closest_names(name: str, n: int = 3) -> list[str]:
+    """As _closest_names, cached: the same unknown names come back run after run, and each
+    costs an edit distance to every known name (hostile input brings many)."""
+    return list(_closest_names(name, n))
+
+
+@lru_cache(maxsize=8192)
+def _closest_names(name: str, n: int) -> tuple[str, ...]:
     """The known names (canonical keys and aliases) a name that maps to no signal was most likely
     meant to be: the nearest, within two edits (one for a name under 8 characters, none under 4)
     and not another statistic of the same signal. ``reward/meen`` -> ``reward/mean``,
@@ -320,7 +432,7 @@ def closest_names(name: str, n: int = 3) -> list[str]:
         if d <= limit and not (words - set(_TOKENS.split(known.lower()))) & _STATISTICS:
             found.append((d, known))
     found.sort()
-    return [known for d, known in found[:n] if d == found[0][0]]
+    return tuple(known for d, known in found[:n] if d == found[0][0])
 
 
 # Names only one framework logs. A run whose records carry one was written by it: the coverage

@@ -25,7 +25,8 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from grpo_monitor.contract.keys import match_key
+from grpo_monitor.contract.key_map import KeyMap
+from grpo_monitor.contract.keys import KeyMatch, match_key
 from grpo_monitor.contract.run_layout import DEFAULT_RUN, MAX_RUN_NAME_BYTES, check_run_name
 
 Shape = Literal["native", "verl", "flat"]
@@ -267,7 +268,8 @@ def _flatten(raw: dict[str, Any], prefix: str, depth: int, out: dict[str, Any]) 
 
 
 def normalize_metrics(
-    raw: dict[str, Any], problems: list[tuple[str, str]], names: dict[str, str] | None = None
+    raw: dict[str, Any], problems: list[tuple[str, str]], names: dict[str, str] | None = None,
+    key_map: KeyMap | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Split raw metrics into (canonical, unknown) float maps; ``names``, when given, receives
     the name each canonical key was read from (``completions/mean_length`` for
@@ -277,7 +279,8 @@ def normalize_metrics(
     logs ``reward/mean`` next to TRL's ``reward`` is read as it meant. Between two aliases of
     one key, the one ranked first in keys.py wins (not the one written first): which KL verl's
     ``actor/kl_loss`` and ``actor/reward_kl_penalty`` stand for is decided there, once. An alias
-    logged in another unit is converted.
+    logged in another unit is converted. A name of the user's ``key_map`` wins over all of them,
+    or, mapped to no signal, stays unknown.
     """
     flat: dict[str, Any] = {}
     _flatten(raw, "", 0, flat)
@@ -294,7 +297,7 @@ def normalize_metrics(
             continue
         if number is None:
             continue
-        hit = match_key(name)
+        hit = _mapped(name, key_map) if key_map else match_key(name)
         if hit is None:
             unknown[name] = number
             continue
@@ -306,6 +309,15 @@ def normalize_metrics(
     if names is not None:
         names.update({key: name for key, (_, _, name) in best.items()})
     return {key: number for key, (_, number, _) in best.items()}, unknown
+
+
+def _mapped(name: str, key_map: KeyMap) -> KeyMatch | None:
+    target = key_map.get(name)
+    if target is None:
+        return match_key(name)
+    if target.key is None:
+        return None
+    return KeyMatch(target.key, -1, target.scale, "key_map")
 
 
 def detect_shape(obj: Any) -> Shape:
@@ -340,11 +352,13 @@ def _validate(model: type[BaseModel], obj: dict[str, Any], problems: list[tuple[
     raise RecordError("invalid_record", f"{where}: {first['msg']}")
 
 
-def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
+def parse_record(obj: Any, *, run: str, rank: int, mtime: float,
+                 key_map: KeyMap | None = None) -> Snapshot:
     """Validate one decoded JSON record and normalise it.
 
     ``run``/``rank`` are what the file's location implies and ``mtime`` its modification time;
-    the record's own fields take precedence. Raises RecordError when nothing can be used.
+    the record's own fields take precedence. ``key_map``: the user's names for the run
+    (key_map.py). Raises RecordError when nothing can be used.
     """
     shape = detect_shape(obj)
     problems: list[tuple[str, str]] = []
@@ -358,11 +372,12 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
         rec = _validate(NativeRecord, obj, problems)
         assert isinstance(rec, NativeRecord)
         names: dict[str, str] = {}
-        metrics, unknown = normalize_metrics(rec.metrics, problems, names)
+        metrics, unknown = normalize_metrics(rec.metrics, problems, names, key_map)
         by_type: dict[str, dict[str, float]] = {}
         by_type_unknown: dict[str, dict[str, float]] = {}
         for ptype, values in rec.by_type.items():
-            by_type[ptype], by_type_unknown[ptype] = normalize_metrics(values, problems)
+            by_type[ptype], by_type_unknown[ptype] = normalize_metrics(values, problems,
+                                                                       key_map=key_map)
         placement = None
         if rec.host or rec.gpu or rec.gpu_uuid:
             placement = (rec.host or "", "" if rec.local_rank is None else str(rec.local_rank),
@@ -377,7 +392,7 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
         verl = _validate(VerlRecord, obj, problems)
         assert isinstance(verl, VerlRecord)
         names = {}
-        metrics, unknown = normalize_metrics(verl.data, problems, names)
+        metrics, unknown = normalize_metrics(verl.data, problems, names, key_map)
         # verl lines carry no events; its checkpoint timing marks a save step, which the step
         # time cards must leave out (background.md#checkpoint-io).
         events = [Event(type="checkpoint_save")] if "timing_s/save_checkpoint" in verl.data else []
@@ -388,7 +403,7 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float) -> Snapshot:
     assert isinstance(flat, FlatRecord)
     values = {k: v for k, v in obj.items() if k not in _FLAT_RESERVED}
     names = {}
-    metrics, unknown = normalize_metrics(values, problems, names)
+    metrics, unknown = normalize_metrics(values, problems, names, key_map)
     return Snapshot(
         run=flat.run or run, rank=rank if flat.rank is None else flat.rank, step=flat.step,
         time=mtime if flat.time is None else flat.time, shape=shape, world_size=flat.world_size,

@@ -76,6 +76,12 @@ TABLE: tuple[Threshold, ...] = (
         time. A healthy run loses 30-60% of its entropy and settles; losing 90% is a collapse.
         Judged against the initial value, not the baseline, so that a run that collapses before
         its baseline period ends is caught."""),
+    Threshold("first_records_judged", 20, "red", """
+        ... and judged from a run's first records (each of its last 3 below that fraction of the
+        median of its first 3) while the run has logged at most this many steps: a cliff in the
+        first steps, before the initial value (itself lowered by the fall) can show it. A healthy
+        run does not spend most of its entropy so soon; later, the window card judges, and
+        a card raised early stays while entropy stays down."""),
     Threshold("entropy_explosion_ratio", 5, "red", """
         Entropy above this multiple of its initial value in 90% of the last 20 steps: the policy
         turning to noise, its answers rambling until the length limit cuts them. Healthy runs
@@ -111,6 +117,21 @@ TABLE: tuple[Threshold, ...] = (
         deviation (its largest 20-step mean), so that a run that never left its floor is no
         collapse: a binary reward earned at a rate p has a spread of sqrt(p(1-p)), more than
         twice p for any p under 0.2, so a sparse reward and its odd lucky batch never count."""),
+    Threshold("reward_range_std_ratio", 0.5, "red", """
+        ... and where the run logs no reward spread but its reward's minimum and maximum (verl
+        does by default), the spread is taken as this fraction of their range (the highest 20-step
+        mean of the maximum less the lowest of the minimum): no distribution's standard deviation
+        exceeds half its range, so the stand-in can only make the card later, never wrong."""),
+    Threshold("blowup_truncated_ratio", 0.5, "red", """
+        ... the share of truncated completions counts as a sixth such signal when, in its last 2
+        records, it is above this share as well as above 3x and all of its earlier records: a
+        policy that starts to ramble into the length limit while the reward falls."""),
+    Threshold("heldout_collapse_ratio", 0.5, "red", """
+        The held-out score (validation accuracy, a gold reward), in both of its last 2 points,
+        below this fraction of its best so far, and further below it than heldout_noise_factor
+        times its noise: what the policy learned no longer transfers; keep the checkpoint of the
+        best point. Judged on the held-out score's own sparse points, from its heldout_min_points-th,
+        with no baseline."""),
     Threshold("rank_lag_steps", 20, "red", """
         A rank this many steps behind the run's most advanced rank has stalled while the others
         go on; a lagging rank corrupts the gradient sync."""),
@@ -259,6 +280,25 @@ TABLE: tuple[Threshold, ...] = (
         ... while correct responses grew by less than this fraction: per-response length
         normalisation penalises each token of a long wrong answer less, so wrong answers grow
         longer and longer (arXiv 2503.20783)."""),
+    Threshold("heldout_drop_ratio", 0.1, "yellow", """
+        Over-optimisation: the held-out score, in both of its last 2 points, more than this
+        fraction below its best so far ..."""),
+    Threshold("heldout_noise_factor", 2, "yellow", """
+        ... and more than this many times its noise (the median change between two consecutive
+        held-out points) below it, so that an evaluation's own scatter is no fall ..."""),
+    Threshold("heldout_min_points", 4, "yellow", """
+        ... judged from this many held-out points on, while the training reward's 20-step mean
+        is at or above its level when the best held-out point was logged: the reward still
+        rises (or holds) while the truth falls, the policy exploiting its reward (reward-model
+        over-optimisation, Gao et al. 2022). No baseline: the held-out score is its own
+        reference."""),
+    Threshold("reward_saturation_std_ratio", 0.05, "yellow", """
+        A dead learning signal at the top: the reward's within-batch spread, over the last 20
+        steps, below this fraction of the reward's level ..."""),
+    Threshold("reward_saturation_level_ratio", 0.95, "yellow", """
+        ... with the reward in 90% of those steps at or above this fraction of the highest 20-step
+        mean it has had: every rollout earns the same top reward, so every advantage is zero and
+        nothing is learned; the task is solved or the reward is hacked. Needs no baseline."""),
     Threshold("signal_missing_steps", 20, "yellow", """
         A run that has logged this many steps without one of the minimum curves (reward, KL,
         entropy, response length, grad norm) is missing it: a key logged from the first step

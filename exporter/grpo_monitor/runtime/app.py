@@ -10,6 +10,7 @@ from grpo_monitor.runtime.collectors.gpu import GPUCollector
 from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.http import ExporterServer
+from grpo_monitor.contract.key_map import KeyMap, KeyMapError
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.saved_state import StateFile
 from grpo_monitor.runtime.store import RunStore
@@ -32,9 +33,14 @@ class Exporter:
             # Anyone who writes snapshots could then place a state file (saved_state.py).
             raise ValueError(f"--storage.path {config.storage_path} lies in the snapshot folder; "
                              "give the exporter a folder of its own")
+        try:
+            key_map = KeyMap.load(config.key_map_file) if config.key_map_file is not None else None
+        except (OSError, KeyMapError) as exc:
+            raise ValueError(f"--snapshot.key-map: {exc}") from None
         self.ingestor = Ingestor(
             root, self.store, self.health,
-            max_file_bytes=config.max_file_bytes, max_line_bytes=config.max_line_bytes)
+            max_file_bytes=config.max_file_bytes, max_line_bytes=config.max_line_bytes,
+            key_map=key_map)
         self.watcher = SnapshotWatcher(
             self.ingestor, poll=config.poll, poll_interval=config.poll_interval,
             rescan_interval=config.rescan_interval, run_timeout=config.run_timeout,

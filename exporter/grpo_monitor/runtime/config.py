@@ -91,6 +91,8 @@ class ExporterConfig:
     run_timeout: float = 3600.0
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    # The user's names for the canonical keys, for every run (contract/key_map.py); None: none.
+    key_map_file: Path | None = None
     limits: Limits = field(default_factory=Limits)
     # NVML GPU health (collectors/gpu.py): off the scrape path, every gpu_interval seconds.
     gpu_collector: bool = True

@@ -172,6 +172,23 @@ RECORDS_MAX = Family(
 RECORDS_MEDIAN = Family(
     "grpo_records_median", "gauge",
     "Median of the signal's last `records` logged values, before its newest offset_records ones.")
+FIRST_RECORDS_MEDIAN = Family(
+    "grpo_first_records_median", "gauge",
+    "Median of the signal's first 3 logged values other than exactly 0: the reference of the cards "
+    "that judge a run from its first records, counted in records, whatever the logging interval.")
+# The held-out score on its own sparse points (signals.HeldOutTracker).
+HELDOUT_BEST = Family(
+    "grpo_heldout_best_score", "gauge", "Best held-out score the run has logged so far.")
+HELDOUT_RECENT = Family(
+    "grpo_heldout_recent_score", "gauge",
+    "The better of the run's last 2 held-out scores: under a line only when both are.")
+HELDOUT_NOISE = Family(
+    "grpo_heldout_noise_score", "gauge",
+    "Median absolute change between two consecutive held-out scores: their noise.")
+HELDOUT_POINTS = Family("grpo_heldout_points", "gauge", "Held-out scores the run has logged.")
+HELDOUT_REWARD_AT_BEST = Family(
+    "grpo_heldout_reward_at_best", "gauge",
+    "The training reward's 20-step mean when the best held-out score was logged.")
 # The entropy-reward law R = -a*exp(H) + b, fitted per rank on 10-step block means (forecast.py).
 FORECAST_LAW_SCALE = Family(
     "grpo_forecast_law_scale", "gauge",
@@ -196,7 +213,8 @@ PROMPT_TYPE_INITIAL_MEAN = Family(
 FEATURE_FAMILIES: tuple[Family, ...] = (
     BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
     WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
-    WINDOW_NONFINITE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
+    WINDOW_NONFINITE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FIRST_RECORDS_MEDIAN,
+    HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
     FORECAST_POINTS, PROMPT_TYPE_WINDOW_MEAN, PROMPT_TYPE_INITIAL_MEAN)
 
 # One Family per distinct metric name, in catalog order; the quantile signals share theirs.

@@ -46,6 +46,9 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
     "invalid_events": ("a malformed `events` list", "the record's metrics"),
     "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),
     "invalid_control": ("a malformed `.grpo-baseline.json` re-baseline request", "the current baseline"),
+    "invalid_key_map": ("a run folder's `.grpo-keys.toml` that is no key map (bad TOML, a name "
+                        "mapped to no canonical key, a bad scale); once per change",
+                        "the run's records, read with `--snapshot.key-map`'s names alone"),
     SYMLINK: ("a symbolic link in the snapshot folder, to a file or a folder, wherever it points "
               "(never followed: docs/security.md); once per path",
               "nothing of it; the rest of the tree"),

@@ -39,6 +39,7 @@ from grpo_monitor.contract.snapshot import (
     identity_from_path,
     parse_record,
 )
+from grpo_monitor.contract.key_map import KEY_MAP_FILE, MAX_KEY_MAP_BYTES, KeyMap, KeyMapError
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.rebaseline import RebaselineRequest
 from grpo_monitor.runtime.store import RunStore
@@ -68,7 +69,8 @@ JSON_WHITESPACE = b" \t\r"
 CLOCK_SLACK_NS = 2_000_000_000
 # Listings of a folder while its writers rotate, to find where a rotated file went (_catch_up).
 CATCH_UP_LISTINGS = 3
-
+# Hidden files the scan hands to process(): a run's re-baseline request and key map.
+_CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
 
 
 @dataclass
@@ -101,8 +103,14 @@ class Ingestor:
         *,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        key_map: KeyMap | None = None,
     ) -> None:
         self.root = root
+        # --snapshot.key-map's names, for every run; a run folder's .grpo-keys.toml goes on top.
+        self.key_map = key_map
+        # run folder name -> its key map over the flag's (None: neither has one), read at the
+        # run's first record and again whenever its file changes.
+        self._run_key_maps: dict[str, KeyMap | None] = {}
         self.store = store
         self.health = health
         self.max_file_bytes = max_file_bytes
@@ -289,9 +297,9 @@ class Ingestor:
                 # names that are no snapshot, the most of a large tree).
                 for entry in entries:
                     name = entry.name
-                    if is_hidden(name) and name != REBASELINE_REQUEST:
+                    if is_hidden(name) and name not in _CONTROL_NAMES:
                         continue
-                    if not name.endswith(SNAPSHOT_SUFFIXES) and name != REBASELINE_REQUEST:
+                    if not name.endswith(SNAPSHOT_SUFFIXES) and name not in _CONTROL_NAMES:
                         if entry.is_symlink():
                             self._refuse(folder / name, Refused(folder / name, SYMLINK,
                                                                 "a symbolic link"))
@@ -384,6 +392,10 @@ class Ingestor:
         self.unfinished.pop(path, None)
         if path.name == REBASELINE_REQUEST:
             self._control(path)
+            return
+        if path.name == KEY_MAP_FILE:
+            self._run_key_maps.pop(self._run_folder(path) or "", None)  # read at its next record
+            self._refused.pop(path, None)
             return
         if not is_snapshot_path(path, self.root):
             if self._visible(path):
@@ -703,11 +715,44 @@ class Ingestor:
         # incomplete, and read again on its next change.
         self._record(path, data, st.st_mtime, whole_file=True)
 
+    def _run_folder(self, path: Path) -> str | None:
+        """The name of the run folder ``path`` lies in; None for a file at the root."""
+        parts = path.relative_to(self.root).parts
+        return parts[0] if len(parts) > 1 else None
+
+    def key_map_for(self, path: Path) -> KeyMap | None:
+        """The key map of the run ``path`` belongs to: its folder's .grpo-keys.toml over the
+        flag's. A file that cannot be used is counted (invalid_key_map) and the flag's map
+        applies alone."""
+        folder = self._run_folder(path)
+        if folder is None:
+            return self.key_map
+        if folder in self._run_key_maps:
+            return self._run_key_maps[folder]
+        where = self.root / folder / KEY_MAP_FILE
+        found = self.key_map
+        try:
+            data = read_regular(self.root, where, MAX_KEY_MAP_BYTES + 1)
+            if len(data) > MAX_KEY_MAP_BYTES:
+                raise KeyMapError(f"over {MAX_KEY_MAP_BYTES} bytes")
+            found = KeyMap.parse(data, str(where)).over(self.key_map)
+            log.info("run %s: key map %s, %d names", folder, where, len(found.names))
+        except FileNotFoundError:
+            pass
+        except Refused as exc:
+            self._refuse(where, exc)
+        except KeyMapError as exc:
+            self.error(where, "invalid_key_map", str(exc))
+        except OSError as exc:  # a folder of that name, a permission
+            self.error(where, "read_error", os.strerror(exc.errno or errno.EIO))
+        self._run_key_maps[folder] = found
+        return found
+
     def _record(self, path: Path, raw: bytes, mtime: float, whole_file: bool = False) -> bool:
         run, rank = identity_from_path(path, self.root)
         try:
             snap = parse_record(decode_record(raw, whole_file=whole_file), run=run, rank=rank,
-                                mtime=mtime)
+                                mtime=mtime, key_map=self.key_map_for(path))
         except RecordError as exc:
             self.error(path, exc.reason, str(exc))
             return False

@@ -88,6 +88,28 @@ RECORD_KEYS: frozenset[str] = frozenset(CARDS_BY_NAME["GRPOTrainingBlowUp"].keys
 # (records, offset_records, fewest records published)
 RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
     (RECENT_RECORDS, 0, RECENT_RECORDS), (REFERENCE_RECORDS, REFERENCE_OFFSET_RECORDS, REFERENCE_MIN_RECORDS))
+# Published besides: the last PERSISTENCE_RECORDS records, "in each of its last 3 records", the
+# persistence of the cards that judge a run from its first records (an entropy cliff in a run's
+# first steps).
+PUBLISHED_RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
+    *RECORD_WINDOWS, (PERSISTENCE_RECORDS, 0, PERSISTENCE_RECORDS))
+# The first records of a signal (FIRST_RECORDS of them, exact zeros left out) give the reference
+# of the cards that must judge a run from its first few records: their median, published as
+# grpo_first_records_median once there are that many. Counted in records, so a run logging every
+# 10th step has it at its 3rd record; exact zeros left out, since KL is exactly 0 at step 1 (the
+# policy is the reference) and a 0 is no scale for a ratio.
+FIRST_RECORDS = 3
+# Windows of offset 0 that, on a short run, cover the run so far (from its PERSISTENCE_RECORDS-th
+# record) instead of waiting until the run is as long as the window: a 14-step run is judged on
+# its 14 steps, not never. Only these: the working level and floor (RANGE_WINDOW) and every
+# window shifted into the past still need the whole window.
+EARLY_WINDOWS: frozenset[int] = frozenset({20, 50})
+# The held-out score (validation, a gold reward), logged at its own sparse cadence: judged on its
+# own points, not on step windows (HeldOutTracker).
+HELDOUT_KEY = "eval/heldout_score"
+HELDOUT_RECENT_POINTS = 2  # a fall counts when its last 2 points are both below
+HELDOUT_MAX_POINTS = 1000  # points kept for the noise estimate
+REWARD_LEVEL_WINDOW = 20  # the training reward's level beside a held-out point: its 20-step mean
 HISTORY = max(w + o for w, o in TRAINING_MEANS)  # values kept per key: 400 steps when logged every step
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
 # stalls the step (background.md#checkpoint-io: filter the save's IO spike before judging throughput). A stall,
@@ -138,6 +160,11 @@ class KeyHistory:
     rising: int = 0  # consecutive rising RISING_WINDOW means, judged at each window boundary
     last_block_mean: float | None = None
     block: int | None = None  # step // RISING_WINDOW of the last value
+    # The first FIRST_RECORDS values other than exactly 0; a resume keeps them.
+    first_records: list[float] = field(default_factory=list)
+    # Whether the history holds every value since the key's first: an EARLY_WINDOWS window may
+    # then cover the run so far.
+    since_start: bool = True
 
     def restart(self, step: int) -> None:
         """The run went back to ``step`` (resumed from a checkpoint): the windows start over
@@ -146,6 +173,7 @@ class KeyHistory:
         self.values.clear()
         self.nonfinite_steps.clear()
         self.first_step = step
+        self.since_start = False
         self.rising, self.last_block_mean, self.block = 0, None, None
 
     def put(self, step: int, value: float, initial_steps: int) -> None:
@@ -156,6 +184,13 @@ class KeyHistory:
         self.steps.append(step)
         self.values.append(value)
         self.add_initial(step, value, initial_steps)
+        if len(self.first_records) < FIRST_RECORDS and value != 0:
+            self.first_records.append(value)
+
+    def first_records_median(self) -> float | None:
+        if len(self.first_records) < FIRST_RECORDS:
+            return None
+        return percentile(self.first_records, 0.5)
 
     def add_initial(self, step: int, value: float, initial_steps: int) -> None:
         """The key's own first steps make its initial reference: a key first logged late (an
@@ -185,11 +220,14 @@ class KeyHistory:
             if s > now - initial_steps:
                 self.initial.add(v)
 
-    def window(self, now: int, window: int, offset: int, at_least: int = 1) -> list[float] | None:
+    def window(self, now: int, window: int, offset: int, at_least: int = 1,
+               early: bool = False) -> list[float] | None:
         """The values of steps (now - offset - window, now - offset], or of the last
         ``at_least`` records up to now - offset where the window holds fewer; None while the
-        history does not reach back that far."""
-        points = self.window_points(now, window, offset, at_least)
+        history does not reach back that far, unless ``early``: then a window of offset 0 over
+        a history that holds the key's every value covers them all, from PERSISTENCE_RECORDS (or
+        ``at_least``) of them."""
+        points = self.window_points(now, window, offset, at_least, early)
         return None if points is None else points[1]
 
     def records(self, count: int, offset: int, fewest: int) -> list[float] | None:
@@ -200,12 +238,16 @@ class KeyHistory:
             return None
         return [self.values[i] for i in range(max(0, end - count), end)]
 
-    def window_points(self, now: int, window: int, offset: int,
-                      at_least: int = 1) -> tuple[list[int], list[float]] | None:
+    def window_points(self, now: int, window: int, offset: int, at_least: int = 1,
+                      early: bool = False) -> tuple[list[int], list[float]] | None:
         """The steps and values of steps (now - offset - window, now - offset], as window()."""
         start = now - offset - window
         if self.first_step is None or self.first_step > start + 1 or (
                 len(self.steps) == self.steps.maxlen and self.steps[0] > start + 1):
+            if (early and offset == 0 and self.since_start
+                    and len(self.steps) >= max(at_least, PERSISTENCE_RECORDS)
+                    and len(self.steps) < (self.steps.maxlen or 0)):
+                return list(self.steps), list(self.values)
             return None
         steps = list(self.steps)
         lo, hi = bisect_right(steps, start), bisect_right(steps, now - offset)
@@ -297,6 +339,66 @@ class Features:
     # key, records, offset_records, min, max, median (RECORD_WINDOWS)
     records: list[tuple[str, int, int, float, float, float]] = field(default_factory=list)
     law: LawFit | None = None
+    first_records: dict[str, float] = field(default_factory=dict)  # key -> FIRST_RECORDS median
+    heldout: HeldOutFeatures | None = None
+
+
+@dataclass(frozen=True)
+class HeldOutFeatures:
+    """The held-out score judged on its own points: its best so far, the better of its last
+    HELDOUT_RECENT_POINTS, the typical change between two consecutive points (its noise), how
+    many points, and the training reward's level when the best point was logged."""
+
+    best: float
+    recent: float
+    noise: float
+    points: int
+    reward_at_best: float | None
+
+
+@dataclass
+class HeldOutTracker:
+    """The held-out score's sparse points (one per evaluation), not step windows: an evaluation
+    every 50 steps has one point in a 50-step window."""
+
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    best: float | None = None
+    reward_at_best: float | None = None
+
+    def add(self, step: int, value: float, reward_level: float | None) -> None:
+        if self.steps and self.steps[-1] == step:  # a second record of the step wins
+            self.steps.pop()
+            self.values.pop()
+            self._rebest()
+        self.steps.append(step)
+        self.values.append(value)
+        if self.best is None or value > self.best:
+            self.best, self.reward_at_best = value, reward_level
+        if len(self.values) > HELDOUT_MAX_POINTS:
+            del self.steps[0], self.values[0]
+
+    def restart(self, step: int) -> None:
+        """The run went back to ``step``: its points from there on are undone."""
+        while self.steps and self.steps[-1] >= step:
+            self.steps.pop()
+            self.values.pop()
+        self._rebest()
+
+    def _rebest(self) -> None:
+        if not self.values:
+            self.best, self.reward_at_best = None, None
+        elif self.best not in self.values:
+            self.best = max(self.values)  # the reward level of then is not kept: unknown now
+            self.reward_at_best = None
+
+    def features(self) -> HeldOutFeatures | None:
+        if self.best is None:
+            return None
+        diffs = [abs(b - a) for a, b in zip(self.values, self.values[1:])]
+        noise = percentile(diffs, 0.5) if diffs else 0.0
+        recent = max(self.values[-HELDOUT_RECENT_POINTS:])
+        return HeldOutFeatures(self.best, recent, noise, len(self.values), self.reward_at_best)
 
 
 class RankSignals:
@@ -310,6 +412,7 @@ class RankSignals:
         self.step = 0
         self.keys: dict[str, KeyHistory] = {}
         self.law = LawTracker()
+        self.heldout = HeldOutTracker()
 
     @property
     def ready(self) -> bool:
@@ -338,6 +441,7 @@ class RankSignals:
         elif step < self.step:
             for h in self.keys.values():
                 h.restart(step)
+            self.heldout.restart(step)
         self.step = step
         self.law.add(step, values)
         in_baseline = not self.ready
@@ -359,6 +463,16 @@ class RankSignals:
         for h in self.keys.values():
             while h.nonfinite_steps and h.nonfinite_steps[0] <= step - NONFINITE_WINDOW:
                 h.nonfinite_steps.popleft()
+        score = values.get(HELDOUT_KEY)
+        if score is not None and math.isfinite(score):
+            self.heldout.add(step, score, self._reward_level(step))
+
+    def _reward_level(self, step: int) -> float | None:
+        """The training reward's REWARD_LEVEL_WINDOW-step mean at ``step`` (the run so far when
+        shorter)."""
+        h = self.keys.get(LAW_REWARD)
+        chunk = None if h is None else h.window(step, REWARD_LEVEL_WINDOW, 0, 1, early=True)
+        return None if not chunk else sum(chunk) / len(chunk)
 
     def _advance_range(self, h: KeyHistory, step: int) -> None:
         """Track the highest and lowest complete RANGE_WINDOW-step mean of the key."""
@@ -412,6 +526,7 @@ class RankSignals:
         nonfinite: dict[str, int] = {}
         slopes: list[tuple[str, int, float]] = []
         records: list[tuple[str, int, int, float, float, float]] = []
+        first_records: dict[str, float] = {}
         for key, h in self.keys.items():
             # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
@@ -423,7 +538,7 @@ class RankSignals:
             perf = is_perf(key)
             by_window: dict[tuple[int, int], float] = {}
             for window, offset in PERF_MEANS if perf else TRAINING_MEANS:
-                chunk = h.window(now, window, offset)
+                chunk = h.window(now, window, offset, early=not perf and window in EARLY_WINDOWS)
                 if chunk is not None:
                     by_window[window, offset] = mean = sum(chunk) / len(chunk)
                     means.append((key, window, offset, mean))
@@ -439,7 +554,7 @@ class RankSignals:
             if perf:
                 continue
             for window in TRAINING_PERCENTILES:
-                chunk = h.window(now, window, 0, PERSISTENCE_RECORDS)
+                chunk = h.window(now, window, 0, PERSISTENCE_RECORDS, early=window in EARLY_WINDOWS)
                 if chunk is not None:
                     percentiles.append((key, window, percentile(chunk, 0.1), percentile(chunk, 0.9)))
             for window in SLOPE_WINDOWS:
@@ -447,18 +562,21 @@ class RankSignals:
                 trend = None if points is None else slope(*points)
                 if trend is not None:
                     slopes.append((key, window, trend))
-            for count, offset, fewest in RECORD_WINDOWS if key in RECORD_KEYS else ():
+            for count, offset, fewest in PUBLISHED_RECORD_WINDOWS if key in RECORD_KEYS else ():
                 values = h.records(count, offset, fewest)
                 if values is not None:
                     records.append((key, count, offset, min(values), max(values), percentile(values, 0.5)))
             if (first := h.initial_mean(now, self.initial_steps)) is not None:
                 initial[key] = first
+            if (median := h.first_records_median()) is not None:
+                first_records[key] = median
             if h.range_max is not None and h.range_min is not None:
                 ranges[key] = (h.range_min, h.range_max)
             if h.last_block_mean is not None:
                 rising[key] = h.rising
         return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
-                        rising, nonfinite, slopes, records, self.law.fit())
+                        rising, nonfinite, slopes, records, self.law.fit(), first_records,
+                        self.heldout.features())
 
 
 class PromptTypeSignals:

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 
 from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.cards import MINIMUM_CURVES, Armed, RunShape, armed_table
-from grpo_monitor.contract.keys import SIGNALS, SIGNALS_BY_KEY, closest_names, framework_of
+from grpo_monitor.contract.keys import (
+    SIGNALS,
+    SIGNALS_BY_KEY,
+    closest_names,
+    framework_of,
+    is_known_unmapped,
+)
 from grpo_monitor.contract.snapshot import Snapshot
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.signals import (
@@ -219,6 +225,15 @@ class RankState:
             out[ex.RECORDS_MIN.name].append(f"{ex.RECORDS_MIN.name}{{{lbl}}} {fv(lo)}\n")
             out[ex.RECORDS_MAX.name].append(f"{ex.RECORDS_MAX.name}{{{lbl}}} {fv(hi)}\n")
             out[ex.RECORDS_MEDIAN.name].append(f"{ex.RECORDS_MEDIAN.name}{{{lbl}}} {fv(median)}\n")
+        for key, median in f.first_records.items():
+            out[ex.FIRST_RECORDS_MEDIAN.name].append(
+                f'{ex.FIRST_RECORDS_MEDIAN.name}{{{base},key="{key}"}} {fv(median)}\n')
+        if (held := f.heldout) is not None:
+            for fam, value in ((ex.HELDOUT_BEST, held.best), (ex.HELDOUT_RECENT, held.recent),
+                               (ex.HELDOUT_NOISE, held.noise), (ex.HELDOUT_POINTS, held.points),
+                               (ex.HELDOUT_REWARD_AT_BEST, held.reward_at_best)):
+                if value is not None:
+                    out[fam.name].append(f"{fam.name}{{{base}}} {fv(value)}\n")
         if f.law is not None:
             for fam, value in ((ex.FORECAST_LAW_SCALE, f.law.a), (ex.FORECAST_LAW_OFFSET, f.law.b),
                                (ex.FORECAST_CEILING, f.law.ceiling), (ex.FORECAST_R2, f.law.r_squared),
@@ -292,6 +307,9 @@ class RunState:
     def note_unknown(self, name: str) -> None:
         """The first sight of a key that maps to no signal: named once in the log, with the
         names it most likely meant, and kept for grpo_unknown_key_info."""
+        if is_known_unmapped(name):  # a framework's own, unmapped on purpose: nothing to say
+            self.closest[name] = []
+            return
         self.closest[name] = close = closest_names(name)
         if close:
             log.warning("run %s logs %r, which maps to no signal: did you mean %s? It is exported "

@@ -41,7 +41,8 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from grpo_monitor.contract.keys import closest_names, match_key
+from grpo_monitor.contract.key_map import KeyMap, KeyMapLike, as_key_map
+from grpo_monitor.contract.keys import closest_names, is_known_unmapped, match_key
 from grpo_monitor.contract.run_layout import (
     check_run_name,
     rank_file,
@@ -169,8 +170,12 @@ class SnapshotWriter:
         keep_segments: int = 16,
         framework: str | None = None,
         warn_unknown_keys: bool = True,
+        key_map: KeyMapLike = None,
     ) -> None:
         check_run_name(run)
+        # The user's names for the canonical keys (contract/key_map.py: a KeyMap, the mapping of
+        # its lines, or the path of its TOML file): a mapped name is written as its key.
+        self.key_map: KeyMap | None = as_key_map(key_map) or None
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         if keep_segments < 0:
@@ -244,6 +249,8 @@ class SnapshotWriter:
         simulations pass their own clock so a run is judged on its steps' times.
         """
         try:
+            if self.key_map is not None:
+                metrics = self._mapped(metrics)
             now = time.time() if timestamp is None else float(timestamp)
             parts = [self._prefix, b"%d" % int(step), b',"time":%r,"metrics":' % now,
                      _encode(metrics)]
@@ -278,13 +285,29 @@ class SnapshotWriter:
             self._warn_unknown(metrics)
         return written
 
+    def _mapped(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """The record's metrics under the key map's names (a scaled one converted)."""
+        assert self.key_map is not None
+        out: dict[str, Any] = {}
+        for name, value in metrics.items():
+            target = self.key_map.get(name) if isinstance(name, str) else None
+            if target is None or target.key is None:
+                out.setdefault(name, value)
+                continue
+            out[target.key] = value if target.scale == 1.0 else float(value) * target.scale
+        return out
+
     def _warn_unknown(self, metrics: Mapping[str, Any]) -> None:
         assert self._seen_keys is not None
         for name in metrics:
             if name in self._seen_keys:
                 continue
             self._seen_keys.add(name)
-            if not isinstance(name, str) or match_key(name) is not None:
+            # A known name, one a framework always logs and the project leaves unmapped on
+            # purpose, or one the key map says is no signal: nothing to warn about.
+            if not isinstance(name, str) or match_key(name) is not None or is_known_unmapped(name):
+                continue
+            if self.key_map is not None and self.key_map.get(name) is not None:
                 continue
             close = closest_names(name)
             hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TextIO
 
 from grpo_monitor.contract.cards import CARDS, MINIMUM_CURVES, missing_cause
-from grpo_monitor.contract.keys import SIGNALS_BY_KEY
+from grpo_monitor.contract.key_map import KEY_MAP_FILE, render_line
+from grpo_monitor.contract.keys import SIGNALS_BY_KEY, is_known_unmapped, match_key, proposals
 from grpo_monitor.contract.run_layout import runs_in
 from grpo_monitor.runtime.health import ERROR_REASONS, ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
@@ -54,6 +55,33 @@ def _cadence(run: RunState) -> str:
     return "every step" if every == 1 else f"every {every:g} steps"
 
 
+def _how(name: str) -> str:
+    """How a logged name was read, where it was no listed name: said so a person can check."""
+    hit = match_key(name)
+    how = {"heldout": "a held-out score by its namespace",
+           "vocabulary": "matched by its words (docs/snapshot-format.md#names-nobody-listed)",
+           "qualified": "a subset's value, read where the record has no plain one"}
+    return f"   ({how[hit.how]})" if hit is not None and hit.how in how else ""
+
+
+def _key_map_lines(unknown: dict[str, list[str]], read: set[str]) -> list[str]:
+    """Key map lines for the unknown names the vocabulary proposes a key for (nearest first,
+    the others as comments); a key the run already logs under another name is proposed all the
+    same, since the person may prefer theirs."""
+    lines = []
+    for name in sorted(unknown):
+        keys = proposals(name)
+        if not keys:
+            continue
+        line = render_line(name, keys[0])
+        if len(keys) > 1:
+            line += "   # or: " + ", ".join(keys[1:])
+        if keys[0] in read:
+            line += "   # the run logs this key already"
+        lines.append(line)
+    return lines
+
+
 def describe(run: RunState, out: TextIO) -> bool:
     """Print what the exporter makes of one run; whether it logs every minimum curve."""
     ranks = sorted(run.ranks)
@@ -69,12 +97,23 @@ def describe(run: RunState, out: TextIO) -> bool:
     out.write("  keys read as signals:\n")
     for key in sorted(names):
         shown = names[key] if names[key] == key else f"{names[key]} -> {key}"
-        out.write(f"    {shown}\n")
-    if run.closest:
+        out.write(f"    {shown}{_how(names[key])}\n")
+    unknown = {n: c for n, c in run.closest.items() if not is_known_unmapped(n)}
+    if unknown:
         out.write("  keys that map to no signal (exported as grpo_metric_value, read by no card):\n")
-        for name, close in sorted(run.closest.items()):
+        for name, close in sorted(unknown.items()):
             hint = f"  <- did you mean {' or '.join(close)}?" if close else ""
             out.write(f"    {name}{hint}\n")
+    if framework_own := len(run.closest) - len(unknown):
+        out.write(f"  and {framework_own} name(s) its framework always logs, unmapped on purpose "
+                  f"(other statistics, counters, timings)\n")
+    lines = _key_map_lines(unknown, set(names))
+    if lines:
+        out.write(f"  a key map for the names that may stand for a signal: check each line, keep the "
+                  f"true ones, and paste them into {run.name}/{KEY_MAP_FILE} (or the file of "
+                  f"--snapshot.key-map):\n")
+        for line in lines:
+            out.write(f"    {line}\n")
     missing = [k for k in MINIMUM_CURVES if k not in run.key_ranks]
     out.write("  minimum curves: " + ", ".join(
         f"{k} {'missing' if k in missing else 'ok'}" for k in MINIMUM_CURVES) + "\n")

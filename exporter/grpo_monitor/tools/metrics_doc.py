@@ -101,7 +101,9 @@ FEATURES = """
 ## Step-window features
 
 Per (run, rank) and canonical `key`, over the rank's step history (a window counts steps, not
-logged values: a key logged every 10 steps has 5 values in a 50-step window). The alert rules
+logged values: a key logged every 10 steps has 5 values in a 50-step window; on a run shorter
+than a {early}-step window of offset 0, the window is the run so far, from its
+{persist}rd record). The alert rules
 compare them to the thresholds (`grpo:threshold:*`, generated from
 `exporter/grpo_monitor/contract/thresholds.py`); [signals.md](signals.md) explains each.
 
@@ -121,6 +123,8 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 | `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
 | `{slope}` | run, rank, key, window_steps | least-squares slope per step over the last {slope_w} steps: where the signal is heading (training keys) |
 | `{rmin_rec}`, `{rmax_rec}`, `{rmed_rec}` | run, rank, key, records, offset_records | min / max / median of the last `records` logged values before the newest `offset_records`, windows counted in records, not steps, for the keys the blow-up card reads ({rec_keys}): {rec_windows} |
+| `{first_rec}` | run, rank, key | median of the signal's first {first_n} logged values other than exactly 0 (training keys): the reference of the cards that judge a run from its first records |
+| `{h_best}`, `{h_recent}`, `{h_noise}`, `{h_points}`, `{h_reward}` | run, rank | the held-out score (`{h_key}`) on its own sparse points: its best so far, the better of its last {h_recent_n}, the median change between two consecutive points, how many, and the training reward's {h_level}-step mean when the best point was logged |
 | `{ptmean}` | run, rank, prompt_type, key, window_steps, offset_steps | per prompt type (a record's `by_type`), for {pt_keys}: mean over {pt_means} |
 | `{ptinit}` | run, rank, prompt_type, key | per prompt type, for {pt_keys}: mean over the type's first {init} steps |
 
@@ -251,8 +255,14 @@ def render() -> str:
         persist=sig.PERSISTENCE_RECORDS, rmin_rec=ex.RECORDS_MIN.name, rmax_rec=ex.RECORDS_MAX.name,
         rmed_rec=ex.RECORDS_MEDIAN.name,
         rec_keys=", ".join(f"`{k}`" for k in sorted(sig.RECORD_KEYS)),
-        rec_windows=", ".join(f"{n}@{o} (up to {n}, published from {f})" for n, o, f in sig.RECORD_WINDOWS)
+        rec_windows=", ".join(f"{n}@{o} (up to {n}, published from {f})"
+                              for n, o, f in sig.PUBLISHED_RECORD_WINDOWS)
         + " (records@offset_records)",
+        early=" or ".join(map(str, sorted(sig.EARLY_WINDOWS))),
+        first_rec=ex.FIRST_RECORDS_MEDIAN.name, first_n=sig.FIRST_RECORDS,
+        h_best=ex.HELDOUT_BEST.name, h_recent=ex.HELDOUT_RECENT.name, h_noise=ex.HELDOUT_NOISE.name,
+        h_points=ex.HELDOUT_POINTS.name, h_reward=ex.HELDOUT_REWARD_AT_BEST.name,
+        h_key=sig.HELDOUT_KEY, h_recent_n=sig.HELDOUT_RECENT_POINTS, h_level=sig.REWARD_LEVEL_WINDOW,
         ptmean=ex.PROMPT_TYPE_WINDOW_MEAN.name, ptinit=ex.PROMPT_TYPE_INITIAL_MEAN.name,
         pt_keys=", ".join(f"`{k}`" for k in sig.PROMPT_TYPE_KEYS), pt_means=_pairs(sig.PROMPT_TYPE_MEANS),
         block=forecast.BLOCK_STEPS, law_h=sig.LAW_ENTROPY, law_r=sig.LAW_REWARD,

@@ -25,7 +25,7 @@ import numpy as np
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.run_layout import REPORT_FOLDER, runs_in
 from grpo_monitor.runtime.forecast import BLOCK_STEPS
-from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
+from grpo_monitor.runtime.signals import HELDOUT_KEY, LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.load import RunData, load_run
 from grpo_monitor.tools.report.statistics import RunView, law_blocks
 from grpo_monitor.tools.report.summary import summarize
@@ -220,7 +220,8 @@ def _without(spans: list[Span], cut: list[Span]) -> list[Span]:
 
 
 def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None = None) -> bytes:
-    """curves.png: reward (p25-p75 band), KL, loss, entropy, length; each sick verdict's steps
+    """curves.png: reward (p25-p75 band), the held-out score, KL, loss, entropy, length; each
+    sick verdict's steps
     shaded in its card's colour (red for critical, yellow for warning; red where both), with a
     legend naming the verdicts of each colour. Host verdicts are not shaded."""
     import matplotlib
@@ -229,8 +230,10 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
     from matplotlib.patches import Patch
 
     steps = np.array(data.steps, dtype=float)
-    panels = [k for k in ("reward/mean", "kl/mean", "loss", "entropy/mean", "response/len_mean")
-              if data.has(k)] or ["reward/mean"]
+    # The three curves (reward, KL, loss), the held-out score beside the reward (its own sparse
+    # points: the truth the reward stands in for), entropy and length.
+    panels = [k for k in ("reward/mean", HELDOUT_KEY, "kl/mean", "loss", "entropy/mean",
+                          "response/len_mean") if data.has(k)] or ["reward/mean"]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 * len(panels)), sharex=True,
                              squeeze=False)
     shaded = {sev: [v for v in verdicts if v["severity"] == sev and v["id"] not in HOST_VERDICTS]
@@ -244,7 +247,11 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
             ax.fill_between(steps, _drawable(data.series("reward/p25")),
                             _drawable(data.series("reward/p75")), alpha=0.25, color="tab:blue",
                             label="p25-p75")
-        ax.plot(steps, y, lw=0.8, color="tab:blue", label=key)
+        if key == HELDOUT_KEY:  # one point per evaluation: joined over the steps between
+            at = np.isfinite(y)
+            ax.plot(steps[at], y[at], lw=0.8, marker="o", ms=2.5, color="tab:green", label=key)
+        else:
+            ax.plot(steps, y, lw=0.8, color="tab:blue", label=key)
         for sev, parts in spans.items():
             for lo, hi in parts:
                 ax.axvspan(lo, hi, alpha=0.18, color=SPAN_COLOURS[sev][1], lw=0)

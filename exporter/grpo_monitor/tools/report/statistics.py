@@ -21,6 +21,8 @@ import numpy as np
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, block_means
 from grpo_monitor.runtime.signals import (
+    EARLY_WINDOWS,
+    HISTORY,
     INITIAL_STEPS,
     LAW_ENTROPY,
     LAW_REWARD,
@@ -125,8 +127,9 @@ class Track:
 
     def rolling(self, window: int, stat: str, offset: int = 0) -> np.ndarray:
         """``stat`` ("mean", "p10", "p90") of the values of steps (t - offset - window, t - offset]
-        at each step t; NaN while the history does not reach back that far (signals.KeyHistory).
-        A percentile rests on at least PERSISTENCE_RECORDS records, as the exporter's does."""
+        at each step t; NaN while the history does not reach back that far (signals.KeyHistory),
+        but for an EARLY_WINDOWS window of offset 0, which covers the run so far. A percentile
+        rests on at least PERSISTENCE_RECORDS records, as the exporter's does."""
         ends = self.steps - offset
         starts = ends - window
         lo = np.searchsorted(self.steps, starts, side="right")
@@ -136,6 +139,12 @@ class Track:
         if q is not None:
             lo = np.minimum(lo, hi - PERSISTENCE_RECORDS)
             full &= lo >= 0
+        if window in EARLY_WINDOWS and offset == 0:
+            # On a run shorter than the window, the window is the run so far, from its
+            # PERSISTENCE_RECORDS-th record (signals.KeyHistory.window_points, early=True).
+            young = ~full & (hi >= PERSISTENCE_RECORDS) & (hi < HISTORY)
+            lo = np.where(young, 0, lo)
+            full |= young
         out = np.full(self.steps.size, math.nan)
         for i in np.flatnonzero(full):
             chunk = self.values[lo[i]:hi[i]]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
-from grpo_monitor.contract.cards import CARDS_BY_NAME, MINIMUM_CURVES, RunShape, arm
+from grpo_monitor.contract.cards import CARDS_BY_NAME, MINIMUM_CURVES, OPTIONAL_SIGNALS, RunShape, arm
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime.forecast import (
     BLOCK_STEPS,
@@ -95,13 +95,17 @@ def run_shape(view: RunView) -> RunShape:
 def not_judged(view: RunView) -> list[dict[str, Any]]:
     """The verdicts of a card the run could not have raised, and why (the card's declaration
     against what the run logged): ``missing_signal`` with the keys it needs, ``baseline_pending``
-    (the run is shorter than the baseline period), ``not_applicable``."""
+    (the run is shorter than the baseline period), ``not_applicable``. A card that waits only for
+    an optional signal (cards.OPTIONAL_SIGNALS: a held-out score) is left out, as the coverage
+    card leaves it out."""
     shape = run_shape(view)
     out = []
     for kind in VERDICTS.values():
         if kind.card is None or kind.card not in CARDS_BY_NAME:
             continue
         armed = arm(CARDS_BY_NAME[kind.card], shape)
+        if armed.reason == "missing_signal" and set(armed.needs) <= OPTIONAL_SIGNALS:
+            continue  # a held-out score many runs never log: no coverage card says it either
         if armed.reason != "armed":
             out.append({"verdict": kind.id, "card": kind.card, "reason": armed.reason,
                         "why": armed.explanation})

@@ -34,8 +34,11 @@ from grpo_monitor.contract import thresholds as th
 from grpo_monitor.runtime.signals import (
     GROWTH_OFFSETS,
     GROWTH_WINDOW,
+    HELDOUT_KEY,
+    HELDOUT_RECENT_POINTS,
     LAW_ENTROPY,
     RECORD_WINDOWS,
+    REWARD_LEVEL_WINDOW,
     SLOPE_WINDOWS,
 )
 from grpo_monitor.tools.report.load import RunData
@@ -613,13 +616,16 @@ def entropy_explosion(view: RunView) -> Finding | None:
 # which falls below all of its earlier records.
 BLOWUP_SIGNALS: tuple[tuple[str, str | None], ...] = (
     ("entropy/mean", "blowup_ratio"), ("kl/mean", "blowup_ratio"), ("grad/norm", "blowup_ratio"),
-    ("response/len_mean", "blowup_length_ratio"), ("reward/mean", None))
+    ("response/len_mean", "blowup_length_ratio"), ("reward/mean", None),
+    ("response/clip_ratio", "blowup_ratio"))
+# Signals whose rise counts only above a level of their own: (key, threshold of that level).
+BLOWUP_LEVELS: dict[str, str] = {"response/clip_ratio": "blowup_truncated_ratio"}
 
 
 @verdict("training_blow_up", "critical",
-         f"{th.count('blowup_min_signals')} or more of entropy, KL, grad norm, response length and "
-         "reward left the range of their earlier records together within 2 logged records: the "
-         "run is collapsing", card="GRPOTrainingBlowUp")
+         f"{th.count('blowup_min_signals')} or more of entropy, KL, grad norm, response length, "
+         "reward and the truncated share left the range of their earlier records together within "
+         "2 logged records: the run is collapsing", card="GRPOTrainingBlowUp")
 def training_blow_up(view: RunView) -> Finding | None:
     """GRPOTrainingBlowUp: at a step, at least blowup_min_signals of BLOWUP_SIGNALS beyond their
     earlier records (the last RECORD_WINDOWS window against the one before); once raised, held
@@ -643,8 +649,11 @@ def training_blow_up(view: RunView) -> Finding | None:
             with np.errstate(invalid="ignore"):
                 out = (last > factor * tr.records(ref, ref_off, ref_min, "median")) & \
                     (last > tr.records(ref, ref_off, ref_min, "max"))
+                if key in BLOWUP_LEVELS:
+                    out &= last > th.value(BLOWUP_LEVELS[key])
                 up = last > factor * tr.floor()
-            high += tr.asof(steps, up.astype(float)) == 1
+            if key not in BLOWUP_LEVELS:  # the card's hold reads the four rising signals
+                high += tr.asof(steps, up.astype(float)) == 1
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios[f"{key}_ratio"] = tr.asof(steps, last / tr.records(ref, ref_off, ref_min, "median"))
         moved += tr.asof(steps, out.astype(float)) == 1
@@ -666,15 +675,22 @@ def reward_collapse(view: RunView) -> Finding | None:
     """GRPORewardCollapse: reward's p90 over the sustain window in the lowest quarter of the
     range between the run's floor and working level (its lowest and highest short-window mean
     so far), a range of at least half the largest short-window mean of the reward's
-    within-batch stddev so far."""
+    within-batch stddev so far; where no stddev is logged, reward_range_std_ratio of the range
+    between the highest short-window mean of the reward's max and the lowest of its min."""
     tr, std = view.track("reward/mean"), view.track("reward/std")
-    if tr is None or std is None:
+    hi, lo = view.track("reward/max"), view.track("reward/min")
+    if tr is None or (std is None and (hi is None or lo is None)):
         return None
     means = tr.rolling(_short_window(), "mean")
     with np.errstate(invalid="ignore"):
         top, floor = np.fmax.accumulate(means), np.fmin.accumulate(means)
-        spread = np.fmax.accumulate(std.rolling(_short_window(), "mean"))
-    spread_now = std.asof(tr.steps, spread)
+        if std is not None:
+            spread_now = std.asof(tr.steps, np.fmax.accumulate(std.rolling(_short_window(), "mean")))
+        else:
+            assert hi is not None and lo is not None
+            high = hi.asof(tr.steps, np.fmax.accumulate(hi.rolling(_short_window(), "mean")))
+            low = lo.asof(tr.steps, np.fmin.accumulate(lo.rolling(_short_window(), "mean")))
+            spread_now = th.value("reward_range_std_ratio") * (high - low)
     line = floor + th.value("reward_collapse_ratio") * (top - floor)
     needed = th.value("reward_collapse_spread_ratio") * spread_now
     window = th.count("sustain_steps")
@@ -684,6 +700,82 @@ def reward_collapse(view: RunView) -> Finding | None:
     return _found(_flagged(tr, mask, reward_window_p90=p90, working_level=top, floor=floor,
                            limit=line, range_needed=needed),
                   {"window_steps": window}, reward_last=float(tr.values[-1]))
+
+
+def _heldout_points(view: RunView) -> dict[str, np.ndarray] | None:
+    """The held-out score judged on its own points, as the exporter's HeldOutTracker: at each
+    point its best so far, the better of the last HELDOUT_RECENT_POINTS, the median change
+    between consecutive points so far, and the training reward's REWARD_LEVEL_WINDOW-step mean
+    now and when the best point was logged."""
+    tr = view.track(HELDOUT_KEY)
+    if tr is None or tr.values.size < th.count("heldout_min_points"):
+        return None
+    values = tr.values
+    best = np.maximum.accumulate(values)
+    recent = np.array([values[max(0, i + 1 - HELDOUT_RECENT_POINTS):i + 1].max()
+                       for i in range(values.size)])
+    diffs = np.abs(np.diff(values))
+    noise = np.array([float(np.median(diffs[:i])) if i else 0.0 for i in range(values.size)])
+    level = np.full(values.size, math.nan)
+    at_best = np.full(values.size, math.nan)
+    reward = view.track("reward/mean")
+    if reward is not None:
+        # The exporter's reward level: the 20-step mean, or the run so far while it is shorter.
+        means = reward.rolling(REWARD_LEVEL_WINDOW, "mean")
+        so_far = np.cumsum(reward.values) / np.arange(1, reward.values.size + 1)
+        level = reward.asof(tr.steps, np.where(np.isnan(means), so_far, means))
+        best_at = np.array([int(np.flatnonzero(values[:i + 1] == best[i])[0]) for i in range(values.size)])
+        at_best = level[best_at]
+    points = np.arange(1, values.size + 1)
+    return {"steps": tr.steps, "best": best, "recent": recent, "noise": noise, "points": points,
+            "level": level, "level_at_best": at_best}
+
+
+@verdict("heldout_collapse", "critical",
+         f"the held-out score fell under {th.value('heldout_collapse_ratio'):g}x its best in its "
+         "last 2 points: what the policy learns no longer transfers", card="GRPOHeldOutCollapse")
+def heldout_collapse(view: RunView) -> Finding | None:
+    """GRPOHeldOutCollapse: the better of the last 2 held-out points under heldout_collapse_ratio
+    of the best so far, and further under it than heldout_noise_factor times the noise."""
+    p = _heldout_points(view)
+    if p is None:
+        return None
+    fall = p["best"] - p["recent"]
+    mask = ((p["recent"] < th.value("heldout_collapse_ratio") * p["best"]) & (p["best"] > 0)
+            & (fall > th.value("heldout_noise_factor") * p["noise"])
+            & (p["points"] >= th.count("heldout_min_points")))
+    return _points_found(p, mask)
+
+
+@verdict("reward_over_optimization", "warning",
+         "the held-out score fell clearly below its best while the training reward held or rose: "
+         "the policy over-optimises its reward", card="GRPORewardOverOptimization")
+def reward_over_optimization(view: RunView) -> Finding | None:
+    """GRPORewardOverOptimization: the better of the last 2 held-out points more than
+    heldout_drop_ratio of the best and heldout_noise_factor times the noise below the best,
+    while the training reward's level is at or above its level at the best point."""
+    p = _heldout_points(view)
+    if p is None:
+        return None
+    fall = p["best"] - p["recent"]
+    with np.errstate(invalid="ignore"):
+        mask = ((fall > th.value("heldout_drop_ratio") * np.abs(p["best"]))
+                & (fall > th.value("heldout_noise_factor") * p["noise"])
+                & (p["points"] >= th.count("heldout_min_points"))
+                & (p["level"] >= p["level_at_best"]))
+    return _points_found(p, mask)
+
+
+def _points_found(p: dict[str, np.ndarray], mask: np.ndarray) -> Finding | None:
+    idx = np.flatnonzero(mask)
+    if not idx.size:
+        return None
+    i = int(idx[0])
+    return Finding([int(p["steps"][i]), int(p["steps"][idx[-1]])], {
+        "heldout_best": float(p["best"][i]), "heldout_recent": float(p["recent"][i]),
+        "heldout_noise": float(p["noise"][i]), "points_flagged": int(idx.size),
+        **({"reward_level": float(p["level"][i]), "reward_level_at_best": float(p["level_at_best"][i])}
+           if math.isfinite(p["level"][i]) else {})})
 
 
 @verdict("kl_growth_accelerating", "warning",
