@@ -20,7 +20,7 @@ from pathlib import Path
 from grpo_monitor.contract.cards import CARDS, CLUSTER, Card
 from grpo_monitor.runtime.runbook import slug
 
-RUNBOOK = Path(__file__).resolve().parents[1] / "runtime" / "runbook.md"
+TARGET = Path(__file__).resolve().parents[1] / "runtime" / "runbook.md"
 FIRST = "- Red cards:"
 WIDTH = 100
 
@@ -52,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite docs/runbook.md in place")
     args = parser.parse_args(argv)
-    text = RUNBOOK.read_text(encoding="utf-8")
+    text = TARGET.read_text(encoding="utf-8")
     rendered = render(text)
     if args.write:
         if rendered != text:
-            RUNBOOK.write_text(rendered, encoding="utf-8")
+            TARGET.write_text(rendered, encoding="utf-8")
     else:
         sys.stdout.write("\n".join(index()) + "\n")
     return 0

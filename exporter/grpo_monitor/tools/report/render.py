@@ -451,7 +451,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             if runs:
                 print(f"{'=' * 20} {one.name} {'=' * 20}")
             sys.stdout.write(res["text"])
-            written = ", ".join(Path(p).name for p in res["outputs"].values())
+            # The page a person opens first, then the files tools read.
+            first = sorted(res["outputs"].items(), key=lambda kv: kv[0] != "html")
+            written = ", ".join(Path(p).name for _, p in first)
             print(f"\nreport written to {Path(res['outputs']['verdicts']).parent} ({written})\n")
         elif fmt == "html":
             print(res["outputs"]["html"])
