@@ -242,9 +242,10 @@ def test_a_150_step_run_says_its_baseline_cards_wait(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "check", str(tmp_path / "short")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    # Steps 1..150 of a 200-step baseline: the cards that wait for it judge from step 201.
-    assert re.search(r"GRPOGradNormSpike\s+yellow\s+baseline_pending: waits for the baseline period, "
-                     r"51 steps to go", out.stdout), out.stdout
+    # Steps 1..150 of a 200-step baseline, and the writer closed (its end mark): the cards that
+    # wait for the baseline will never judge this run, and check says so.
+    assert re.search(r"GRPOGradNormSpike\s+yellow\s+baseline_pending: the run ended 51 steps "
+                     r"before its baseline period was complete: never judged", out.stdout), out.stdout
     assert "minimum curves: reward/mean ok, kl/mean ok, entropy/mean ok" in out.stdout
 
 
@@ -320,3 +321,30 @@ def test_the_report_says_what_it_could_not_judge(tmp_path: Path) -> None:
     assert "kl_explosion" not in not_judged  # it logs KL, and 500 steps: judged
     assert "minimum curves never logged: entropy/mean, grad/norm (GRPOSignalMissing)" in res["text"]
     assert "  grad_norm_spike (GRPOGradNormSpike): missing_signal, needs grad/norm" in res["text"]
+
+
+def test_check_and_report_say_the_same_of_an_ended_short_run(tmp_path: Path) -> None:
+    # 30 steps and the end mark: the baseline period will never be complete, and both commands
+    # say so in the same words, with the same steps.
+    import io
+
+    from grpo_monitor.tools import report
+    from grpo_monitor.tools.check import check
+
+    run = tmp_path / "short"
+    run.mkdir()
+    rows = [{"step": s, "reward": 0.5, "kl": 0.01, "grad_norm": 0.3} for s in range(0, 30)]
+    rows.append({"step": 29, "events": [{"type": "run_end"}]})
+    (run / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = io.StringIO()
+    check(run, out)
+    said = out.getvalue()
+    assert "steps 0..29, 30 logged steps" in said
+    line = next(ln for ln in said.splitlines() if "GRPOGradNormSpike" in ln)
+    assert line.rstrip().endswith("baseline_pending: the run ended 171 steps before its baseline "
+                                  "period was complete: never judged"), line
+    assert "steps to go" not in said
+    res = report.build_report(run, tmp_path / "out", plots=False)
+    assert "30 logged steps [0, 29]" in res["text"]
+    assert ("grad_norm_spike (GRPOGradNormSpike): baseline_pending, the run ended 171 steps before "
+            "its baseline period was complete: never judged") in res["text"]

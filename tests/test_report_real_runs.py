@@ -164,3 +164,20 @@ def test_verdicts_start_where_their_cards_first_fire(name: str, tmp_path: Path,
     assert {v["card"] for v in verdicts} == set(cards), (cards, verdicts)
     for card, spans in cards.items():
         assert min(v["steps"][0] for v in verdicts if v["card"] == card) == spans[0][0], card
+
+
+def test_the_text_report_names_every_file_it_wrote(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # verl's PPO run has an entropy-reward law, so law.png is written too: the closing line lists
+    # what the folder holds, no more, no less; report.html's "Not judged" is a heading line and a
+    # list of the cards it could not judge (its heading line no bullet of that list).
+    write_snapshots(load(AT_CEILING), tmp_path / "snapshots", AT_CEILING)
+    out = tmp_path / "out"
+    assert cli.main(["report", str(tmp_path / "snapshots" / AT_CEILING), "--out", str(out)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("report written to"))
+    named = set(line.split("(", 1)[1].rstrip(")").split(", "))
+    assert "law.png" in named and named == {p.name for p in out.iterdir()}, (line, sorted(out.iterdir()))
+    html_text = (out / "report.html").read_text()
+    section = html_text.split("<h2>Not judged</h2>", 1)[1].split("<h2>", 1)[0]
+    assert section.startswith("<p>") and "<li>not judged" not in section
+    assert "<ul><li>" in section

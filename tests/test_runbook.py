@@ -340,3 +340,15 @@ def test_the_docs_name_commands() -> None:
     named = [c for path in DOCS for _, c in named_commands(path)]
     assert len(named) > 30 and any(c.startswith("grpo-monitor replay ") for c in named)
     assert not any("peek.py" in path.read_text() for path in DOCS), "peek.py does not exist"
+
+
+def test_the_index_of_cards_is_the_catalogs() -> None:
+    # Generated from contract/cards.py by `make docs`: a card added to the catalog is in the
+    # index, in catalog order, by its severity.
+    from grpo_monitor.contract.cards import CARDS
+    from grpo_monitor.tools import runbook_index
+
+    text = RUNBOOK.read_text()
+    assert runbook_index.render(text) == text, "the runbook's index of cards is stale: run `make docs`"
+    block = "\n".join(runbook_index.index())
+    assert [c.name for c in CARDS if f"[{c.name}](#{c.name.lower()})" in block] == [c.name for c in CARDS]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -401,3 +403,16 @@ def test_optional_input_errors_are_caller_errors() -> None:
         grpo_stats(torch.tensor(REWARDS), correct=torch.tensor([[1, 0]]))
     with pytest.raises(ValueError):
         grpo_stats(torch.tensor(REWARDS_C), correct=torch.tensor(CORRECT), response_lengths=torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("module", ["grpo_monitor.sdk.torch", "grpo_monitor.sdk.checkpoint"])
+def test_without_torch_the_import_says_which_extra_in_one_line(module: str) -> None:
+    # torch blocked as a trainer's environment without it would have it: the error's one line
+    # names the extra and the pip command for this installation, and chains no second traceback.
+    code = f"import sys; sys.modules['torch'] = None\nimport {module}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ModuleNotFoundError: {module} needs torch, which a plain install "
+                           "leaves out (the torch extra): pip install"), last
+    assert "[torch]" in last and "During handling" not in proc.stderr

@@ -110,6 +110,10 @@ def test_stack_up_shows_where_to_look_the_cards_and_the_pause_and_cleans_up(tmp_
         (run / "rank-0.jsonl").write_text('{"step": 1, "metrics": {"loss": NaN}}\n')
         wait_for(lambda: re.search(r"\[RED\s*\] GRPONonFiniteValues run=nan-run", stack.output()),
                  timeout=60, interval=0.5, diagnose=stack.output)
+        # Under the summary, what Alertmanager's receivers get: the step and value, the runbook.
+        card = stack.output().split("GRPONonFiniteValues run=nan-run", 1)[1].splitlines()[:3]
+        assert "(step 1)" in card[1] and card[2].strip().startswith("runbook: http"), card
+        assert card[2].strip().endswith("#grpononfinitevalues"), card
         wait_for(lambda: "[PAUSE ] run=nan-run: GRPONonFiniteValues paused it" in stack.output(),
                  timeout=30, interval=0.5, diagnose=stack.output)
         wait_for(lambda: any("GRPONonFiniteValues" in b for b in receiver.bodies), timeout=30)
@@ -202,7 +206,7 @@ def test_demo_trainer_a_red_card_pauses_the_real_loop_and_resume_rolls_it_back(t
         assert demo.alive(), out
         order = [re.search(pattern, out) for pattern in (
             r"\[RED\s*\] GRPONonFiniteValues run=train-demo",
-            r"\[PAUSE \] run=train-demo: GRPONonFiniteValues paused it at step \d+",
+            r"\[PAUSE \] run=train-demo: GRPONonFiniteValues paused it after step \d+",
             r"trainer +training paused by red card GRPONonFiniteValues at step \d+",
             r"demo +1 s later, as a person would: grpo-monitor resume --snapshot.dir \S+ train-demo",
             r"run 'train-demo': paused -> running, rollback to the last healthy checkpoint",
@@ -224,3 +228,33 @@ def test_demo_trainer_a_red_card_pauses_the_real_loop_and_resume_rolls_it_back(t
         assert not snapshots.exists() and not state.exists(), output()
     finally:
         demo.stop(timeout=30)
+
+
+def test_the_pause_line_says_what_the_run_does(tmp_path: Path) -> None:
+    # A trainer that reads pause records stops at the step boundary after the one the card saw;
+    # the demo's simulated run reads none and goes on, and its line says so.
+    from grpo_monitor.contract.control import ControlRecord, write_control
+    from grpo_monitor.tools.stack import PausePrinter
+
+    said: list[str] = []
+    printer = PausePrinter(tmp_path, said.append)
+    printer.deaf.add("simulated")
+    for run in ("trainer", "simulated"):
+        (tmp_path / run).mkdir()
+        write_control(tmp_path, run, ControlRecord(state="paused", alertname="GRPOKLExplosion",
+                                                   run=run, step=352))
+    printer.poll()
+    trainer = next(line for line in said if "run=trainer" in line)
+    simulated = next(line for line in said if "run=simulated" in line)
+    assert "paused it after step 352; its trainer waits at its next step boundary" in trainer
+    assert ("wrote its pause record after step 352, but this simulated run reads no pause record "
+            "and goes on") in simulated and "waits" not in simulated
+
+
+def test_the_demo_says_when_its_simulated_run_ends(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*CLI, "demo", *FREE_PORTS, "--interval", "1s", "--snapshot.dir", str(tmp_path / "snapshots"),
+         "--step-seconds", "0.01", "--steps", "30", "--exit-after-run", "--timeout", "120"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "demo          the simulated run 'demo' wrote its last step (30); stopping" in proc.stdout, proc.stdout

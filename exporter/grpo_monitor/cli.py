@@ -585,7 +585,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 running = trainer.alive
             else:
                 running = _play_synthetic(args, snapshot_dir, run, onset).is_alive
+                live.pauses.deaf.add(run)  # write_run reads no pause record
             paused_since: dict[str, float] = {}
+            ended: list[bool] = []
 
             def tick() -> bool:
                 if args.trainer and args.resume_after > 0:
@@ -600,6 +602,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     return True
                 if running():
                     return False
+                if not args.trainer and not ended:
+                    ended.append(True)
+                    _say(f"  demo          the simulated run {run!r} wrote its last step "
+                         f"({args.simulated_steps}); "
+                         + ("stopping" if args.exit_after_run else "the stack stays up until Ctrl-C"))
                 # The trainer's end, if it failed (its own lines said why); else as asked.
                 return args.exit_after_run or any(t.failed() for t in stopped)
 

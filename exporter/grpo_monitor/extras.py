@@ -71,3 +71,17 @@ def require(command: str, extra: str, *modules: str) -> None:
         names = ", ".join(_DISTRIBUTION.get(m, m) for m in missing)
         raise MissingExtra(f"grpo-monitor {command} needs {names}, which a plain install leaves out "
                            f"(the {extra} extra): {install_hint(extra)}")
+
+
+def import_extra(module: str, extra: str, importer: str) -> object:
+    """Import ``module`` for ``importer`` (a module of the SDK), or raise ModuleNotFoundError
+    whose message is one line naming the extra and the pip command that adds it (the import
+    that failed is not chained: the line is the whole story)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise ModuleNotFoundError(
+            f"{importer} needs {_DISTRIBUTION.get(module, module)}, which a plain install leaves "
+            f"out (the {extra} extra): {install_hint(extra)}", name=module) from None

@@ -201,6 +201,7 @@ class RunShape:
     baseline_steps_to_go: int = 0
     prompt_types: int = 0
     gpus: bool = False
+    ended: bool = False  # the run wrote its end mark: a pending baseline will never be complete
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ class Armed:
     needs: tuple[str, ...] = ()  # missing_signal: the keys to log
     steps_to_go: int = 0  # baseline_pending
     why: str = ""  # not_applicable: what the card compares that the run lacks
+    ended: bool = False  # baseline_pending on a run that has ended: it never will be complete
 
     @property
     def explanation(self) -> str:
@@ -217,6 +219,9 @@ class Armed:
         if self.reason == "missing_signal":
             return "needs " + ", ".join(self.needs)
         if self.reason == "baseline_pending":
+            if self.ended:
+                return (f"the run ended {self.steps_to_go} steps before its baseline period was "
+                        "complete: never judged")
             return f"waits for the baseline period, {self.steps_to_go} steps to go"
         return self.why or "armed"
 
@@ -241,7 +246,8 @@ def _branch(card: Card, branch: Branch, shape: RunShape) -> Armed:
         return Armed(card, "not_applicable", why=f"compares {branch.min_ranks} ranks logging "
                      f"{' or '.join(branch.keys)}, the run has {most}")
     if branch.baseline and shape.baseline_steps_to_go > 0:
-        return Armed(card, "baseline_pending", steps_to_go=shape.baseline_steps_to_go)
+        return Armed(card, "baseline_pending", steps_to_go=shape.baseline_steps_to_go,
+                     ended=shape.ended)
     return Armed(card, "armed")
 
 

@@ -290,7 +290,7 @@ class RunState:
             key_ranks=dict(self.key_ranks), ranks=len(self.ranks),
             baseline_steps_to_go=min((r.signals.baseline_steps_to_go for r in ranks), default=0),
             prompt_types=max((len(r.type_signals) for r in ranks), default=0),
-            gpus=any(r.placement is not None and r.placement[3] for r in ranks))
+            gpus=any(r.placement is not None and r.placement[3] for r in ranks), ended=self.ended)
 
     def note_keys(self, rank: RankState) -> bool:
         """Count the canonical keys the rank logs for the first time (cheap when none is new);

@@ -17,7 +17,11 @@ import os
 import random
 from typing import Any
 
-import torch
+from grpo_monitor.extras import import_extra
+
+# One line naming the torch extra, not a bare ModuleNotFoundError, when torch is missing.
+import_extra("torch", "torch", "grpo_monitor.sdk.checkpoint")
+import torch  # noqa: E402
 
 __all__ = ["load_training_state", "rng_state_path", "save_rng_state", "save_training_state"]
 

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import functools
 
-import torch
+from grpo_monitor.extras import import_extra
+
+# One line naming the torch extra, not a bare ModuleNotFoundError, when torch is missing.
+import_extra("torch", "torch", "grpo_monitor.sdk.torch")
+import torch  # noqa: E402
 
 __all__ = ["grpo_stats"]
 

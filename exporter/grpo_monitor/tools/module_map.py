@@ -35,13 +35,14 @@ FOLDERS: tuple[str, ...] = ("contract", "sdk", "integrations", "runtime", "runti
                             "tools", "tools/report", "")
 
 # What each top-level folder may import from the package. The trainer side sees only the contract
-# (a training job must not pull in the exporter's dependencies); the runtime never reaches into
+# (a training job must not pull in the exporter's dependencies) and extras.py (standard library
+# only: it turns a missing extra into one line); the runtime never reaches into
 # the tools; the tools sit on top, and ``cli.py`` (with ``__main__`` modules) above them. "<root>"
 # is ``grpo_monitor`` itself (``__version__``, ``SnapshotWriter``), "extras" its extras.py.
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "contract": ("contract",),
-    "sdk": ("contract", "sdk"),
-    "integrations": ("contract", "sdk", "integrations"),
+    "sdk": ("contract", "sdk", "extras"),
+    "integrations": ("contract", "sdk", "integrations", "extras"),
     "runtime": ("contract", "runtime", "extras", "<root>"),
     "tools": ("contract", "sdk", "runtime", "tools", "extras", "<root>"),
 }

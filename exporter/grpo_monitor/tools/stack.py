@@ -40,8 +40,8 @@ WEBHOOK_RECEIVER = "grpo-webhook"
 # What Debian's prometheus-alertmanager serves at / instead of the web UI.
 _NO_ALERTMANAGER_UI = "does not include a web application"
 GRAFANA_MISSING = ("grafana       not installed, so no dashboards: grafana-server comes from "
-                   "Grafana's own Debian repository (apt.grafana.com, docs/dashboards.md); "
-                   "the compose stack has it")
+                   "Grafana's own Debian repository (how, and how the stack runs it: "
+                   "docs/dashboards.md#the-dashboards-without-docker); the compose stack has it")
 
 
 class StackError(Exception):
@@ -402,10 +402,17 @@ def where_to_look(children: Sequence[Child]) -> list[str]:
     return lines
 
 
-def _card_line(labels: Mapping[str, str], summary: str) -> str:
+def _card_line(labels: Mapping[str, str], annotations: Mapping[str, str]) -> str:
+    """The card as Alertmanager holds it: its summary on the first line, then what its receivers
+    get besides (the description, with the step and the value, and the runbook's link)."""
     card = {"critical": "RED   ", "warning": "yellow"}.get(labels.get("severity", ""), "other ")
     where = " ".join(f"{k}={labels[k]}" for k in ("run", "rank", "gpu") if k in labels)
-    return f"  [{card}] {labels.get('alertname')} {where}: {summary}"
+    lines = [f"  [{card}] {labels.get('alertname')} {where}: {annotations.get('summary', '')}"]
+    if annotations.get("description"):
+        lines.append(f"           {annotations['description']}")
+    if annotations.get("runbook_url"):
+        lines.append(f"           runbook: {annotations['runbook_url']}")
+    return "\n".join(lines)
 
 
 class CardPrinter:
@@ -441,7 +448,7 @@ class CardPrinter:
                 continue
             self.seen.add(card)
             self.names.add(labels.get("alertname", ""))
-            self.out(_card_line(labels, alert["annotations"].get("summary", "")))
+            self.out(_card_line(labels, alert.get("annotations") or {}))
 
 
 class PausePrinter:
@@ -451,6 +458,9 @@ class PausePrinter:
     def __init__(self, snapshot_dir: Path, out: Callable[[str], None] = print) -> None:
         self.snapshot_dir = Path(snapshot_dir)
         self.out = out
+        # Runs whose writer reads no pause record (the demo's simulated run): their pause line
+        # says the record was written and the run goes on, not that a trainer waits.
+        self.deaf: set[str] = set()
         self.seen: dict[str, tuple[int, int]] = {}
         self.paused: dict[str, int | None] = {}  # run -> the step its newest pause record names
         for run, sig in self._records():
@@ -491,8 +501,16 @@ class PausePrinter:
             path = self.snapshot_dir / run / PAUSE_RECORD
             if record.state == "paused":
                 self.paused[run] = record.step
-                self.out(f"  [PAUSE ] run={run}: {record.alertname} paused it at step {record.step}; "
-                         f"its trainer waits at its next step boundary ({path})")
+                # record.step is the newest step the exporter had seen: the trainer stops at the
+                # boundary after it, the step it then names.
+                if run in self.deaf:
+                    self.out(f"  [PAUSE ] run={run}: {record.alertname} wrote its pause record after "
+                             f"step {record.step}, but this simulated run reads no pause record and "
+                             f"goes on (a trainer with PauseGate or SnapshotWriter.should_pause() "
+                             f"stops at its next step boundary) ({path})")
+                else:
+                    self.out(f"  [PAUSE ] run={run}: {record.alertname} paused it after step "
+                             f"{record.step}; its trainer waits at its next step boundary ({path})")
             else:
                 self.paused.pop(run, None)
                 rollback = {"last_healthy": "from the last healthy checkpoint",

@@ -142,6 +142,22 @@ def _not_judged_lines(summary: dict[str, Any]) -> list[str]:
                     *(f"  {n['verdict']} ({n['card']}): {n['reason']}, {n['why']}" for n in not_judged)]
 
 
+def _not_judged_html(summary: dict[str, Any]) -> str:
+    """The not-judged lines as HTML: each heading line a paragraph, its indented items a list."""
+    out, items = [], []
+    for line in _not_judged_lines(summary):
+        if line.startswith("  "):
+            items.append(f"<li>{html.escape(line.strip())}</li>")
+            continue
+        if items:
+            out.append(f"<ul>{''.join(items)}</ul>")
+            items = []
+        out.append(f"<p>{html.escape(line)}</p>")
+    if items:
+        out.append(f"<ul>{''.join(items)}</ul>")
+    return "".join(out)
+
+
 def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
     lines = [f"run {summary['run']}: {summary['logged_steps']} logged steps "
              f"{_fmt(summary['steps'])}, {summary['records']} records, ranks "
@@ -350,7 +366,7 @@ def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: by
         f"<h1>Run {e(summary['run'])}</h1><p>{summary['logged_steps']} logged steps, "
         f"{summary['records']} records, {summary['bad_lines']} bad lines skipped.</p>"
         f"<h2>Verdicts</h2><ul>{''.join(items)}</ul>"
-        f"<h2>Not judged</h2><ul>{''.join(f'<li>{e(line.strip())}</li>' for line in _not_judged_lines(summary))}</ul>"
+        f"<h2>Not judged</h2>{_not_judged_html(summary)}"
         f"<h2>Curves</h2><img alt='curves' src='data:image/png;base64,{img}'>"
         f"<h2>Rollout vs trainer</h2>{rollout_html}"
         f"<h2>Entropy-reward law</h2><p>{e(_law_lines(summary['entropy_reward_law'])[0])}</p>"
@@ -435,9 +451,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             if runs:
                 print(f"{'=' * 20} {one.name} {'=' * 20}")
             sys.stdout.write(res["text"])
-            print(f"\nreport written to {Path(res['outputs']['verdicts']).parent} "
-                  "(report.html, report.txt, verdicts.json, summary.json, reward-vs-step.csv, "
-                  "curves.png)\n")
+            # The page a person opens first, then the files tools read.
+            first = sorted(res["outputs"].items(), key=lambda kv: kv[0] != "html")
+            written = ", ".join(Path(p).name for _, p in first)
+            print(f"\nreport written to {Path(res['outputs']['verdicts']).parent} ({written})\n")
         elif fmt == "html":
             print(res["outputs"]["html"])
     if not results:

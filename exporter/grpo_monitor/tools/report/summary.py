@@ -88,8 +88,9 @@ def run_shape(view: RunView) -> RunShape:
     types = {t for m in data.by_type.values() for t in m}
     baseline = th.count("baseline_steps")
     to_go = max(0, steps[0] + baseline - steps[-1]) if steps else baseline
+    ended = any(e.get("type") == "run_end" for e in data.events)
     return RunShape(key_ranks=key_ranks, ranks=len(set(data.perf) | {0}),
-                    baseline_steps_to_go=to_go, prompt_types=len(types))
+                    baseline_steps_to_go=to_go, prompt_types=len(types), ended=ended)
 
 
 def not_judged(view: RunView) -> list[dict[str, Any]]:
