@@ -754,3 +754,32 @@ def test_curves_have_one_colour_per_card_colour_and_a_legend(tmp_path: Path) -> 
     assert (red, yellow) == ("#d62728", "#e6b800")
     doc = (ROOT / "docs" / "report.md").read_text()
     assert "red (critical) or yellow (warning), red where both" in doc
+
+
+def test_a_rolled_back_run_is_reported_as_its_surviving_steps(tmp_path: Path) -> None:
+    """Healthy to 44, the reward collapsed from 45, rolled back at 129 to the step-20 checkpoint,
+    healthy to 300: the report judges steps 1..20 and the second pass, says what was undone, and
+    finds no reward collapse; the same records without the rollback mark and second pass do."""
+    rng = random.Random(1)
+
+    def rec(step: int, reward: float) -> str:
+        return json.dumps({"step": step, "metrics": {
+            "reward/mean": reward + rng.gauss(0, 0.02), "reward/std": 0.3, "kl/mean": 0.01,
+            "entropy/mean": 1.0, "loss": 0.1, "response/len_mean": 300.0}}) + "\n"
+
+    first = "".join(rec(s, 0.8 if s < 45 else 0.02) for s in range(1, 130))
+    mark = json.dumps({"step": 20, "metrics": {}, "events": [
+        {"type": "rollback", "from_step": 130, "to_step": 20}]}) + "\n"
+    second = "".join(rec(s, 0.8) for s in range(21, 301))
+    (tmp_path / "rb").mkdir()
+    (tmp_path / "rb" / "rank-0.jsonl").write_text(first + mark + second)
+    res = report.build_report(tmp_path / "rb", tmp_path / "out", plots=True)
+    assert res["summary"]["logged_steps"] == 300 and res["summary"]["steps"] == [1, 300]
+    assert res["summary"]["undone"] == [{"steps": [21, 129], "back_to": 20}]
+    assert "steps 21-129 were undone (the run went back to step 20)" in res["text"]
+    assert "steps 21-129 were undone" in (tmp_path / "out" / "report.html").read_text()
+    assert "reward_collapse" not in {v["id"] for v in res["verdicts"]}
+    (tmp_path / "sick").mkdir()
+    (tmp_path / "sick" / "rank-0.jsonl").write_text(first)
+    sick = report.build_report(tmp_path / "sick", tmp_path / "out-sick", plots=False)
+    assert "reward_collapse" in {v["id"] for v in sick["verdicts"]}

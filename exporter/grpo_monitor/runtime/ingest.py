@@ -35,6 +35,7 @@ from grpo_monitor.contract.run_layout import (
 from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, read_regular, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
+    as_text,
     decode_record,
     identity_from_path,
     parse_record,
@@ -226,10 +227,43 @@ class Ingestor:
             self._detached.clear()
             self._vacated.clear()
 
+    def run_folder_gone(self, folder: Path) -> None:
+        """A run folder was deleted or renamed (docs/snapshot-format.md#a-new-run-or-a-renamed-one):
+        its run leaves the store, and whatever the folder holds now (re-created under the same
+        name, maybe already read in part) is read from its start as a new run. A renamed
+        folder's files are read from their start under the new name (moved(): a "folder" event)
+        rather than followed by their inodes, since the run's name changed with the folder's.
+        A live run's folder is not deleted or renamed while it writes, so a run is never split:
+        the whole folder is read again, as one run."""
+        gone = {folder}
+        for p in [p for p in self.files if _under(p, gone)]:
+            self._untrack(p)
+        for inode in [i for i, st in self._detached.items() if _under(st.name, gone)]:
+            del self._detached[inode]
+        self._drop(gone)
+        self._vacated = {p for p in self._vacated if not _under(p, gone)}
+        self._seen = {p: sig for p, sig in self._seen.items() if not _under(p, gone)}
+        run = as_text(folder.name)
+        self._run_key_maps.pop(run, None)
+        if self.store.forget_run(run):
+            log.info("run %s: its folder was deleted or renamed; a folder of that name is read "
+                     "again as a new run", run)
+        if self._visible(folder) and not folder.is_symlink() and folder.is_dir():
+            self.scan_folder(folder)
+
+    def _run_folders_gone(self) -> list[Path]:
+        """The run folders of files followed that are gone from the snapshot folder."""
+        folders = {self.root / p.relative_to(self.root).parts[0] for p in self.files
+                   if len(p.relative_to(self.root).parts) > 1}
+        return [f for f in folders if not os.path.lexists(f)]
+
     def deleted(self, *paths: Path) -> None:
         """Delete events. One may be older than a file created since under the same name (and
         already read): only the state of what is gone is dropped. A batch of them costs one
         pass over the files followed, however many there are (a burst of deleted folders)."""
+        for p in paths:  # a run folder: its run goes, and a folder re-created there is new
+            if p.parent == self.root and not is_snapshot_path(p, self.root) and not is_hidden(p.name):
+                self.run_folder_gone(p)
         gone = set(paths)
         candidates = ([p for p in paths if p in self.files] if all(p in self.files for p in paths)
                       else [p for p in self.files if _under(p, gone)])
@@ -340,6 +374,8 @@ class Ingestor:
         """Process every file whose metadata changed since the last rescan: the safety net for
         events a watcher missed, and the start-up replay."""
         current: dict[Path, tuple[int, ...]] = {}
+        for folder in self._run_folders_gone():  # deleted or renamed, unseen by the watcher
+            self.run_folder_gone(folder)
         detached_before = list(self._detached)
         for path, st in self.scan():
             sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()
@@ -758,6 +794,9 @@ class Ingestor:
             return False
         for reason, detail in snap.problems:
             self.error(path, reason, detail)
+        if snap.run != run and path.parent != self.root:
+            # A run is its folder (where its pause record goes): a renamed folder is the new name.
+            snap.run = run
         if self.store.apply(snap, wrote_at=mtime) is False:
             self.error(path, "run_limit", self._run_limit())
             return False

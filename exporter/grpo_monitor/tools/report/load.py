@@ -2,8 +2,10 @@
 
 Rank 0's records give the training signals, one set per step: when a step is logged twice, the
 latest record wins (by its ``time``, then by the order the files were written in). Every rank
-gives its ``perf/*`` signals, and its events (checkpoint saves). Lines that are not a record are
-skipped and counted. Files are opened through safe_io, the run folder being the tree: a link,
+gives its ``perf/*`` signals, and its events (checkpoint saves). A run's timeline is the one the
+exporter judges (docs/signals.md#a-runs-timeline): a rollback mark undoes the steps after its
+``to_step``, a step older than the rank's newest the steps from it on; the undone steps are left
+out and listed (``RunData.undone``). Lines that are not a record are skipped and counted. Files are opened through safe_io, the run folder being the tree: a link,
 FIFO or device among them is skipped unread, and named on stderr.
 """
 
@@ -44,6 +46,9 @@ class RunData:
     # per rank: step -> perf key -> value
     perf: dict[int, dict[int, dict[str, float]]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    # Rank 0's undone spans, in the order they were undone: (first undone step, last undone
+    # step, the step the run went back to).
+    undone: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def steps(self) -> list[int]:
@@ -63,7 +68,26 @@ def load_run(run_dir: Path | str) -> RunData:
     # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
     data = RunData(run=as_text(run_dir.name), path=run_dir)
     latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
+    newest: dict[int, int] = {}  # rank -> its newest step
     order = 0
+
+    def rewind(rank: int, keep_through: int) -> None:
+        last = newest.get(rank)
+        if last is None or keep_through >= last:
+            return
+        newest[rank] = keep_through
+        perf = data.perf.get(rank, {})
+        for step in [s for s in perf if s > keep_through]:
+            del perf[step]
+        if rank != 0:
+            return
+        gone = [s for s in data.train if s > keep_through]
+        if gone:
+            data.undone.append((min(gone), max(gone), keep_through))
+        for step in gone:
+            del data.train[step]
+            data.by_type.pop(step, None)
+            latest.pop(step, None)
     for path in run_files(run_dir):
         run, rank = identity_from_path(path, run_dir.parent)
         try:
@@ -91,6 +115,15 @@ def load_run(run_dir: Path | str) -> RunData:
             for snap in snaps:
                 order += 1
                 data.records += 1
+                step_record = bool(snap.metrics or snap.unknown or snap.by_type)
+                for ev in snap.events:
+                    to_step = (ev.model_extra or {}).get("to_step") if ev.type == "rollback" else None
+                    if isinstance(to_step, int) and not isinstance(to_step, bool) and to_step >= 0:
+                        rewind(snap.rank, to_step)
+                if step_record and is_appended(path):
+                    if snap.step < newest.get(snap.rank, snap.step):
+                        rewind(snap.rank, snap.step - 1)
+                    newest[snap.rank] = max(newest.get(snap.rank, snap.step), snap.step)
                 perf = {k: v for k, v in snap.metrics.items() if k.startswith("perf/")}
                 if perf:
                     data.perf.setdefault(snap.rank, {}).setdefault(snap.step, {}).update(perf)

@@ -158,11 +158,18 @@ def _not_judged_html(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _undone_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per span of steps the run undid (a rollback, a resume from an older step)."""
+    return [f"steps {u['steps'][0]}-{u['steps'][1]} were undone (the run went back to step "
+            f"{u['back_to']}): their first records are left out, the steps logged again judged"
+            for u in summary.get("undone", [])]
+
+
 def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
     lines = [f"run {summary['run']}: {summary['logged_steps']} logged steps "
              f"{_fmt(summary['steps'])}, {summary['records']} records, ranks "
-             f"{_fmt(summary['ranks'])}, {summary['bad_lines']} bad lines skipped", "",
-             "verdicts:"]
+             f"{_fmt(summary['ranks'])}, {summary['bad_lines']} bad lines skipped",
+             *_undone_lines(summary), "", "verdicts:"]
     for v in verdicts:
         lines.append(f"  [{v['severity']}] {v['id']} steps {v['steps'][0]}-{v['steps'][1]}: "
                      f"{_explanation(v)}")
@@ -271,6 +278,8 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
         for sev, parts in spans.items():
             for lo, hi in parts:
                 ax.axvspan(lo, hi, alpha=0.18, color=SPAN_COLOURS[sev][1], lw=0)
+        for lo, hi, back in data.undone:  # where the run went back: the curve is the second pass
+            ax.axvline(back, color="0.3", lw=0.8, ls="--")
         ax.set_ylabel(key, fontsize=8)
         ax.legend(loc="upper left", fontsize=7)
     cards = [Patch(color=SPAN_COLOURS[sev][1], alpha=0.35,
@@ -278,6 +287,10 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
              for sev, found in shaded.items() if found]
     if cards:
         fig.legend(handles=cards, loc="lower center", ncol=1, fontsize=7, frameon=False)
+    if data.undone:
+        axes[0, 0].annotate(
+            "; ".join(f"went back to {back}, undoing {lo}-{hi}" for lo, hi, back in data.undone)[:100],
+            xy=(0.99, 0.95), xycoords="axes fraction", ha="right", va="top", fontsize=7, color="0.3")
     axes[-1, 0].set_xlabel("step")
     title = f"{data.run}: " + ", ".join(v["id"] for v in verdicts)
     fig.suptitle(title[:120], fontsize=9)
@@ -365,6 +378,7 @@ def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: by
         ".critical{color:#b00}.warning{color:#a60}.info{color:#060}</style></head><body>"
         f"<h1>Run {e(summary['run'])}</h1><p>{summary['logged_steps']} logged steps, "
         f"{summary['records']} records, {summary['bad_lines']} bad lines skipped.</p>"
+        f"{''.join(f'<p>{e(line)}</p>' for line in _undone_lines(summary))}"
         f"<h2>Verdicts</h2><ul>{''.join(items)}</ul>"
         f"<h2>Not judged</h2>{_not_judged_html(summary)}"
         f"<h2>Curves</h2><img alt='curves' src='data:image/png;base64,{img}'>"
