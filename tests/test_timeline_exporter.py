@@ -129,3 +129,28 @@ def test_a_re_created_run_folder_is_a_new_run(exporter: Running, snapshot_dir: P
     assert value(s, "grpo_step", run="again", rank="0") == 40
     assert value(s, "grpo_run_window_mean_max", run="again", rank="0", key="reward/mean",
                  window_steps="20") == pytest.approx(0.3)
+
+
+def test_a_folder_renamed_or_re_created_while_the_exporter_was_down(
+        start_exporter: Callable[..., Running], snapshot_dir: Path, tmp_path: Path) -> None:
+    """A restart from the saved state: the renamed folder is served under its new name only, the
+    re-created one as a new run (the old run's rank 1 gone)."""
+    state = tmp_path / "state"
+    running = start_exporter(storage_path=state)
+    write(snapshot_dir / "moved" / "rank-0.jsonl", [record(s, "moved", 0.6) for s in range(1, 31)])
+    for rank in (0, 1):
+        write(snapshot_dir / "redo" / f"rank-{rank}.jsonl",
+              [record(s, "redo", 0.9, rank=rank) for s in range(1, 101)])
+    running.wait_value("grpo_step", 100, run="redo", rank="1")
+    running.wait_value("grpo_step", 30, run="moved", rank="0")
+    running.exporter.stop()
+    (snapshot_dir / "moved").rename(snapshot_dir / "moved-later")
+    shutil.rmtree(snapshot_dir / "redo")
+    write(snapshot_dir / "redo" / "rank-0.jsonl", [record(s, "redo", 0.2) for s in range(1, 21)])
+    running = start_exporter(storage_path=state)
+    running.wait_value("grpo_step", 30, run="moved-later", rank="0")
+    running.wait_value("grpo_run_logged_steps", 20, run="redo")
+    s = running.scrape()
+    assert value(s, "grpo_step", run="moved", rank="0") is None
+    assert value(s, "grpo_step", run="redo", rank="1") is None
+    assert value(s, "grpo_step", run="redo", rank="0") == 20

@@ -637,8 +637,9 @@ def _resume_when_due(paused: dict[str, int | None], since: dict[str, float], run
     since[run] = math.inf  # once per pause
     _say(f"  demo          {after:.0f} s later, as a person would: grpo-monitor resume "
          f"--snapshot.dir {snapshot_dir} {run}")
+    # No --wait: the demo's own [resume] line says what the trainer did when it answers.
     cmd_resume(argparse.Namespace(snapshot_dir=snapshot_dir, run=run, rollback_to=None,
-                                  no_rollback=False, force=False))
+                                  no_rollback=False, force=False, wait=0.0))
 
 
 # -- runs: simulate, train-demo, report, replay, rebaseline, resume ------------------------------
@@ -743,6 +744,9 @@ def _train_demo_flags() -> list[Flag]:
              "--group-size, --difficulty, --length-penalty, --loss-agg, --rollout-*, --slow-rank) "
              "only from this step; before it the defaults train.", int, metavar="STEP",
              shown_default="0, sick from the start"),
+        knob("--cured-by-rollback", "Turn the sickness knobs off at the first rollback (the fix a "
+             "person makes before resuming): the steps trained again are healthy.",
+             action="store_true"),
         knob("--slow-rank", "Log extra ranks' perf signals (simulated from rank 0's step time), "
              "the last one slowed by --slow-factor.", action="store_true"),
         knob("--ranks", "Ranks logged with --slow-rank, at least 2; 3+ lets GRPORankStraggler "

@@ -12,6 +12,7 @@ refused without blocking, counted once per path (``symlink``, ``not_regular``) a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -88,6 +89,9 @@ class FileState:
     signature: tuple[int, int] = (0, 0)  # *.json: (size, mtime_ns) last looked at
     read_ns: int = 0  # when it was last read (our clock)
     digest: bytes = b""  # *.json: hash of the content last looked at
+    # The inode of its run folder when it was first followed: another one under the same name
+    # is a folder deleted and re-created (maybe while the exporter was down): a new run.
+    folder_inode: int = 0
 
 
 def _under(path: Path, folders: set[Path]) -> bool:
@@ -183,6 +187,9 @@ class Ingestor:
 
     def _track(self, path: Path, state: FileState) -> None:
         state.name = path
+        if not state.folder_inode and (folder := self._run_folder_path(path)) is not None:
+            with contextlib.suppress(OSError):
+                state.folder_inode = os.lstat(folder).st_ino
         self.files[path] = state
         self._inodes[state.inode] = path
         self.health.files.set(len(self.files))
@@ -251,17 +258,36 @@ class Ingestor:
         if self._visible(folder) and not folder.is_symlink() and folder.is_dir():
             self.scan_folder(folder)
 
+    def _run_folder_path(self, path: Path) -> Path | None:
+        """The run folder ``path`` lies in; None for a file directly in the snapshot folder."""
+        parts = path.relative_to(self.root).parts if path.is_relative_to(self.root) else ()
+        return self.root / parts[0] if len(parts) > 1 else None
+
     def _run_folders_gone(self) -> list[Path]:
-        """The run folders of files followed that are gone from the snapshot folder."""
-        folders = {self.root / p.relative_to(self.root).parts[0] for p in self.files
-                   if len(p.relative_to(self.root).parts) > 1}
-        return [f for f in folders if not os.path.lexists(f)]
+        """The run folders of files followed that are gone from the snapshot folder, or another
+        folder now (deleted and re-created)."""
+        folders: dict[Path, int] = {}
+        for path, state in self.files.items():
+            if (folder := self._run_folder_path(path)) is not None:
+                folders.setdefault(folder, state.folder_inode)
+        gone = []
+        for folder, inode in folders.items():
+            try:
+                now = os.lstat(folder).st_ino
+            except OSError:
+                gone.append(folder)
+                continue
+            if inode and now != inode:
+                gone.append(folder)
+        return gone
 
     def deleted(self, *paths: Path) -> None:
         """Delete events. One may be older than a file created since under the same name (and
         already read): only the state of what is gone is dropped. A batch of them costs one
         pass over the files followed, however many there are (a burst of deleted folders)."""
-        for p in paths:  # a run folder: its run goes, and a folder re-created there is new
+        # A run folder: its run goes, and a folder re-created there is new. Not while the
+        # snapshot folder itself is gone (an unmounted volume): what was read is still served.
+        for p in paths if self.root.is_dir() else ():
             if p.parent == self.root and not is_snapshot_path(p, self.root) and not is_hidden(p.name):
                 self.run_folder_gone(p)
         gone = set(paths)
@@ -374,8 +400,8 @@ class Ingestor:
         """Process every file whose metadata changed since the last rescan: the safety net for
         events a watcher missed, and the start-up replay."""
         current: dict[Path, tuple[int, ...]] = {}
-        for folder in self._run_folders_gone():  # deleted or renamed, unseen by the watcher
-            self.run_folder_gone(folder)
+        for folder in self._run_folders_gone() if self.root.is_dir() else ():
+            self.run_folder_gone(folder)  # deleted or renamed, unseen by the watcher
         detached_before = list(self._detached)
         for path, st in self.scan():
             sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()

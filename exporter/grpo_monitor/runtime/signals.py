@@ -138,6 +138,9 @@ class StepLog:
         self.runs: list[list[int]] = []
         self.count = 0
 
+    def first(self) -> int | None:
+        return self.runs[0][0] if self.runs else None
+
     def last(self) -> int | None:
         if not self.runs:
             return None

@@ -123,6 +123,11 @@ class RankState:
     intervals_now: tuple[float, float] | None = None  # intervals() as of the last render
     steps_logged: StepLog = field(default_factory=StepLog)  # the surviving steps
     names: dict[str, str] = field(default_factory=dict)  # canonical key -> the name logged
+    # The step each newest-value entry outside the canonical histories was first logged at
+    # ((key, prompt_type) of `unknown`, (prompt_type, key) of `by_type`): a rewind before it
+    # drops the entry, as a fresh read of the surviving records would not have it.
+    unknown_first: dict[tuple[str, str], int] = field(default_factory=dict)
+    by_type_first: dict[tuple[str, str], int] = field(default_factory=dict)
     counted: set[str] = field(default_factory=set)  # its keys already in the run's key_ranks
 
     @property
@@ -153,6 +158,19 @@ class RankState:
                 del self.values[key]
             elif h.steps:
                 self.values[key] = h.values[-1]
+        for entry in [e for e, first in self.unknown_first.items() if first > keep_through]:
+            del self.unknown_first[entry]
+            self.unknown.pop(entry, None)
+        for ptype, key in [e for e, first in self.by_type_first.items() if first > keep_through]:
+            del self.by_type_first[ptype, key]
+            values = self.by_type.get(ptype, {})
+            values.pop(key, None)
+            if not values:
+                self.by_type.pop(ptype, None)
+        for ptype, history in self.type_signals.items():  # the followed keys: from their history
+            for key, h in history.keys.items():
+                if h.steps and key in self.by_type.get(ptype, {}):
+                    self.by_type[ptype][key] = h.values[-1]
         self.step = last if last is not None else 0
 
     def rebaseline(self, steps: int) -> None:
@@ -466,9 +484,20 @@ class RunStore:
                         rank.events[event.type] += 1
                 self._dirty.add((snap.run, snap.rank))
                 return True
+            rank = run.ranks.get(snap.rank)
+            first = rank.steps_logged.first() if rank is not None else None
+            if first is not None and snap.step <= first and snap.step < rank.step:  # type: ignore[union-attr]
+                # The run starts over (a re-run under the same name, a folder deleted and made
+                # again): a new run, judged from nothing, its other ranks as they log again.
+                log.info("run %s: rank %d logged step %d, at or before its first step %d: the "
+                         "run starts over", snap.run, snap.rank, snap.step, first)
+                run = self._runs[snap.run] = RunState(snap.run)
+                run.dropped.update({"unknown_key": 0, "prompt_type": 0, "event_type": 0})
+                run.last_write = min(wrote_at, time.time())
+                self._dirty = {d for d in self._dirty if d[0] != snap.run}
+                rank = None
             run.note_end(snap, ending)
             run.paused_ranks.discard(snap.rank)  # it wrote a step: it is not waiting
-            rank = run.ranks.get(snap.rank)
             if rank is not None and (snap.step < rank.step or ROLLBACK in types):
                 self._rewind(run, rank, snap, step_record=True)
             if rank is None:
@@ -497,6 +526,7 @@ class RunStore:
                         run.note_unknown(name)
                         new_names = True
                     rank.unknown[(name, "")] = value
+                    rank.unknown_first.setdefault((name, ""), snap.step)
                     self._count_nonfinite(rank, {name: value}, snap.step)
             if not run.framework and (new_names or snap.framework):
                 run.framework = snap.framework or framework_of(snap.names.values()) or \
@@ -506,6 +536,8 @@ class RunStore:
                     continue
                 typed = snap.by_type.get(ptype, {})
                 rank.by_type.setdefault(ptype, {}).update(typed)
+                for key in typed:
+                    rank.by_type_first.setdefault((ptype, key), snap.step)
                 followed = {k: typed[k] for k in PROMPT_TYPE_KEYS if k in typed}
                 if followed:
                     history = rank.type_signals.get(ptype)
@@ -519,6 +551,7 @@ class RunStore:
                         if new:
                             run.note_unknown(name)
                         rank.unknown[(name, ptype)] = value
+                        rank.unknown_first.setdefault((name, ptype), snap.step)
                         self._count_nonfinite(rank, {name: value}, snap.step)
             for event in snap.events:
                 if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
