@@ -209,16 +209,18 @@ class KeyHistory:
     values: array[float] = field(default_factory=lambda: array("d"))
     # The lowest and highest RANGE_WINDOW-step mean at each step (NaN where there is none; two
     # records of one step give two means): the working level and the floor are their extremes,
-    # re-formed from these after a rewind.
+    # re-formed from these after a rewind. Empty for a key without a working level (perf/*).
     means_lo: array[float] = field(default_factory=lambda: array("d"))
     means_hi: array[float] = field(default_factory=lambda: array("d"))
+    ranged: bool = True
     first_step: int | None = None  # since when the history is complete
     evicted: int | None = None  # the newest step trimmed off the front: complete after it
     nonfinite_steps: deque[int] = field(default_factory=deque)  # steps with a NaN / Inf
     baseline: Welford = field(default_factory=Welford)
     # The baseline period's values, in order: a rewind into the period re-forms the baseline
     # from those that stand.
-    baseline_points: list[tuple[int, float]] = field(default_factory=list)
+    baseline_steps: array[int] = field(default_factory=lambda: array("q"))
+    baseline_values: array[float] = field(default_factory=lambda: array("d"))
     initial: Welford = field(default_factory=Welford)
     initial_points: list[tuple[int, float]] = field(default_factory=list)
     initial_first: int | None = None  # the key's first finite step
@@ -243,12 +245,14 @@ class KeyHistory:
         """A finite value of ``step``; a second record for the same step wins."""
         lo = hi = math.nan
         if self.steps and self.steps[-1] == step:
-            lo, hi = self.means_lo[-1], self.means_hi[-1]
-            del self.steps[-1], self.values[-1], self.means_lo[-1], self.means_hi[-1]
+            if self.ranged:
+                lo, hi = self.means_lo.pop(), self.means_hi.pop()
+            del self.steps[-1], self.values[-1]
         self.steps.append(step)
         self.values.append(value)
-        self.means_lo.append(lo)
-        self.means_hi.append(hi)
+        if self.ranged:
+            self.means_lo.append(lo)
+            self.means_hi.append(hi)
         if len(self.steps) > KEEP_RECORDS + KEEP_RECORDS // 2:
             self._trim(len(self.steps) - KEEP_RECORDS)
         self.add_initial(step, value, initial_steps)
@@ -285,9 +289,10 @@ class KeyHistory:
             del self.steps[cut:], self.values[cut:], self.means_lo[cut:], self.means_hi[cut:]
         while self.nonfinite_steps and self.nonfinite_steps[-1] > keep_through:
             self.nonfinite_steps.pop()
-        if self.baseline_points and self.baseline_points[-1][0] > keep_through:
-            self.baseline_points = [p for p in self.baseline_points if p[0] <= keep_through]
-            self.baseline = _welford(v for _, v in self.baseline_points)
+        if self.baseline_steps and self.baseline_steps[-1] > keep_through:
+            cut = bisect_right(self.baseline_steps, keep_through)
+            del self.baseline_steps[cut:], self.baseline_values[cut:]
+            self.baseline = _welford(self.baseline_values)
         self.first_records = [p for p in self.first_records if p[0] <= keep_through]
         if not self.initial_rebased and self.initial_points and self.initial_points[-1][0] > keep_through:
             self.initial_points = [p for p in self.initial_points if p[0] <= keep_through]
@@ -310,7 +315,7 @@ class KeyHistory:
 
     def unrebase(self) -> None:
         """Back to the baseline period's baseline and the key's first steps' initial reference."""
-        self.baseline = _welford(v for _, v in self.baseline_points)
+        self.baseline = _welford(self.baseline_values)
         self.initial = _welford(v for _, v in self.initial_points)
         self.initial_rebased = False
         self.initial_done = False  # rewind() says whether the initial steps are past
@@ -596,7 +601,7 @@ class RankSignals:
     def _history(self, key: str) -> KeyHistory:
         h = self.keys.get(key)
         if h is None:
-            h = self.keys[key] = KeyHistory()
+            h = self.keys[key] = KeyHistory(ranged=not is_perf(key))
             h.first_step = self.step
         return h
 
@@ -625,7 +630,8 @@ class RankSignals:
             h.put(step, value, self.initial_steps)
             if in_baseline:
                 h.baseline.add(value)
-                h.baseline_points.append((step, value))
+                h.baseline_steps.append(step)
+                h.baseline_values.append(value)
             if not is_perf(key):
                 self._advance_range(h, step)
         for h in self.keys.values():  # kept for HISTORY steps past their window: for a rewind
@@ -789,7 +795,7 @@ class PromptTypeSignals:
                 continue
             h = self.keys.get(key)
             if h is None:
-                h = self.keys[key] = KeyHistory(first_step=step)
+                h = self.keys[key] = KeyHistory(first_step=step, ranged=False)
             h.put(step, value, self.initial_steps)
 
     def rebaseline(self) -> None:
