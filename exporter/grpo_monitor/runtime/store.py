@@ -53,8 +53,8 @@ RUN_END = "run_end"
 # card) and goes on again: a paused run is silent, and no hung run.
 PAUSED, RESUMED = "paused", "resumed"
 # The event by which a trainer says it went back to a checkpoint ({"type": "rollback",
-# "from_step": 70, "to_step": 20}: PauseGate, the TRL callback): the steps after to_step are
-# undone (docs/signals.md#a-runs-timeline), before the first step after it arrives.
+# "from_step": 70, "to_step": 20}, logged by the loop that loads it: docs/pause.md): the steps
+# after to_step are undone (docs/signals.md#a-runs-timeline), before the first step after it.
 ROLLBACK = "rollback"
 # Records of these events and no metrics are marks of the run's state, not steps.
 MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED, ROLLBACK})
@@ -485,8 +485,8 @@ class RunStore:
                 self._dirty.add((snap.run, snap.rank))
                 return True
             rank = run.ranks.get(snap.rank)
-            first = rank.steps_logged.first() if rank is not None else None
-            if first is not None and snap.step <= first and snap.step < rank.step:  # type: ignore[union-attr]
+            if rank is not None and (first := rank.steps_logged.first()) is not None and \
+                    snap.step <= first and snap.step < rank.step:
                 # The run starts over (a re-run under the same name, a folder deleted and made
                 # again): a new run, judged from nothing, its other ranks as they log again.
                 log.info("run %s: rank %d logged step %d, at or before its first step %d: the "
