@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from grpo_monitor import __version__
-from grpo_monitor.extras import MissingExtra, require
+from grpo_monitor.extras import MissingExtra, missing_dependency, require
 from grpo_monitor.runtime.signals import BASELINE_STEPS
 
 ENV_PREFIX = "GRPO_MONITOR_"
@@ -1138,11 +1138,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``grpo-monitor`` command: ``main(["report", RUN_DIR])`` runs ``grpo-monitor report``."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args))
     except MissingExtra as exc:
         print(exc, file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # a trainer-side install (--no-deps) running a command
+        command = " ".join(a for a in (argv if argv is not None else sys.argv[1:])[:1]) or "--help"
+        line = missing_dependency(exc, command)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return 2
 
 
