@@ -7,6 +7,7 @@ import json
 import math
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -783,3 +784,34 @@ def test_a_rolled_back_run_is_reported_as_its_surviving_steps(tmp_path: Path) ->
     (tmp_path / "sick" / "rank-0.jsonl").write_text(first)
     sick = report.build_report(tmp_path / "sick", tmp_path / "out-sick", plots=False)
     assert "reward_collapse" in {v["id"] for v in sick["verdicts"]}
+
+
+def test_the_report_never_writes_through_a_link_or_into_a_fifo(tmp_path: Path) -> None:
+    """The run folder is a tree others write into: a link at an output's name is replaced (the
+    file it points at is untouched), a FIFO there is replaced without being opened, and a
+    `.report` that is a link is refused in one line, writing nothing elsewhere."""
+    import os
+
+    write_run(tmp_path / "snaps", "run", "healthy", steps=120, ranks=1)
+    run = tmp_path / "snaps" / "run"
+    outside = tmp_path / "outside.json"
+    outside.write_text("keep me")
+    (run / ".report").mkdir()
+    (run / ".report" / "summary.json").symlink_to(outside)
+    os.mkfifo(run / ".report" / "report.txt")
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "report", str(run)],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert outside.read_text() == "keep me"
+    assert not (run / ".report" / "summary.json").is_symlink()
+    assert json.loads((run / ".report" / "summary.json").read_text())["run"] == "run"
+    assert (run / ".report" / "report.txt").is_file()  # a regular file now, no FIFO
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(run / ".report")
+    (run / ".report").symlink_to(elsewhere, target_is_directory=True)
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "report", str(run)],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 2 and "cannot write the report" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert list(elsewhere.iterdir()) == []

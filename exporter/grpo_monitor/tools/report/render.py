@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import csv
 import html
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import numpy as np
 
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.run_layout import REPORT_FOLDER, runs_in
+from grpo_monitor.contract.safe_io import replace_file
 from grpo_monitor.runtime.forecast import BLOCK_STEPS
 from grpo_monitor.runtime.signals import HELDOUT_KEY, LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.load import RunData, load_run
@@ -44,16 +47,18 @@ CSV_COLUMNS: tuple[tuple[str, str], ...] = (
 ROLLOUT_VERDICTS: tuple[str, ...] = ("rollout_mismatch", "rollout_mismatch_rising", "stale_rollouts")
 
 
-def write_csv(data: RunData, path: Path) -> None:
+def csv_text(data: RunData) -> str:
+    """reward-vs-step.csv: one row per logged step."""
     cols = [c for c, key in CSV_COLUMNS if data.has(key) or c in ("reward", "kl", "loss",
                                                                    "sample_acc")]
     keys = dict(CSV_COLUMNS)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        wr = csv.writer(fh)
-        wr.writerow(["step", *cols])
-        for st in data.steps:
-            m = data.train[st]
-            wr.writerow([st, *(repr(m[keys[c]]) if keys[c] in m else "" for c in cols)])
+    buf = io.StringIO(newline="")
+    wr = csv.writer(buf)
+    wr.writerow(["step", *cols])
+    for st in data.steps:
+        m = data.train[st]
+        wr.writerow([st, *(repr(m[keys[c]]) if keys[c] in m else "" for c in cols)])
+    return buf.getvalue()
 
 
 # -- text --------------------------------------------------------------------------------------
@@ -416,22 +421,34 @@ def build_report(run_dir: Path | str, out: Path | str | None = None,
     view = RunView(data)
     summary = _json_safe(summarize(view))
     verdicts = _json_safe(diagnose(view))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": out_dir / "summary.json", "verdicts": out_dir / "verdicts.json",
-             "csv": out_dir / "reward-vs-step.csv", "text": out_dir / "report.txt"}
-    paths["summary"].write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    paths["verdicts"].write_text(json.dumps(verdicts, indent=1) + "\n", encoding="utf-8")
-    write_csv(data, paths["csv"])
+    # The run folder is a tree others write into: the default .report is made there only as a
+    # plain folder, and every output replaces its name through safe_io (a link or a FIFO there
+    # is replaced, never written through or opened; Refused, an OSError, for a linked .report).
+    # An --out folder is the caller's own: only its files are guarded so.
+    root = out_dir if out is not None else run_dir
+    if out is None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(out_dir)
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+
+    def write(key: str, name: str, data: bytes | str) -> None:
+        paths[key] = out_dir / name
+        replace_file(root, paths[key], data.encode("utf-8") if isinstance(data, str) else data)
+
+    write("summary", "summary.json", json.dumps(summary, indent=1) + "\n")
+    write("verdicts", "verdicts.json", json.dumps(verdicts, indent=1) + "\n")
+    write("csv", "reward-vs-step.csv", csv_text(data))
     text = text_report(summary, verdicts)
-    paths["text"].write_text(text, encoding="utf-8")
+    write("text", "report.txt", text)
     if plots:
-        paths["png"] = out_dir / "curves.png"
-        png = plot_curves(data, verdicts, paths["png"])
-        law_png = plot_law(data, summary["entropy_reward_law"], out_dir / "law.png")
+        png = plot_curves(data, verdicts)
+        write("png", "curves.png", png)
+        law_png = plot_law(data, summary["entropy_reward_law"])
         if law_png is not None:
-            paths["law_png"] = out_dir / "law.png"
-        paths["html"] = out_dir / "report.html"
-        paths["html"].write_text(html_report(summary, verdicts, png, law_png), encoding="utf-8")
+            write("law_png", "law.png", law_png)
+        write("html", "report.html", html_report(summary, verdicts, png, law_png))
     return {"summary": summary, "verdicts": verdicts, "text": text,
             "outputs": {k: str(v) for k, v in paths.items()}, "data": data}
 
