@@ -154,3 +154,32 @@ def test_a_folder_renamed_or_re_created_while_the_exporter_was_down(
     assert value(s, "grpo_step", run="moved", rank="0") is None
     assert value(s, "grpo_step", run="redo", rank="1") is None
     assert value(s, "grpo_step", run="redo", rank="0") == 20
+
+
+def test_a_file_server_whose_clock_lags_does_not_silence_a_live_run(tmp_path: Path) -> None:
+    """Files whose mtime is 20 minutes behind: bytes a read finds past the previous read were
+    written after it, so a run that goes on writing is dated no earlier than that read (its
+    run's last write, and its records' time when they carry none)."""
+    import os
+    import time
+
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
+
+    root = tmp_path / "snaps"
+    path = root / "lag" / "rank-0.jsonl"
+    store = RunStore()
+    ingestor = Ingestor(root, store, ExporterHealth())
+    lag = 20 * 60
+    looked = []
+    for step in range(1, 4):
+        rec = record(step, "lag", 0.5)
+        del rec["time"]  # the record's time is the file's, as for a logger that writes none
+        write(path, [rec])
+        os.utime(path, (time.time() - lag, time.time() - lag))
+        looked.append(time.time())
+        ingestor.process(path)
+    (run,) = store.runs()
+    assert run.last_write >= looked[-2]  # the third record came after the second look
+    assert run.ranks[0].time >= looked[-2]

@@ -700,6 +700,9 @@ class Ingestor:
                 self._missed_rotations(path, state.read_ns, {state.inode})
             state.offset, state.skipping, state.tail = 0, False, b""
         fh.seek(state.offset)
+        # Bytes past what the last read saw were written after it, whatever their mtime says: a
+        # file server whose clock lags must not make a live run look silent (or expire it).
+        written_after = state.read_ns / 1e9
         state.read_ns = time.time_ns()
         unfinished = b""  # after the last newline: read again next time, never consumed
         left = budget
@@ -719,7 +722,7 @@ class Ingestor:
                 self._consume(state, data[:end])
                 # A record without a time of its own takes the file's mtime once its bytes are
                 # read: a write can land between the look at the file and the read.
-                mtime = os.fstat(fh.fileno()).st_mtime
+                mtime = max(os.fstat(fh.fileno()).st_mtime, written_after)
                 self._lines(path, state, data[: end - 1], mtime)
             if len(unfinished) > self.max_line_bytes:
                 if not state.skipping:
@@ -763,6 +766,7 @@ class Ingestor:
         changed = signature != state.signature
         if not changed and st.st_mtime_ns < state.read_ns - CLOCK_SLACK_NS:
             return
+        written_after = state.read_ns / 1e9  # as in _tail: a change since the last look is newer
         state.signature, state.read_ns = signature, time.time_ns()
         if st.st_size > self.max_file_bytes:
             if changed:
@@ -775,7 +779,7 @@ class Ingestor:
         state.digest = digest
         # A *.json file that stops mid-document is most likely still being written: counted as
         # incomplete, and read again on its next change.
-        self._record(path, data, st.st_mtime, whole_file=True)
+        self._record(path, data, max(st.st_mtime, written_after), whole_file=True)
 
     def _run_folder(self, path: Path) -> str | None:
         """The name of the run folder ``path`` lies in; None for a file at the root."""

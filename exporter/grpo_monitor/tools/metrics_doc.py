@@ -74,7 +74,7 @@ did it last write, and how long does it usually take between records.
 |---|---|---|---|
 | `{ended}` | gauge | run | 1 once a record's `events` holds `{{"type": "run_end"}}` (`SnapshotWriter.close()`, the TRL callback's `on_train_end`, or an appended line); back to 0 when a rank that wrote the end writes again, or any rank passes the step the run had reached (a resumed run) |
 | `{paused}` | gauge | run | 1 while a rank waits on purpose: its newest record is a `paused` mark (`SnapshotWriter.wait_if_paused()` after a red card), not yet followed by a `resumed` mark or a step |
-| `{last_write}` | gauge | run | the newest modification time of the files that fed the run, as the exporter read them (unix seconds, capped at the exporter's clock): a silence measured against `time()`, whatever the trainer's clock says |
+| `{last_write}` | gauge | run | the newest modification time of the files that fed the run, as the exporter read them (unix seconds, capped at the exporter's clock; no earlier than the exporter's previous read of a file that grew since, whatever the file server's clock says): a silence measured against `time()`, whatever the trainer's clock says |
 | `{step_interval}` | gauge | run | typical seconds per training step on the trainer's clock (records' `time`): per rank the median of Δtime/Δstep over its last {n} logged steps, the slowest rank's; absent until a rank has {min_intervals} intervals between records (until then the hung-run card waits for its floor for a run without a pace) |
 | `{log_interval}` | gauge | run | the same median of Δtime between consecutive records (equal to the step interval when every step is logged; ten times it at `logging_steps=10`) |
 
