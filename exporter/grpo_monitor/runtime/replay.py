@@ -31,7 +31,7 @@ from grpo_monitor.contract.run_layout import (
     is_run_name,
     run_files,
 )
-from grpo_monitor.contract.safe_io import Refused, open_regular
+from grpo_monitor.contract.safe_io import Refused, lines, open_regular
 from grpo_monitor.contract.samples import reward_sort_key
 from grpo_monitor.contract.snapshot import (
     RecordError,
@@ -66,22 +66,10 @@ class LinkedRun(ValueError):
 
 
 def _lines(fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """(offset, line) of each complete line that mentions samples; oversized lines skipped."""
-    offset = 0
-    skipping = False
-    while True:
-        line = fh.readline(MAX_LINE_BYTES + 1)
-        if not line:
-            return
-        start, offset = offset, offset + len(line)
-        if not line.endswith(b"\n"):
-            if len(line) > MAX_LINE_BYTES:  # oversized: drop up to its newline
-                skipping = True
-            continue  # or a last line still being written
-        if skipping:
-            skipping = False
-            continue
-        if _MARK in line or _ROLLBACK in line:
+    """(offset, line) of each complete line that mentions samples or a rollback; oversized lines
+    skipped."""
+    for start, line in lines(fh, MAX_LINE_BYTES):
+        if line is not None and (_MARK in line or _ROLLBACK in line):
             yield start, line
 
 
