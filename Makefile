@@ -100,6 +100,7 @@ bench: deps system-deps
 	$(PY) bench/bench_cards.py
 	$(PY) bench/bench_real_runs.py
 	$(PY) bench/bench_ingest.py
+	$(PY) bench/bench_timeline.py
 	$(PY) bench/bench_restart.py
 	$(PY) bench/bench_rules.py
 

@@ -292,4 +292,5 @@ def test_a_folder_in_place_of_the_record_is_a_counted_error(handle: Handle, fold
         code, msg, counted = handle({"version": "4", "alerts": [_alert()]})
     finally:
         record.rmdir()
-    assert (code, msg, counted) == (500, "could not write the control record", {"error": 1})
+    assert (code, msg, counted) == (
+        500, "nothing to pause; could not write the pause record of exp-1 (write_error)", {"error": 1})

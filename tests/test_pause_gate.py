@@ -57,9 +57,10 @@ def _check_while(snapshot_dir: Path, gate: PauseGate, *resume_args: str) -> Resu
 
 
 @pytest.mark.parametrize(("args", "step", "path", "said"), [
-    ((), 6, "/ckpt/6", "rollback to the last healthy checkpoint"),
-    (("--rollback-to", "3"), 3, "/ckpt/3", "rollback to step 3"),
-    (("--no-rollback",), None, None, "no rollback"),
+    ((), 6, "/ckpt/6", "asks its trainer to roll back to the last healthy checkpoint, if one was saved "
+                       "before the card's onset"),
+    (("--rollback-to", "3"), 3, "/ckpt/3", "asks its trainer to roll back to the checkpoint of step 3"),
+    (("--no-rollback",), None, None, "asks its trainer to go on where it stopped"),
 ])
 def test_resume_chooses_where_training_goes_on(snapshot_dir: Path, writer: SnapshotWriter,
                                                args: tuple[str, ...], step: int | None,
@@ -81,6 +82,35 @@ def test_no_checkpoint_before_the_onset_means_no_rollback(snapshot_dir: Path,
     _pause(snapshot_dir, onset="2025-01-01T00:00:30Z")  # before the first save
     decision = _check_while(snapshot_dir, PauseGate(writer, poll_interval=0.02))
     assert decision.rollback_step is None and decision.rollback_path is None
+
+
+@pytest.mark.parametrize(("onset", "said"), [
+    ("2025-01-01T00:00:30Z", "its trainer went on without a rollback, at step 11"),
+    (ONSET, "its trainer rolled back to the checkpoint of step 6"),
+])
+def test_resume_wait_says_what_the_trainer_did(snapshot_dir: Path, writer: SnapshotWriter,
+                                               onset: str, said: str) -> None:
+    """`resume --wait` reports the trainer's answer: its rollback mark, or its next step when
+    no checkpoint predates the card's onset; never the rollback it asked for."""
+    _pause(snapshot_dir, onset=onset)
+    gate = PauseGate(writer, poll_interval=0.02)
+
+    def trainer() -> None:  # the loop of examples/plain_pytorch.py, in short
+        decision = gate.check(11)
+        assert decision is not None
+        if decision.rollback_step is not None:
+            writer.log({}, decision.rollback_step, events=[
+                {"type": "rollback", "from_step": 11, "to_step": decision.rollback_step}])
+        writer.log({"loss": 0.1}, (decision.rollback_step or 10) + 1)
+
+    t = threading.Thread(target=trainer, daemon=True)
+    t.start()
+    wait_for(lambda: '"type":"paused"' in (snapshot_dir / RUN / "rank-0.jsonl").read_text(), 10)
+    res = _cli("resume", RUN, "--snapshot.dir", str(snapshot_dir), "--wait", "30s")
+    t.join(10)
+    assert res.returncode == 0, res.stderr
+    assert "asks its trainer to roll back to the last healthy checkpoint" in res.stdout
+    assert f"run {RUN!r}: {said} (rank 0)" in res.stdout, res.stdout
 
 
 def test_the_newest_record_wins(snapshot_dir: Path, writer: SnapshotWriter) -> None:

@@ -237,6 +237,27 @@ def test_the_wheel_installs_the_sdk_then_trl_beside_the_trainer(tmp_path: Path) 
     assert (Path(found["config"]) / "rules" / "grpo-alerts.yml").is_file()
     assert '"reward/mean":0.5' in (tmp_path / "snaps" / "sdk" / "rank-0.jsonl").read_text()
 
+    # The trainer-side install (docs/sdk.md#install): the wheel without its dependencies.
+    # SnapshotWriter, PauseGate and the samples helper work with the standard library alone; a
+    # command that needs the exporter's dependencies says so in one line.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True, timeout=120)
+    _pip(bare, "--no-deps", str(wheel))
+    sdk = _python(bare, (
+        "import json, sys; from grpo_monitor import SnapshotWriter; "
+        "from grpo_monitor.sdk.pause import PauseGate; from grpo_monitor.sdk.samples import replay_samples; "
+        "w = SnapshotWriter(sys.argv[1], 'bare'); PauseGate(w, group=False).check(1); "
+        "w.log({'reward/mean': 0.5}, 1); w.close(); "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names))))"),
+        str(tmp_path / "snaps"))
+    assert sdk.returncode == 0, sdk.stderr
+    assert [m for m in json.loads(sdk.stdout) if not m.startswith("_")] == ["grpo_monitor"]
+    serve = subprocess.run([str(bare / "bin" / "grpo-monitor"), "serve", "--help"], capture_output=True,
+                           text=True, timeout=60)
+    assert serve.returncode == 2 and len(serve.stderr.strip().splitlines()) == 1, serve.stderr
+    assert "grpo-monitor serve needs " in serve.stderr and "--no-deps" in serve.stderr
+    assert f"pip install '{wheel}'" in serve.stderr, serve.stderr
+
     constraint = tmp_path / "constraint.txt"
     constraint.write_text(TORCH_PIN + "\n")
     _pip(venv, "-c", str(constraint), f"{wheel}[trl]")
@@ -248,6 +269,17 @@ def test_the_wheel_installs_the_sdk_then_trl_beside_the_trainer(tmp_path: Path) 
     assert [e["type"] for e in end["events"]] == ["run_end"]
     version = _python(venv, "import torch; print(torch.__version__)")
     assert version.stdout.startswith(TORCH_PIN.split("==")[1]), version.stdout
+
+
+def test_the_dependency_table_is_pyprojects() -> None:
+    """extras.DEPENDENCY_MODULES names every dependency of pyproject.toml, and nothing else."""
+    import tomllib
+
+    from grpo_monitor.extras import DEPENDENCY_MODULES
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower() for d in deps}
+    assert names == set(DEPENDENCY_MODULES.values())
 
 
 def test_a_git_url_installs_the_committed_package(plain_venv: Path, tmp_path: Path) -> None:

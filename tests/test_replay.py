@@ -309,3 +309,31 @@ def test_a_lone_surrogate_in_a_sample_is_answered(tmp_path: Path, fmt: str) -> N
     (tmp_path / "odd" / "rank-0.jsonl").write_text(json.dumps(record) + "\n")
     status, _, body = replay_http(tmp_path, parse_qs(f"run=odd&step=1&format={fmt}"), "")
     assert status == 200 and "p?" in body.decode("utf-8") and "r?" in body.decode("utf-8")
+
+
+def test_replay_shows_the_samples_of_the_pass_that_stands(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Samples at 10, 20, 30, then a rollback to step 15 and steps 16..30 again with other
+    samples: step 20 and 30 show the second pass's, and say so; step 10 stands as it was."""
+    with SnapshotWriter(tmp_path, "exp", rank=0, world_size=1) as w:
+        for step in range(1, 31):
+            p, r, rew, lens = _rollout(step)
+            w.log({"reward/mean": 0.1}, step,
+                  samples=replay_samples([f"first {x}" for x in p], r, rew, lens)
+                  if step % 10 == 0 else None)
+        w.log({}, 15, events=[{"type": "rollback", "from_step": 31, "to_step": 15}])
+        for step in range(16, 26):
+            p, r, rew, lens = _rollout(step)
+            w.log({"reward/mean": 0.1}, step,
+                  samples=replay_samples([f"second {x}" for x in p], r, rew, lens)
+                  if step % 10 == 0 else None)
+    assert available_steps(tmp_path, "exp") == [10, 20]  # 30 was undone and not logged again
+    assert find_samples(tmp_path, "exp", 30)[1][0].prompt.startswith("second")  # type: ignore[index]
+    assert find_samples(tmp_path, "exp", 10)[1][0].prompt.startswith("first")  # type: ignore[index]
+    status, _, body = replay_http(tmp_path, parse_qs("run=exp&step=20"), "text/html")
+    assert status == 200 and "Step 20 was logged again after the run went back to step 15" in body.decode()
+    data = json.loads(replay_http(tmp_path, parse_qs("run=exp&step=20&format=json"), "")[2])
+    assert data["undone"] == [{"steps": [20, 30], "back_to": 15}]
+    assert json.loads(replay_http(tmp_path, parse_qs("run=exp&step=10&format=json"), "")[2])["undone"] == []
+    assert print_replay(tmp_path, "exp", 20) == 0
+    assert "Step 20 was logged again after the run went back to step 15" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import json
 import math
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -754,3 +755,89 @@ def test_curves_have_one_colour_per_card_colour_and_a_legend(tmp_path: Path) -> 
     assert (red, yellow) == ("#d62728", "#e6b800")
     doc = (ROOT / "docs" / "report.md").read_text()
     assert "red (critical) or yellow (warning), red where both" in doc
+
+
+def test_a_rolled_back_run_is_reported_as_its_surviving_steps(tmp_path: Path) -> None:
+    """Healthy to 44, the reward collapsed from 45, rolled back at 129 to the step-20 checkpoint,
+    healthy to 300: the report judges steps 1..20 and the second pass, says what was undone, and
+    finds no reward collapse; the same records without the rollback mark and second pass do."""
+    rng = random.Random(1)
+
+    def rec(step: int, reward: float) -> str:
+        return json.dumps({"step": step, "metrics": {
+            "reward/mean": reward + rng.gauss(0, 0.02), "reward/std": 0.3, "kl/mean": 0.01,
+            "entropy/mean": 1.0, "loss": 0.1, "response/len_mean": 300.0}}) + "\n"
+
+    first = "".join(rec(s, 0.8 if s < 45 else 0.02) for s in range(1, 130))
+    mark = json.dumps({"step": 20, "metrics": {}, "events": [
+        {"type": "rollback", "from_step": 130, "to_step": 20}]}) + "\n"
+    second = "".join(rec(s, 0.8) for s in range(21, 301))
+    (tmp_path / "rb").mkdir()
+    (tmp_path / "rb" / "rank-0.jsonl").write_text(first + mark + second)
+    res = report.build_report(tmp_path / "rb", tmp_path / "out", plots=True)
+    assert res["summary"]["logged_steps"] == 300 and res["summary"]["steps"] == [1, 300]
+    assert res["summary"]["undone"] == [{"steps": [21, 129], "back_to": 20}]
+    assert "steps 21-129 were undone (the run went back to step 20)" in res["text"]
+    assert "steps 21-129 were undone" in (tmp_path / "out" / "report.html").read_text()
+    assert "reward_collapse" not in {v["id"] for v in res["verdicts"]}
+    (tmp_path / "sick").mkdir()
+    (tmp_path / "sick" / "rank-0.jsonl").write_text(first)
+    sick = report.build_report(tmp_path / "sick", tmp_path / "out-sick", plots=False)
+    assert "reward_collapse" in {v["id"] for v in sick["verdicts"]}
+
+
+def test_the_report_never_writes_through_a_link_or_into_a_fifo(tmp_path: Path) -> None:
+    """The run folder is a tree others write into: a link at an output's name is replaced (the
+    file it points at is untouched), a FIFO there is replaced without being opened, and a
+    `.report` that is a link is refused in one line, writing nothing elsewhere."""
+    import os
+
+    write_run(tmp_path / "snaps", "run", "healthy", steps=120, ranks=1)
+    run = tmp_path / "snaps" / "run"
+    outside = tmp_path / "outside.json"
+    outside.write_text("keep me")
+    (run / ".report").mkdir()
+    (run / ".report" / "summary.json").symlink_to(outside)
+    os.mkfifo(run / ".report" / "report.txt")
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "report", str(run)],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert outside.read_text() == "keep me"
+    assert not (run / ".report" / "summary.json").is_symlink()
+    assert json.loads((run / ".report" / "summary.json").read_text())["run"] == "run"
+    assert (run / ".report" / "report.txt").is_file()  # a regular file now, no FIFO
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(run / ".report")
+    (run / ".report").symlink_to(elsewhere, target_is_directory=True)
+    res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", "report", str(run)],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 2 and "cannot write the report" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_report_and_check_read_a_huge_file_in_bounded_memory(tmp_path: Path) -> None:
+    """A 1 GiB sparse file (NULs, no newline) beside a run's records: report and check stream
+    it, skipping it as one oversized line, instead of holding it whole. Their peak memory stays
+    far below the file's size."""
+    run = tmp_path / "snaps" / "big"
+    run.mkdir(parents=True)
+    (run / "rank-0.jsonl").write_text("".join(
+        json.dumps({"step": s, "metrics": {"reward/mean": 0.5, "loss": 0.1}}) + "\n" for s in range(1, 41)))
+    with open(run / "rank-1.jsonl", "wb") as fh:
+        fh.truncate(1 << 30)
+    peak = ("import resource, runpy, sys; sys.argv = ['grpo-monitor', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('grpo_monitor.cli', run_name='__main__')\n"
+            "except SystemExit as e:\n    code = e.code\n"
+            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "sys.exit(code)")
+    for args in (["report", str(run), "--out", str(tmp_path / "out")],
+                 ["check", str(run)]):
+        res = subprocess.run([sys.executable, "-c", peak, *args], capture_output=True, text=True,
+                             timeout=600)
+        assert res.returncode in (0, 1), res.stderr[-2000:]
+        kib = int(re.search(r"PEAK (\d+)", res.stderr).group(1))  # type: ignore[union-attr]
+        assert kib < 400 * 1024, (args[0], kib)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["logged_steps"] == 40 and summary["bad_lines"] >= 1

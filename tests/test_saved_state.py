@@ -19,6 +19,7 @@ from polling import wait_for
 from processes import start_listening
 
 from grpo_monitor.runtime.saved_state import FILE_NAME, MAGIC, RESTORE_RESULTS
+from grpo_monitor.runtime.store import Limits
 from grpo_monitor.sdk.writer import SnapshotWriter
 from grpo_monitor.tools import simulate
 from grpo_monitor.tools.stack import Child
@@ -209,3 +210,27 @@ def test_a_killed_exporter_restarts_from_its_last_periodic_save(
         assert metric(url, 'grpo_exporter_state_restores_total{result="restored"}') == 1.0
         wait_for(lambda: metric(url, 'grpo_step{run="job",rank="0"}') == 220, timeout=30, what="step 220 served")
         assert metric(url, 'grpo_snapshots_ingested_total{shape="native"}') == job.records - already
+
+
+def test_a_state_saved_under_other_flags_is_set_aside_and_crashed_saves_leave_nothing(
+        snapshot_dir: Path, state_dir: Path, start_exporter: Callable[..., Running]) -> None:
+    """A changed --signals.baseline-steps applies to every run: the state saved under the old
+    one is stale, and every file is read again under the new. Temporary files of saves a crash
+    cut short are removed at the next start."""
+    job = Job(snapshot_dir)
+    job.write(1, 101)
+    first = start_exporter(storage_path=state_dir)
+    caught_up(first, job.records)
+    first.exporter.stop()
+    leftovers = [state_dir / f".{FILE_NAME}.{n:08x}.tmp" for n in range(3)]
+    for path in leftovers:
+        path.write_bytes(b"half a state")
+    other = start_exporter(storage_path=state_dir,
+                           limits=Limits(baseline_steps=50))
+    assert restores(other)["stale"] == 1
+    caught_up(other, job.records)
+    assert not any(p.exists() for p in leftovers)
+    assert value(other.scrape(), "grpo_baseline_ready", run="job", rank="0") == 1  # 50 steps
+    other.exporter.stop()
+    same = start_exporter(storage_path=state_dir, limits=Limits(baseline_steps=50))
+    assert restores(same)["restored"] == 1

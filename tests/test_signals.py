@@ -77,15 +77,19 @@ def test_perf_values_of_checkpoint_steps_are_left_out() -> None:
     assert {w: (lo, hi) for k, w, lo, hi in f.extremes}[50] == (5.0, 5.0)
 
 
-def test_going_back_in_steps_restarts_the_windows_not_the_baseline() -> None:
+def test_going_back_in_steps_undoes_the_steps_after_it() -> None:
+    """Resumed from the step-300 checkpoint: steps 300..500 are undone. The windows hold the
+    surviving steps and the new ones, the NaN of step 480 is gone, the baseline (steps 1..100)
+    stands since the rewind does not reach into it."""
     sig = RankSignals(baseline_steps=100)
     feed(sig, range(1, 501), lambda s: {"loss": 1.0})
     sig.add(480, {"loss": math.nan}, False)
     assert sig.features().nonfinite["loss"] == 1
-    feed(sig, range(300, 360), lambda s: {"loss": 2.0})  # resumed from the step-300 checkpoint
+    feed(sig, range(300, 360), lambda s: {"loss": 2.0})
     f = sig.features()
     assert "loss" not in f.nonfinite  # 0: not published
-    assert {(w, o): m for k, w, o, m in f.means}[(50, 0)] == 2.0
+    means = {(w, o): m for k, w, o, m in f.means}
+    assert means[(50, 0)] == 2.0 and means[(100, 0)] == pytest.approx((40 * 1.0 + 60 * 2.0) / 100)
     assert f.baseline["loss"] == (1.0, 0.0)
 
 
@@ -135,7 +139,7 @@ def test_rebaseline_rejects_a_run_without_steps(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "no step found" in proc.stderr
 
 
-def test_initial_value_is_each_keys_first_steps_and_survives_a_resume() -> None:
+def test_initial_value_is_each_keys_first_steps_and_follows_a_rewind() -> None:
     sig = RankSignals(baseline_steps=200, initial_steps=10)
     feed(sig, range(1, 9), lambda s: {"entropy/mean": float(s)})
     assert "entropy/mean" not in sig.features().initial  # its first 10 steps are not past yet
@@ -143,8 +147,11 @@ def test_initial_value_is_each_keys_first_steps_and_survives_a_resume() -> None:
     f = sig.features()
     assert f.initial["entropy/mean"] == pytest.approx(5.5)  # steps 1..10, before any baseline
     assert f.initial["eval/sample_acc"] == pytest.approx(0.5)  # from its own first step (30)
-    feed(sig, range(5, 20), lambda s: {"entropy/mean": 100.0})  # resumed from an older checkpoint
+    feed(sig, range(40, 50), lambda s: {"entropy/mean": 100.0})  # resumed after the initial steps
     assert sig.features().initial["entropy/mean"] == pytest.approx(5.5)
+    feed(sig, range(5, 20), lambda s: {"entropy/mean": 100.0})  # resumed inside them: 1..4 stand
+    assert sig.features().initial["entropy/mean"] == pytest.approx((1 + 2 + 3 + 4 + 6 * 100) / 10)
+    assert "eval/sample_acc" not in sig.keys  # first logged at step 30: undone
 
 
 def test_initial_value_of_a_sparse_log_counts_steps_not_records() -> None:
@@ -175,14 +182,14 @@ def test_window_percentiles_tolerate_one_step_in_ten() -> None:
     assert all(not k.startswith("perf/") for k, *_ in sig.features().percentiles)
 
 
-def test_run_range_is_the_highest_and_lowest_20_step_mean_and_never_forgets() -> None:
+def test_run_range_is_the_highest_and_lowest_20_step_mean_of_the_surviving_steps() -> None:
     sig = RankSignals(baseline_steps=200)
     rewards = [0.2] * 40 + [0.9] * 40 + [0.0] * 40
     feed(sig, range(1, 121), lambda s: {"reward/mean": rewards[s - 1]})
     lo, hi = sig.features().ranges["reward/mean"]
     assert (lo, hi) == (pytest.approx(0.0), pytest.approx(0.9))
-    feed(sig, range(60, 70), lambda s: {"reward/mean": 0.5})  # a resume keeps the range
-    assert sig.features().ranges["reward/mean"] == (pytest.approx(0.0), pytest.approx(0.9))
+    feed(sig, range(90, 100), lambda s: {"reward/mean": 0.5})  # the fall to 0.0 from 81 on undone
+    assert sig.features().ranges["reward/mean"] == (pytest.approx(0.2), pytest.approx(0.9))
 
 
 def test_a_pending_rebaseline_takes_the_prompt_types_to_the_same_step() -> None:

@@ -209,7 +209,7 @@ def test_demo_trainer_a_red_card_pauses_the_real_loop_and_resume_rolls_it_back(t
             r"\[PAUSE \] run=train-demo: GRPONonFiniteValues paused it after step \d+",
             r"trainer +training paused by red card GRPONonFiniteValues at step \d+",
             r"demo +1 s later, as a person would: grpo-monitor resume --snapshot.dir \S+ train-demo",
-            r"run 'train-demo': paused -> running, rollback to the last healthy checkpoint",
+            r"run 'train-demo': paused -> running; asks its trainer to roll back to the last healthy checkpoint",
             r"trainer +resumed after \d+ s paused: rolled back from step \d+ to the checkpoint of step (20|40)")]
         assert all(order), out
         red, pause, held, demo_resumes, resumed, rolled = (m.start() for m in order)  # type: ignore[union-attr]
@@ -249,6 +249,45 @@ def test_the_pause_line_says_what_the_run_does(tmp_path: Path) -> None:
     assert "paused it after step 352; its trainer waits at its next step boundary" in trainer
     assert ("wrote its pause record after step 352, but this simulated run reads no pause record "
             "and goes on") in simulated and "waits" not in simulated
+
+
+def test_the_resume_line_says_what_the_trainer_did(tmp_path: Path) -> None:
+    """A resume record asks; the line says a rollback only once the trainer logged one, and
+    that it went on without one when it did."""
+    from grpo_monitor.contract.control import ControlRecord, write_control
+    from grpo_monitor.tools.stack import PausePrinter
+
+    said: list[str] = []
+    printer = PausePrinter(tmp_path, said.append)
+
+    def log(run: str, *records: dict) -> None:
+        with open(tmp_path / run / "rank-0.jsonl", "a") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in records))
+
+    for run in ("back", "on"):
+        (tmp_path / run).mkdir()
+        log(run, *({"step": s, "metrics": {"loss": 0.1}} for s in range(1, 70)))
+        write_control(tmp_path, run, ControlRecord(state="paused", alertname="GRPORewardCollapse",
+                                                   run=run, step=68))
+    printer.poll()
+    for run in ("back", "on"):
+        log(run, {"step": 69, "metrics": {}, "events": [{"type": "paused"}]})
+        write_control(tmp_path, run, ControlRecord(state="running", run=run, rollback="last_healthy"))
+    printer.poll()
+    asked = [line for line in said if "[resume]" in line]
+    assert len(asked) == 2 and all("resume written, asking for a rollback to the last healthy "
+                                   "checkpoint" in line for line in asked), said
+    printer.poll()
+    assert len([line for line in said if "[resume]" in line]) == 2  # no answer yet: nothing more
+    log("back", {"step": 69, "metrics": {}, "events": [{"type": "resumed"}]},
+        {"step": 20, "metrics": {}, "events": [{"type": "rollback", "from_step": 70, "to_step": 20}]},
+        {"step": 21, "metrics": {"loss": 0.1}})
+    log("on", {"step": 69, "metrics": {}, "events": [{"type": "resumed"}]},
+        {"step": 70, "metrics": {"loss": 0.1}})
+    printer.poll()
+    assert "  [resume] run=back: its trainer rolled back to the checkpoint of step 20" in said, said
+    assert "  [resume] run=on: its trainer went on without a rollback, at step 70" in said, said
+    assert not any("rolled back" in line for line in said if "run=on" in line)
 
 
 def test_the_demo_says_when_its_simulated_run_ends(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from grpo_monitor import __version__
-from grpo_monitor.extras import MissingExtra, require
+from grpo_monitor.extras import MissingExtra, missing_dependency, require
 from grpo_monitor.runtime.signals import BASELINE_STEPS
 
 ENV_PREFIX = "GRPO_MONITOR_"
@@ -637,8 +637,9 @@ def _resume_when_due(paused: dict[str, int | None], since: dict[str, float], run
     since[run] = math.inf  # once per pause
     _say(f"  demo          {after:.0f} s later, as a person would: grpo-monitor resume "
          f"--snapshot.dir {snapshot_dir} {run}")
+    # No --wait: the demo's own [resume] line says what the trainer did when it answers.
     cmd_resume(argparse.Namespace(snapshot_dir=snapshot_dir, run=run, rollback_to=None,
-                                  no_rollback=False, force=False))
+                                  no_rollback=False, force=False, wait=0.0))
 
 
 # -- runs: simulate, train-demo, report, replay, rebaseline, resume ------------------------------
@@ -743,6 +744,9 @@ def _train_demo_flags() -> list[Flag]:
              "--group-size, --difficulty, --length-penalty, --loss-agg, --rollout-*, --slow-rank) "
              "only from this step; before it the defaults train.", int, metavar="STEP",
              shown_default="0, sick from the start"),
+        knob("--cured-by-rollback", "Turn the sickness knobs off at the first rollback (the fix a "
+             "person makes before resuming): the steps trained again are healthy.",
+             action="store_true"),
         knob("--slow-rank", "Log extra ranks' perf signals (simulated from rank 0's step time), "
              "the last one slowed by --slow-factor.", action="store_true"),
         knob("--ranks", "Ranks logged with --slow-rank, at least 2; 3+ lets GRPORankStraggler "
@@ -877,7 +881,22 @@ def _resume_flags() -> list[Flag]:
         Flag("--force", "force", "Write a running record even though this folder holds no pause "
              "of the run: for a fleet whose red card paused the run in another node's folder (a "
              "resume written here reaches every rank all the same).", False, action="store_true"),
+        Flag("--wait", "wait", "Wait this long for the trainer's answer (its rollback mark, or "
+             "its next step) and say what it did; 0s: say what was asked and return.", 0.0,
+             type=_parse_duration, show=_format_duration),
     ]
+
+
+def _parse_duration(text: str) -> float:
+    from grpo_monitor.runtime.config import parse_duration
+
+    return parse_duration(text)
+
+
+def _format_duration(seconds: float) -> str:
+    from grpo_monitor.runtime.config import format_duration
+
+    return format_duration(seconds)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -893,6 +912,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         write_control,
     )
     from grpo_monitor.contract.run_layout import is_run_name
+    from grpo_monitor.tools.trainer_marks import file_sizes, ranks_waiting
 
     snapshot_dir = args.snapshot_dir
     # A name that cannot be a run folder is the caller's typo, not a damaged record: say so, as
@@ -908,7 +928,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if record is None and not run_folder_here(snapshot_dir, args.run):
         print(f"grpo-monitor resume: no run {args.run!r} under {snapshot_dir}", file=sys.stderr)
         return 2
-    waiting = _ranks_waiting(Path(snapshot_dir) / args.run)
+    waiting = ranks_waiting(Path(snapshot_dir) / args.run)
     if (record is None or record.state != "paused") and not waiting and not args.force:
         # Nothing to lift: saying "resumed" would send a person looking for a pause that is not
         # there.
@@ -927,46 +947,43 @@ def cmd_resume(args: argparse.Namespace) -> int:
                "in another node's folder)" if waiting else "not paused (--force)")
         record = record or ControlRecord(state="running", run=args.run)
     if args.no_rollback:
-        rollback, what = "none", "no rollback"
+        rollback, what = "none", "asks its trainer to go on where it stopped"
     elif args.rollback_to is not None:
-        rollback, what = "step", f"rollback to step {args.rollback_to}"
+        rollback, what = "step", f"asks its trainer to roll back to the checkpoint of step {args.rollback_to}"
     else:
-        rollback, what = "last_healthy", "rollback to the last healthy checkpoint"
+        rollback, what = "last_healthy", ("asks its trainer to roll back to the last healthy "
+                                          "checkpoint, if one was saved before the card's onset")
     record = record.model_copy(update={"state": "running", "resumed_at": now_rfc3339(),
                                        "rollback": rollback, "rollback_to": args.rollback_to})
+    before = file_sizes(Path(snapshot_dir) / args.run)  # the answer comes after this
     path = write_control(snapshot_dir, args.run, record)
-    print(f"run {args.run!r}: {was} -> running, {what} ({path})")
+    print(f"run {args.run!r}: {was} -> running; {what} ({path})")
+    if args.wait > 0:
+        return _report_answer(Path(snapshot_dir) / args.run, args.run, args.wait, before)
     return 0
 
 
-def _ranks_waiting(run_dir: Path) -> list[int]:
-    """The ranks whose snapshot file here ends with a ``paused`` mark: PauseGate holds them (it
-    marks the pause in every rank's file, so a node whose folder lacks the card's record still
-    knows). Reads the last few KiB of regular files only (safe_io: no link, no FIFO)."""
-    from grpo_monitor.contract.run_layout import rotation_of, run_files
-    from grpo_monitor.contract.safe_io import open_regular
-    from grpo_monitor.contract.snapshot import RecordError, decode_record, identity_from_path
+def _report_answer(run_dir: Path, run: str, wait_s: float, since: dict[Path, int]) -> int:
+    """Wait up to ``wait_s`` for the trainer's answer to a resume and print it: 0 once it
+    answered, 1 when it did not in time."""
+    import time
 
-    waiting = []
-    for path in run_files(run_dir):
-        if not path.name.endswith(".jsonl") or rotation_of(path.name)[1] is not None:
-            continue  # a rotated segment is history
-        try:
-            with open_regular(run_dir, path) as fh:
-                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 8192))
-                tail = fh.read(8192)
-        except OSError:  # gone, unreadable, or refused (a link, a FIFO)
-            continue
-        lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
-        try:
-            last = decode_record(lines[-1])
-        except RecordError:
-            continue
-        events = last.get("events") if isinstance(last, dict) else None
-        if isinstance(events, list) and any(isinstance(e, dict) and e.get("type") == "paused"
-                                            for e in events):
-            waiting.append(identity_from_path(path, run_dir.parent)[1])
-    return sorted(set(waiting))
+    from grpo_monitor.tools.trainer_marks import trainer_answer
+
+    deadline = time.monotonic() + wait_s
+    while (answer := trainer_answer(run_dir, since)) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if answer is None:
+        print(f"run {run!r}: its trainer has not answered in {wait_s:g} s (it reads the record at "
+              "its next pause poll)", file=sys.stderr)
+        return 1
+    if answer.to_step is not None:
+        print(f"run {run!r}: its trainer rolled back to the checkpoint of step {answer.to_step} "
+              f"(rank {answer.rank})")
+    else:
+        print(f"run {run!r}: its trainer went on without a rollback, at step {answer.step} "
+              f"(rank {answer.rank})")
+    return 0
 
 
 # -- compose-init --------------------------------------------------------------------------------
@@ -1121,11 +1138,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``grpo-monitor`` command: ``main(["report", RUN_DIR])`` runs ``grpo-monitor report``."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args))
     except MissingExtra as exc:
         print(exc, file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # a trainer-side install (--no-deps) running a command
+        command = " ".join(a for a in (argv if argv is not None else sys.argv[1:])[:1]) or "--help"
+        line = missing_dependency(exc, command)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return 2
 
 

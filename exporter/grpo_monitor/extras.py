@@ -20,6 +20,14 @@ from urllib.parse import unquote, urlsplit
 DISTRIBUTION = "grpo-monitor"
 # pip's distribution name differs from the import name for some modules.
 _DISTRIBUTION = {"yaml": "pyyaml"}
+# The package's own dependencies (pyproject.toml's [project] dependencies), by the module each
+# gives: a trainer's environment may install the package without them (`pip install --no-deps`,
+# docs/sdk.md#install), which SnapshotWriter and PauseGate never import, and a command that needs
+# one then says so in one line. A test keeps this in step with pyproject.toml.
+DEPENDENCY_MODULES = {"prometheus_client": "prometheus-client", "watchdog": "watchdog",
+                      "pydantic": "pydantic", "pydantic_core": "pydantic", "pynvml": "nvidia-ml-py",
+                      "requests": "requests", "orjson": "orjson", "yaml": "pyyaml",
+                      "tomli": "tomli", "bcrypt": "bcrypt"}
 
 
 class MissingExtra(Exception):
@@ -46,6 +54,20 @@ def installed_from() -> str | None:
     source = unquote(parts.path) if parts.scheme == "file" else url
     editable = isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable")
     return f"-e {source}" if editable else source
+
+
+def missing_dependency(exc: ModuleNotFoundError, command: str) -> str | None:
+    """The one line for a command that needs a dependency of the package itself, which this
+    installation lacks (installed with --no-deps); None for any other missing module."""
+    module = (exc.name or "").split(".")[0]
+    if module not in DEPENDENCY_MODULES:
+        return None
+    source = installed_from()
+    again = (f"pip install '{source[3:] if source.startswith('-e ') else source}'" if source
+             else f"pip install '{DISTRIBUTION} @ <checkout, wheel or git URL>'")
+    return (f"grpo-monitor {command} needs {DEPENDENCY_MODULES[module]}, which this installation "
+            f"lacks (installed with --no-deps, for a trainer's environment: docs/sdk.md#install); "
+            f"install the package with its dependencies: {again}")
 
 
 def install_hint(extra: str) -> str:

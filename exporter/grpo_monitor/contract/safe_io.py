@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["NOT_REGULAR", "REFUSALS", "SYMLINK", "Refused", "is_plain_folder", "open_regular", "printable",
-           "read_regular", "replace_file", "walk"]
+__all__ = ["NOT_REGULAR", "REFUSALS", "SYMLINK", "Refused", "is_plain_folder", "lines", "open_regular",
+           "printable", "read_regular", "replace_file", "walk"]
 
 SYMLINK = "symlink"
 NOT_REGULAR = "not_regular"
@@ -220,6 +220,32 @@ def replace_file(root: str | os.PathLike[str], path: str | os.PathLike[str], dat
             raise
     finally:
         os.close(folder)
+
+
+def lines(fh: BinaryIO, limit: int, last: bool = False) -> Iterator[tuple[int, bytes | None]]:
+    """(offset, line without its newline) of each complete line of ``fh`` from where it stands,
+    read ``limit`` bytes at most at a time: a line longer than ``limit`` is (offset, None), its
+    bytes dropped up to its newline, so memory stays bounded whatever the file holds (a sparse
+    file of NULs, a runaway writer). A last line without its newline is left out (being
+    written), unless ``last`` (a finished file read after the fact)."""
+    offset = fh.tell()
+    skipping = False
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        start, offset = offset, offset + len(line)
+        if not line.endswith(b"\n"):
+            if len(line) > limit and not skipping:  # oversized: say so once, drop to its newline
+                skipping = True
+                yield start, None
+            elif last and not skipping and len(line) <= limit:
+                yield start, line
+            continue  # or the last line, still being written
+        if skipping:
+            skipping = False
+            continue
+        yield start, line[:-1]
 
 
 def walk(root: str | os.PathLike[str], start: str | os.PathLike[str] | None = None, *,

@@ -65,8 +65,10 @@ class AlertmanagerPoller:
             alerts = resp.json()
             if not isinstance(alerts, list):
                 raise ValueError("the answer is not a list of alerts")
-            paused = [run for alert in alerts if isinstance(alert, dict)
-                      if (run := self.pauser.apply(_as_webhook_alert(alert)))]
+            # Each run on its own: a run folder it cannot write is counted there
+            # (grpo_card_pauses_total) and stops no other run's pause.
+            paused, _ = self.pauser.apply_all([_as_webhook_alert(a) for a in alerts
+                                               if isinstance(a, dict)])
         except Exception as exc:  # noqa: BLE001 -- a poll that fails is retried at the next tick
             self.polls.labels("error").inc()
             if not self._failing:

@@ -3,6 +3,8 @@ red-card inputs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client import generate_latest
 
 from grpo_monitor.runtime.card_pause import CardPauser, ScrapePace
@@ -44,7 +46,9 @@ class Exporter:
         self.watcher = SnapshotWatcher(
             self.ingestor, poll=config.poll, poll_interval=config.poll_interval,
             rescan_interval=config.rescan_interval, run_timeout=config.run_timeout,
-            state=StateFile(config.storage_path, root) if config.storage_path is not None else None,
+            state=(StateFile(config.storage_path, root, {
+                "limits": dataclasses.asdict(config.limits), "key_map": config.key_map_file})
+                if config.storage_path is not None else None),
             save_interval=config.storage_save_interval)
         self.gpu = (GPUCollector(config.gpu_interval, nvml=config.gpu_nvml, registry=self.health.registry)
                     if config.gpu_collector else None)

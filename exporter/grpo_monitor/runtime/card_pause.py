@@ -39,6 +39,7 @@ from grpo_monitor.contract.control import (
     read_control,
     write_control,
 )
+from grpo_monitor.contract.safe_io import Refused
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.store import RunStore
 
@@ -111,10 +112,40 @@ class CardPauser:
         self._writing: set[str] = set()
         self._claims = threading.Lock()  # guards _writing alone
 
+    def apply_all(self, alerts: list[Any]) -> tuple[list[str], dict[str, str]]:
+        """Each alert on its own: (the runs paused, run -> why its pause could not be written).
+        A run whose folder the exporter cannot write never delays or drops another's pause."""
+        paused: list[str] = []
+        failed: dict[str, str] = {}
+        for alert in alerts:
+            if not isinstance(alert, dict):
+                continue
+            try:
+                run = self.apply(alert)
+            except OSError as exc:
+                labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
+                run = str(labels.get("run"))
+                reason = ("refused" if isinstance(exc, Refused) else "permission_denied"
+                          if isinstance(exc, PermissionError) else "write_error")
+                self._count(reason)
+                log.error("red card for run %s: cannot write its pause record: %s (the exporter, "
+                          "uid %d, needs write access to the run folder: docs/pause.md); other "
+                          "runs' pauses go on", run, exc, os.getuid())
+                failed[run] = reason
+                continue
+            if run is not None:
+                paused.append(run)
+        return paused, failed
+
+    def _count(self, result: str) -> None:
+        if self.health is not None:
+            self.health.pauses.labels(result).inc()
+
     def apply(self, alert: dict[str, Any]) -> str | None:
         """Pause the alert's run if it is a red card that has not paused it yet; the run's name
         when it did. Only a run with a folder here (``run_folder``): a fleet's exporter hears
-        of every card, and pauses the runs whose ranks it serves."""
+        of every card, and pauses the runs whose ranks it serves. Raises OSError when the record
+        cannot be written (apply_all counts it)."""
         labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
         run = labels.get("run")
         if (alert.get("status") != "firing" or labels.get("severity") != "critical"
@@ -138,7 +169,9 @@ class CardPauser:
             with self._claims:
                 self._writing.discard(run)
         if record is None:
+            self._count("unchanged")
             return None
+        self._count("paused")
         log.warning("red card %s: run %s paused at step %s", alertname, run, record.step)
         return run
 

@@ -63,6 +63,10 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
 SHAPES: tuple[str, ...] = ("native", "verl", "flat")
 
 
+# grpo_card_pauses_total{result}
+PAUSE_RESULTS = ("paused", "unchanged", "permission_denied", "refused", "write_error")
+
+
 class ExporterHealth:
     def __init__(self) -> None:
         # *_created series double the exporter's own series for no use in PromQL; node_exporter
@@ -111,6 +115,15 @@ class ExporterHealth:
         self.state_save_seconds = Gauge(
             "grpo_exporter_state_last_save_duration_seconds", "Time the last save took, its pickling "
             "under the store's lock included.", registry=self.registry)
+        # Each red card's pause of one run (card_pause.py), whichever way it came (the webhook,
+        # the Alertmanager poll): one run's failure never stops another's.
+        self.pauses = Counter(
+            "grpo_card_pauses", "Red cards applied to a run of this node, by result: paused, "
+            "unchanged (paused already, or this firing was resumed), or the write's failure: "
+            "permission_denied, refused (a link or a non-folder on the way), write_error.",
+            ["result"], registry=self.registry)
+        for result in PAUSE_RESULTS:
+            self.pauses.labels(result)
         # The children, looked up once: labels() per record is a tenth of a perf record's ingest.
         self.ingested_by_shape = {shape: self.ingested.labels(shape) for shape in SHAPES}
         for result in RESTORE_RESULTS:

@@ -12,6 +12,7 @@ refused without blocking, counted once per path (``symlink``, ``not_regular``) a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -35,6 +36,7 @@ from grpo_monitor.contract.run_layout import (
 from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, read_regular, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
+    as_text,
     decode_record,
     identity_from_path,
     parse_record,
@@ -87,6 +89,9 @@ class FileState:
     signature: tuple[int, int] = (0, 0)  # *.json: (size, mtime_ns) last looked at
     read_ns: int = 0  # when it was last read (our clock)
     digest: bytes = b""  # *.json: hash of the content last looked at
+    # The inode of its run folder when it was first followed: another one under the same name
+    # is a folder deleted and re-created (maybe while the exporter was down): a new run.
+    folder_inode: int = 0
 
 
 def _under(path: Path, folders: set[Path]) -> bool:
@@ -182,6 +187,9 @@ class Ingestor:
 
     def _track(self, path: Path, state: FileState) -> None:
         state.name = path
+        if not state.folder_inode and (folder := self._run_folder_path(path)) is not None:
+            with contextlib.suppress(OSError):
+                state.folder_inode = os.lstat(folder).st_ino
         self.files[path] = state
         self._inodes[state.inode] = path
         self.health.files.set(len(self.files))
@@ -226,10 +234,62 @@ class Ingestor:
             self._detached.clear()
             self._vacated.clear()
 
+    def run_folder_gone(self, folder: Path) -> None:
+        """A run folder was deleted or renamed (docs/snapshot-format.md#a-new-run-or-a-renamed-one):
+        its run leaves the store, and whatever the folder holds now (re-created under the same
+        name, maybe already read in part) is read from its start as a new run. A renamed
+        folder's files are read from their start under the new name (moved(): a "folder" event)
+        rather than followed by their inodes, since the run's name changed with the folder's.
+        A live run's folder is not deleted or renamed while it writes, so a run is never split:
+        the whole folder is read again, as one run."""
+        gone = {folder}
+        for p in [p for p in self.files if _under(p, gone)]:
+            self._untrack(p)
+        for inode in [i for i, st in self._detached.items() if _under(st.name, gone)]:
+            del self._detached[inode]
+        self._drop(gone)
+        self._vacated = {p for p in self._vacated if not _under(p, gone)}
+        self._seen = {p: sig for p, sig in self._seen.items() if not _under(p, gone)}
+        run = as_text(folder.name)
+        self._run_key_maps.pop(run, None)
+        if self.store.forget_run(run):
+            log.info("run %s: its folder was deleted or renamed; a folder of that name is read "
+                     "again as a new run", run)
+        if self._visible(folder) and not folder.is_symlink() and folder.is_dir():
+            self.scan_folder(folder)
+
+    def _run_folder_path(self, path: Path) -> Path | None:
+        """The run folder ``path`` lies in; None for a file directly in the snapshot folder."""
+        parts = path.relative_to(self.root).parts if path.is_relative_to(self.root) else ()
+        return self.root / parts[0] if len(parts) > 1 else None
+
+    def _run_folders_gone(self) -> list[Path]:
+        """The run folders of files followed that are gone from the snapshot folder, or another
+        folder now (deleted and re-created)."""
+        folders: dict[Path, int] = {}
+        for path, state in self.files.items():
+            if (folder := self._run_folder_path(path)) is not None:
+                folders.setdefault(folder, state.folder_inode)
+        gone = []
+        for folder, inode in folders.items():
+            try:
+                now = os.lstat(folder).st_ino
+            except OSError:
+                gone.append(folder)
+                continue
+            if inode and now != inode:
+                gone.append(folder)
+        return gone
+
     def deleted(self, *paths: Path) -> None:
         """Delete events. One may be older than a file created since under the same name (and
         already read): only the state of what is gone is dropped. A batch of them costs one
         pass over the files followed, however many there are (a burst of deleted folders)."""
+        # A run folder: its run goes, and a folder re-created there is new. Not while the
+        # snapshot folder itself is gone (an unmounted volume): what was read is still served.
+        for p in paths if self.root.is_dir() else ():
+            if p.parent == self.root and not is_snapshot_path(p, self.root) and not is_hidden(p.name):
+                self.run_folder_gone(p)
         gone = set(paths)
         candidates = ([p for p in paths if p in self.files] if all(p in self.files for p in paths)
                       else [p for p in self.files if _under(p, gone)])
@@ -340,6 +400,8 @@ class Ingestor:
         """Process every file whose metadata changed since the last rescan: the safety net for
         events a watcher missed, and the start-up replay."""
         current: dict[Path, tuple[int, ...]] = {}
+        for folder in self._run_folders_gone() if self.root.is_dir() else ():
+            self.run_folder_gone(folder)  # deleted or renamed, unseen by the watcher
         detached_before = list(self._detached)
         for path, st in self.scan():
             sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()
@@ -638,6 +700,9 @@ class Ingestor:
                 self._missed_rotations(path, state.read_ns, {state.inode})
             state.offset, state.skipping, state.tail = 0, False, b""
         fh.seek(state.offset)
+        # Bytes past what the last read saw were written after it, whatever their mtime says: a
+        # file server whose clock lags must not make a live run look silent (or expire it).
+        written_after = state.read_ns / 1e9
         state.read_ns = time.time_ns()
         unfinished = b""  # after the last newline: read again next time, never consumed
         left = budget
@@ -657,7 +722,7 @@ class Ingestor:
                 self._consume(state, data[:end])
                 # A record without a time of its own takes the file's mtime once its bytes are
                 # read: a write can land between the look at the file and the read.
-                mtime = os.fstat(fh.fileno()).st_mtime
+                mtime = max(os.fstat(fh.fileno()).st_mtime, written_after)
                 self._lines(path, state, data[: end - 1], mtime)
             if len(unfinished) > self.max_line_bytes:
                 if not state.skipping:
@@ -701,6 +766,7 @@ class Ingestor:
         changed = signature != state.signature
         if not changed and st.st_mtime_ns < state.read_ns - CLOCK_SLACK_NS:
             return
+        written_after = state.read_ns / 1e9  # as in _tail: a change since the last look is newer
         state.signature, state.read_ns = signature, time.time_ns()
         if st.st_size > self.max_file_bytes:
             if changed:
@@ -713,7 +779,7 @@ class Ingestor:
         state.digest = digest
         # A *.json file that stops mid-document is most likely still being written: counted as
         # incomplete, and read again on its next change.
-        self._record(path, data, st.st_mtime, whole_file=True)
+        self._record(path, data, max(st.st_mtime, written_after), whole_file=True)
 
     def _run_folder(self, path: Path) -> str | None:
         """The name of the run folder ``path`` lies in; None for a file at the root."""
@@ -758,6 +824,9 @@ class Ingestor:
             return False
         for reason, detail in snap.problems:
             self.error(path, reason, detail)
+        if snap.run != run and path.parent != self.root:
+            # A run is its folder (where its pause record goes): a renamed folder is the new name.
+            snap.run = run
         if self.store.apply(snap, wrote_at=mtime) is False:
             self.error(path, "run_limit", self._run_limit())
             return False

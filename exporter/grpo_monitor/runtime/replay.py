@@ -21,7 +21,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -31,7 +31,7 @@ from grpo_monitor.contract.run_layout import (
     is_run_name,
     run_files,
 )
-from grpo_monitor.contract.safe_io import Refused, open_regular
+from grpo_monitor.contract.safe_io import Refused, lines, open_regular
 from grpo_monitor.contract.samples import reward_sort_key
 from grpo_monitor.contract.snapshot import (
     RecordError,
@@ -46,9 +46,12 @@ __all__ = ["LinkedRun", "available_steps", "find_samples", "print_replay", "rend
 MAX_LINE_BYTES = 4 << 20  # a samples line is larger than a metrics line; still bounded
 MAX_JSON_FILE_BYTES = 16 << 20
 _MARK = b'"samples"'  # cheap pre-filter: most lines are metrics only
+_ROLLBACK = b'"rollback"'  # a rollback mark: the steps after its to_step are undone
 
 # (step, rank) -> where the record lies: (path, byte offset or -1 for a whole *.json file)
 _Index = dict[tuple[int, int], tuple[Path, int]]
+# (first undone step, last undone step, the step the run went back to) of samples undone
+Undone = list[tuple[int, int, int]]
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -63,22 +66,10 @@ class LinkedRun(ValueError):
 
 
 def _lines(fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """(offset, line) of each complete line that mentions samples; oversized lines skipped."""
-    offset = 0
-    skipping = False
-    while True:
-        line = fh.readline(MAX_LINE_BYTES + 1)
-        if not line:
-            return
-        start, offset = offset, offset + len(line)
-        if not line.endswith(b"\n"):
-            if len(line) > MAX_LINE_BYTES:  # oversized: drop up to its newline
-                skipping = True
-            continue  # or a last line still being written
-        if skipping:
-            skipping = False
-            continue
-        if _MARK in line:
+    """(offset, line) of each complete line that mentions samples or a rollback; oversized lines
+    skipped."""
+    for start, line in lines(fh, MAX_LINE_BYTES):
+        if line is not None and (_MARK in line or _ROLLBACK in line):
             yield start, line
 
 
@@ -100,8 +91,38 @@ def _parse(raw: bytes, path: Path, snapshot_dir: Path, mtime: float) -> tuple[in
     return (snap.step, snap.rank, snap.samples) if snap.samples else None
 
 
-def _index(snapshot_dir: Path, run: str) -> _Index:
+def _rollback_to(raw: bytes) -> tuple[int, int] | None:
+    """(rank, to_step) of a rollback mark, else None."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    events = obj.get("events") if isinstance(obj, dict) else None
+    for e in events if isinstance(events, list) else ():
+        to = e.get("to_step") if isinstance(e, dict) and e.get("type") == "rollback" else None
+        if isinstance(to, int) and not isinstance(to, bool) and to >= 0:
+            rank = obj.get("rank")
+            return (rank if isinstance(rank, int) and not isinstance(rank, bool) else -1), to
+    return None
+
+
+def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index:
+    """Each (step, rank) with samples -> where its record lies, on the run's surviving timeline
+    (docs/signals.md#a-runs-timeline): a rollback mark undoes the samples after its to_step, a
+    sample record older than the rank's newest those from its step on; ``undone`` gets the
+    spans undone."""
     index: _Index = {}
+    newest: dict[int, int] = {}
+    spans = undone if undone is not None else []
+
+    def rewind(rank: int, keep_through: int) -> None:
+        gone = [k for k in index if k[1] == rank and k[0] > keep_through]
+        if gone:
+            spans.append((min(k[0] for k in gone), max(k[0] for k in gone), keep_through))
+        for k in gone:
+            del index[k]
+        newest[rank] = min(newest.get(rank, keep_through), keep_through)
+
     # In the order written: a later record of the same step and rank replaces an earlier one.
     try:
         files = run_files(snapshot_dir / run, root=snapshot_dir)
@@ -121,8 +142,14 @@ def _index(snapshot_dir: Path, run: str) -> _Index:
                         index[(found[0], found[1])] = (path, -1)
                     continue
                 for offset, line in _lines(fh):
-                    found = _parse(line, path, snapshot_dir, st.st_mtime)
+                    if _ROLLBACK in line and (back := _rollback_to(line)) is not None:
+                        rank = back[0] if back[0] >= 0 else identity_from_path(path, snapshot_dir)[1]
+                        rewind(rank, back[1])
+                    found = _parse(line, path, snapshot_dir, st.st_mtime) if _MARK in line else None
                     if found:
+                        if found[0] < newest.get(found[1], found[0]):
+                            rewind(found[1], found[0] - 1)
+                        newest[found[1]] = max(newest.get(found[1], found[0]), found[0])
                         index[(found[0], found[1])] = (path, offset)
         except OSError:
             continue  # vanished, unreadable, a link or a FIFO (Refused): skip the file
@@ -145,10 +172,17 @@ def find_samples(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, l
     several ranks logged at that step are joined in rank order. None when there is none (or the
     run name is invalid); LinkedRun when the run's folder is a link.
     """
+    found = _find(Path(snapshot_dir), run, step)
+    return None if found is None else (found[0], found[1])
+
+
+def _find(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, list[Sample], Undone] | None:
+    """find_samples, with the spans undone whose steps hold the chosen step (its samples are
+    then those of the pass that stands)."""
     if not is_run_name(run):
         return None
-    snapshot_dir = Path(snapshot_dir)
-    index = _index(snapshot_dir, run)
+    undone: Undone = []
+    index = _index(snapshot_dir, run, undone)
     steps = {s for s, _ in index if step is None or s <= step}
     if not steps:
         return None
@@ -163,7 +197,7 @@ def find_samples(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, l
             continue
         if found:
             samples.extend(found[2])
-    return (chosen, samples) if samples else None
+    return (chosen, samples, [u for u in undone if u[0] <= chosen <= u[1]]) if samples else None
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -177,11 +211,20 @@ def _sorted_responses(sample: Sample) -> list[Any]:
     return sorted(sample.responses, key=lambda r: reward_sort_key(r.reward))
 
 
-def _payload(run: str, step: int, samples: list[Sample], requested: int | None) -> dict[str, Any]:
+def undone_note(step: int, undone: Sequence[tuple[int, int, int]]) -> str:
+    """The line that says the chosen step was logged again after the run went back."""
+    back = ", ".join(str(b) for _, _, b in undone)
+    return (f"Step {step} was logged again after the run went back to step {back}: these are "
+            "the samples of the pass that stands; the undone pass's are left out.")
+
+
+def _payload(run: str, step: int, samples: list[Sample], requested: int | None,
+             undone: Sequence[tuple[int, int, int]] = ()) -> dict[str, Any]:
     return {
         "run": run,
         "step": step,
         "requested_step": requested,
+        "undone": [{"steps": [lo, hi], "back_to": back} for lo, hi, back in undone],
         "samples": [
             {"prompt": s.prompt, "prompt_type": s.prompt_type,
              "responses": [{"text": r.text, "reward": _finite(r.reward), "length": r.length}
@@ -190,10 +233,12 @@ def _payload(run: str, step: int, samples: list[Sample], requested: int | None) 
     }
 
 
-def render_json(run: str, step: int, samples: list[Sample], *, requested: int | None = None) -> bytes:
-    """The samples as strict JSON (a non-finite reward becomes null), responses best first."""
+def render_json(run: str, step: int, samples: list[Sample], *, requested: int | None = None,
+                undone: Sequence[tuple[int, int, int]] = ()) -> bytes:
+    """The samples as strict JSON (a non-finite reward becomes null), responses best first;
+    ``undone``: the spans undone that held the step."""
     # surrogatepass would emit invalid UTF-8; a lone surrogate a trainer logged becomes "?".
-    return json.dumps(_payload(run, step, samples, requested), ensure_ascii=False,
+    return json.dumps(_payload(run, step, samples, requested, undone), ensure_ascii=False,
                       allow_nan=False).encode("utf-8", errors="replace")
 
 
@@ -214,7 +259,8 @@ td.num{white-space:nowrap;font-variant-numeric:tabular-nums;width:6rem}
 """
 
 
-def render_html(run: str, step: int, samples: list[Sample], *, requested: int | None = None) -> bytes:
+def render_html(run: str, step: int, samples: list[Sample], *, requested: int | None = None,
+                undone: Sequence[tuple[int, int, int]] = ()) -> bytes:
     """A self-contained page (inline CSS, no scripts, no external assets); every string escaped."""
     e = html.escape
     out = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
@@ -223,6 +269,8 @@ def render_html(run: str, step: int, samples: list[Sample], *, requested: int | 
     if requested is not None and requested != step:
         out.append(f"<p class=\"note\">Step {requested} has no samples; showing the nearest "
                    f"earlier step with samples, {step}.</p>")
+    if undone:
+        out.append(f"<p class=\"note\">{e(undone_note(step, undone))}</p>")
     out.append(f"<p>{len(samples)} prompt(s); responses sorted by reward, best first.</p>")
     for i, s in enumerate(samples, 1):
         rewards = [r.reward for r in s.responses if _finite(r.reward) is not None]
@@ -276,16 +324,16 @@ def replay_http(snapshot_dir: Path, query: dict[str, list[str]], accept: str) ->
     if fmt not in ("json", "html"):
         return 400, _TEXT, b"format must be json or html\n"
     try:
-        found = find_samples(Path(snapshot_dir), run, step)
+        found = _find(Path(snapshot_dir), run, step)
     except LinkedRun as exc:
         return 404, _TEXT, f"{exc}\n".encode()
     if found is None:
         where = f"at or before step {step}" if step is not None else "at any step"
         return 404, _TEXT, f"run {run!r} has no samples {where}\n".encode()
-    chosen, samples = found
+    chosen, samples, undone = found
     if fmt == "html":
-        return 200, HTML_TYPE, render_html(run, chosen, samples, requested=step)
-    return 200, JSON_TYPE, render_json(run, chosen, samples, requested=step)
+        return 200, HTML_TYPE, render_html(run, chosen, samples, requested=step, undone=undone)
+    return 200, JSON_TYPE, render_json(run, chosen, samples, requested=step, undone=undone)
 
 
 # -- terminal -------------------------------------------------------------------------------
@@ -310,7 +358,7 @@ def print_replay(snapshot_dir: Path, run: str, step: int | None, *, file: TextIO
         print(f"grpo-monitor replay: invalid run name {run!r}", file=sys.stderr)
         return 2
     try:
-        found = find_samples(Path(snapshot_dir), run, step)
+        found = _find(Path(snapshot_dir), run, step)
     except LinkedRun as exc:
         print(f"grpo-monitor replay: {exc}", file=sys.stderr)
         return 1
@@ -322,11 +370,13 @@ def print_replay(snapshot_dir: Path, run: str, step: int | None, *, file: TextIO
         if steps:
             print(f"steps with samples: {', '.join(map(str, steps[-20:]))}", file=sys.stderr)
         return 1
-    chosen, samples = found
+    chosen, samples, undone = found
     header = f"run {_safe(run)}, step {chosen}"
     if step is not None and step != chosen:
         header += f" (step {step} has no samples; nearest earlier step shown)"
     print(f"{header}: {len(samples)} prompt(s), responses best reward first", file=out)
+    if undone:
+        print(undone_note(chosen, undone), file=out)
     for i, s in enumerate(samples, 1):
         ptype = f" [{_safe(s.prompt_type)}]" if s.prompt_type else ""
         print(f"\n=== prompt {i}{ptype} ===", file=out)

@@ -64,8 +64,9 @@ MAGIC = b"grpo-monitor exporter state\n"
 RESTORE_RESULTS: dict[str, str] = {
     "restored": "the saved state was loaded; only what was written since is read",
     "missing": "no saved state (the first start, or --storage.path is new)",
-    "stale": "saved by other code (another version, or a change to the classes it holds), or for "
-             "another snapshot folder",
+    "stale": "saved by other code (another version, or a change to the classes it holds), for "
+             "another snapshot folder, or under other settings (--signals.baseline-steps, "
+             "--metrics.max-runs, a key map...)",
     "corrupt": "unreadable: cut short, a wrong checksum, or not a state file",
     "refused": "not a regular file owned by this user and writable by no one else",
 }
@@ -84,11 +85,16 @@ class Saved:
 class StateFile:
     """The saved state of one exporter in ``directory`` (made 0700 if missing)."""
 
-    def __init__(self, directory: Path, snapshot_root: Path) -> None:
+    def __init__(self, directory: Path, snapshot_root: Path,
+                 settings: dict[str, Any] | None = None) -> None:
+        """``settings``: what shaped the state besides the code (the limits, the baseline's
+        length, the key map): a state saved under others is set aside, as a stale one is, so a
+        changed flag applies to every run."""
         self.directory = directory
         self.path = directory / FILE_NAME
         self.root = str(snapshot_root)
         self.code = code_fingerprint()
+        self.settings = json.loads(json.dumps(settings or {}, sort_keys=True, default=str))
 
     def save(self, store: RunStore, ingestor: Ingestor) -> int:
         """Write the state of ``store`` (a RunStore) and ``ingestor`` (an Ingestor); the bytes
@@ -99,14 +105,41 @@ class StateFile:
                                     "controls": ingestor.saved_controls()},
                                    protocol=pickle.HIGHEST_PROTOCOL)
         header = json.dumps({"format": FORMAT, "version": __version__, "code": self.code,
-                             "root": self.root, "saved_at": time.time()}).encode()
+                             "root": self.root, "settings": self.settings,
+                             "saved_at": time.time()}).encode()
         data = MAGIC + header + b"\n" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         replace_file(self.directory, self.path, data, mode=0o600)
         return len(data)
 
+    def remove_leftovers(self) -> int:
+        """Remove the temporary files of saves that a crash cut short (safe_io.replace_file's
+        ``.exporter-state.pickle.<random>.tmp``, this user's regular files only); how many. Called
+        at start-up, before any save of this exporter."""
+        prefix = f".{FILE_NAME}."
+        removed = 0
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return 0
+        for entry in entries:
+            if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                continue
+        if removed:
+            log.info("%s: removed %d temporary file(s) of saves cut short", printable(self.directory),
+                     removed)
+        return removed
+
     def load(self) -> tuple[str, Saved | None]:
         """(result, state): one of RESTORE_RESULTS, and the state when it is "restored"."""
+        self.remove_leftovers()
         try:
             with open_regular(self.directory, self.path) as fh:  # no link, nothing but a file
                 st = os.fstat(fh.fileno())
@@ -128,8 +161,9 @@ class StateFile:
         digest, _, payload = rest.partition(b"\n")
         try:
             meta = json.loads(header)
-            stale = ((meta["format"], meta["version"], meta["code"], meta["root"])
-                     != (FORMAT, __version__, self.code, self.root))
+            stale = ((meta["format"], meta["version"], meta["code"], meta["root"],
+                      meta.get("settings", {}))
+                     != (FORMAT, __version__, self.code, self.root, self.settings))
         except (ValueError, TypeError, KeyError):
             stale = None
         if magic + b"\n" != MAGIC or stale is None or hashlib.sha256(payload).hexdigest().encode() != digest:
@@ -137,8 +171,10 @@ class StateFile:
             return "corrupt", None
         if stale:
             # Checked before unpickling: another version's classes may have another shape.
-            log.info("%s: saved by version %s for %s; reading every snapshot file",
-                     printable(self.path), meta["version"], printable(str(meta["root"])))
+            log.info("%s: saved by version %s for %s under %s; reading every snapshot file",
+                     printable(self.path), meta["version"], printable(str(meta["root"])),
+                     "these settings" if meta.get("settings", {}) == self.settings else
+                     f"other settings ({meta.get('settings')})")
             return "stale", None
         try:
             state = pickle.loads(payload)

@@ -22,9 +22,11 @@ on the run so far (forecast.py).
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.cards import CARDS_BY_NAME
@@ -110,11 +112,66 @@ HELDOUT_KEY = "eval/heldout_score"
 HELDOUT_RECENT_POINTS = 2  # a fall counts when its last 2 points are both below
 HELDOUT_MAX_POINTS = 1000  # points kept for the noise estimate
 REWARD_LEVEL_WINDOW = 20  # the training reward's level beside a held-out point: its 20-step mean
-HISTORY = max(w + o for w, o in TRAINING_MEANS)  # values kept per key: 400 steps when logged every step
+HISTORY = max(w + o for w, o in TRAINING_MEANS)  # the windows' reach: 400 steps
+# A rank that logs a step before its newest (a rollback, a resume from a checkpoint) undoes the
+# records after it (docs/signals.md#a-runs-timeline). The history keeps REWIND_RECORDS records
+# beyond the windows' reach, so that after a rewind of up to that many records every window is
+# what a fresh read of the surviving records gives; a longer rewind leaves the windows that
+# reach further back unpublished until the run has logged that far again.
+REWIND_RECORDS = HISTORY
+KEEP_RECORDS = HISTORY + REWIND_RECORDS
+LAW_UNDO_BLOCKS = REWIND_RECORDS // BLOCK_STEPS + 1  # closed blocks of the law kept for a rewind
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
 # stalls the step (background.md#checkpoint-io: filter the save's IO spike before judging throughput). A stall,
 # not the red-card pause (store.py's "paused" mark), which is a run waiting on purpose.
 STALL_EVENTS = ("checkpoint_save", "checkpoint", "eval")
+
+
+class StepLog:
+    """The steps a rank has logged, newest last, as arithmetic runs ``[first, stride, count]``:
+    20,000 steps logged every step (or every 10th) are one run, so that a rewind knows how many
+    logged steps stand without keeping each."""
+
+    __slots__ = ("runs", "count")
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+        self.count = 0
+
+    def first(self) -> int | None:
+        return self.runs[0][0] if self.runs else None
+
+    def last(self) -> int | None:
+        if not self.runs:
+            return None
+        first, stride, n = self.runs[-1]
+        return first + stride * (n - 1)
+
+    def add(self, step: int) -> bool:
+        """Note a step newer than the last (a rewind comes first); False for the last again."""
+        last = self.last()
+        if last is not None and step <= last:
+            return False
+        if self.runs and (run := self.runs[-1])[2] == 1:
+            run[1], run[2] = step - run[0], 2
+        elif self.runs and step - last == self.runs[-1][1]:  # type: ignore[operator]
+            self.runs[-1][2] += 1
+        else:
+            self.runs.append([step, 0, 1])
+        self.count += 1
+        return True
+
+    def rewind(self, keep_through: int) -> None:
+        while self.runs:
+            first, stride, n = self.runs[-1]
+            if first > keep_through:
+                self.runs.pop()
+                self.count -= n
+                continue
+            keep = n if stride == 0 else min(n, (keep_through - first) // stride + 1)
+            self.count -= n - keep
+            self.runs[-1][2] = keep
+            break
 
 
 def is_perf(key: str) -> bool:
@@ -145,68 +202,146 @@ class Welford:
 @dataclass
 class KeyHistory:
     # Windows are in steps, not in values: a key logged every 100 steps (quantiles, say) has
-    # one value in a 100-step window, not a hundred.
-    steps: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    values: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # one value in a 100-step window, not a hundred. Arrays, not deques of floats: a third of
+    # the memory, and bisect and slices work on them directly. They hold between KEEP_RECORDS
+    # and KEEP_RECORDS * 3 / 2 values (trimmed in batches).
+    steps: array[int] = field(default_factory=lambda: array("q"))
+    values: array[float] = field(default_factory=lambda: array("d"))
+    # The lowest and highest RANGE_WINDOW-step mean at each step (NaN where there is none; two
+    # records of one step give two means): the working level and the floor are their extremes,
+    # re-formed from these after a rewind. Empty for a key without a working level (perf/*).
+    means_lo: array[float] = field(default_factory=lambda: array("d"))
+    means_hi: array[float] = field(default_factory=lambda: array("d"))
+    ranged: bool = True
     first_step: int | None = None  # since when the history is complete
+    evicted: int | None = None  # the newest step trimmed off the front: complete after it
     nonfinite_steps: deque[int] = field(default_factory=deque)  # steps with a NaN / Inf
     baseline: Welford = field(default_factory=Welford)
+    # The baseline period's values, in order: a rewind into the period re-forms the baseline
+    # from those that stand.
+    baseline_steps: array[int] = field(default_factory=lambda: array("q"))
+    baseline_values: array[float] = field(default_factory=lambda: array("d"))
     initial: Welford = field(default_factory=Welford)
-    initial_first: int | None = None  # the key's first finite step ever; a resume keeps it
+    initial_points: list[tuple[int, float]] = field(default_factory=list)
+    initial_first: int | None = None  # the key's first finite step
     initial_done: bool = False
-    # Highest and lowest complete RANGE_WINDOW-step mean so far; a resume keeps them.
+    initial_rebased: bool = False  # a re-baseline set the initial reference (restart_initial)
+    # Highest and lowest complete RANGE_WINDOW-step mean so far, and over the trimmed steps.
     range_max: float | None = None
     range_min: float | None = None
+    trimmed_range: tuple[float, float] | None = None
     rising: int = 0  # consecutive rising RISING_WINDOW means, judged at each window boundary
     last_block_mean: float | None = None
     block: int | None = None  # step // RISING_WINDOW of the last value
-    # The first FIRST_RECORDS values other than exactly 0; a resume keeps them.
-    first_records: list[float] = field(default_factory=list)
+    # (step that judged a window, rising before, last_block_mean before): undone by a rewind.
+    rising_log: list[tuple[int, int, float | None]] = field(default_factory=list)
+    # The first FIRST_RECORDS values other than exactly 0, with their steps.
+    first_records: list[tuple[int, float]] = field(default_factory=list)
     # Whether the history holds every value since the key's first: an EARLY_WINDOWS window may
     # then cover the run so far.
     since_start: bool = True
 
-    def restart(self, step: int) -> None:
-        """The run went back to ``step`` (resumed from a checkpoint): the windows start over
-        there; the baseline stays, it described the same run."""
-        self.steps.clear()
-        self.values.clear()
-        self.nonfinite_steps.clear()
-        self.first_step = step
-        self.since_start = False
-        self.rising, self.last_block_mean, self.block = 0, None, None
-
     def put(self, step: int, value: float, initial_steps: int) -> None:
         """A finite value of ``step``; a second record for the same step wins."""
+        lo = hi = math.nan
         if self.steps and self.steps[-1] == step:
-            self.steps.pop()
-            self.values.pop()
+            if self.ranged:
+                lo, hi = self.means_lo.pop(), self.means_hi.pop()
+            del self.steps[-1], self.values[-1]
         self.steps.append(step)
         self.values.append(value)
+        if self.ranged:
+            self.means_lo.append(lo)
+            self.means_hi.append(hi)
+        if len(self.steps) > KEEP_RECORDS + KEEP_RECORDS // 2:
+            self._trim(len(self.steps) - KEEP_RECORDS)
         self.add_initial(step, value, initial_steps)
         if len(self.first_records) < FIRST_RECORDS and value != 0:
-            self.first_records.append(value)
+            self.first_records.append((step, value))
+
+    def _trim(self, count: int) -> None:
+        gone_lo = [m for m in self.means_lo[:count] if not math.isnan(m)]
+        if gone_lo:
+            lo, hi = min(gone_lo), max(m for m in self.means_hi[:count] if not math.isnan(m))
+            if self.trimmed_range is not None:
+                lo, hi = min(lo, self.trimmed_range[0]), max(hi, self.trimmed_range[1])
+            self.trimmed_range = (lo, hi)
+        self.evicted = self.steps[count - 1]
+        self.since_start = False
+        del self.steps[:count], self.values[:count], self.means_lo[:count], self.means_hi[:count]
+        while self.rising_log and self.rising_log[0][0] <= self.evicted:
+            del self.rising_log[0]
+
+    def note_range(self, mean: float) -> None:
+        """The RANGE_WINDOW-step mean at the newest step."""
+        lo, hi = self.means_lo[-1], self.means_hi[-1]
+        self.means_lo[-1] = mean if math.isnan(lo) else min(lo, mean)
+        self.means_hi[-1] = mean if math.isnan(hi) else max(hi, mean)
+        self.range_max = mean if self.range_max is None else max(self.range_max, mean)
+        self.range_min = mean if self.range_min is None else min(self.range_min, mean)
+
+    def rewind(self, keep_through: int, initial_steps: int) -> None:
+        """Undo every value of a step after ``keep_through``: what stands is what a fresh read of
+        the surviving records gives (docs/signals.md#a-runs-timeline), as far back as the kept
+        history reaches."""
+        cut = bisect_right(self.steps, keep_through)
+        if cut < len(self.steps):
+            del self.steps[cut:], self.values[cut:], self.means_lo[cut:], self.means_hi[cut:]
+        while self.nonfinite_steps and self.nonfinite_steps[-1] > keep_through:
+            self.nonfinite_steps.pop()
+        if self.baseline_steps and self.baseline_steps[-1] > keep_through:
+            cut = bisect_right(self.baseline_steps, keep_through)
+            del self.baseline_steps[cut:], self.baseline_values[cut:]
+            self.baseline = _welford(self.baseline_values)
+        self.first_records = [p for p in self.first_records if p[0] <= keep_through]
+        if not self.initial_rebased and self.initial_points and self.initial_points[-1][0] > keep_through:
+            self.initial_points = [p for p in self.initial_points if p[0] <= keep_through]
+            self.initial = _welford(v for _, v in self.initial_points)
+        if self.initial_first is not None and self.initial_first > keep_through:
+            self.initial_first = None
+        last = self.steps[-1] if self.steps else self.evicted
+        if not self.initial_rebased:
+            self.initial_done = (self.initial_first is not None and last is not None
+                                 and last >= self.initial_first + initial_steps)
+        lows = [m for m in self.means_lo if not math.isnan(m)]
+        highs = [m for m in self.means_hi if not math.isnan(m)]
+        if self.trimmed_range is not None:
+            lows.append(self.trimmed_range[0])
+            highs.append(self.trimmed_range[1])
+        self.range_min, self.range_max = (min(lows), max(highs)) if lows else (None, None)
+        while self.rising_log and self.rising_log[-1][0] > keep_through:
+            _, self.rising, self.last_block_mean = self.rising_log.pop()
+        self.block = None if last is None else last // RISING_WINDOW
+
+    def unrebase(self) -> None:
+        """Back to the baseline period's baseline and the key's first steps' initial reference."""
+        self.baseline = _welford(self.baseline_values)
+        self.initial = _welford(v for _, v in self.initial_points)
+        self.initial_rebased = False
+        self.initial_done = False  # rewind() says whether the initial steps are past
 
     def first_records_median(self) -> float | None:
         if len(self.first_records) < FIRST_RECORDS:
             return None
-        return percentile(self.first_records, 0.5)
+        return percentile([v for _, v in self.first_records], 0.5)
 
     def add_initial(self, step: int, value: float, initial_steps: int) -> None:
         """The key's own first steps make its initial reference: a key first logged late (an
-        eval every 100 steps) starts when it starts, not with the run; a resume to an earlier
-        step does not reopen it."""
+        eval every 100 steps) starts when it starts, not with the run."""
         if self.initial_done:
             return
         if self.initial_first is None:
             self.initial_first = step
         if step < self.initial_first + initial_steps:
             self.initial.add(value)
+            self.initial_points.append((step, value))
         else:
             self.initial_done = True
 
     def initial_mean(self, now: int, initial_steps: int) -> float | None:
         """The initial reference, once its steps are over; None before."""
+        if self.initial_first is None:
+            return None
         if self.initial.n > 0 and (self.initial_done or now >= self.initial_first + initial_steps - 1):
             return self.initial.mean
         return None
@@ -215,13 +350,13 @@ class KeyHistory:
         """The last ``initial_steps`` steps become the initial reference (a re-baseline): a
         person who says "this is normal now" means the initial value too, or the early cards
         would keep judging the run against the policy it started from."""
-        self.initial, self.initial_done = Welford(), True
-        for s, v in zip(list(self.steps), list(self.values)):
+        self.initial, self.initial_done, self.initial_rebased = Welford(), True, True
+        for s, v in zip(self.steps, self.values):
             if s > now - initial_steps:
                 self.initial.add(v)
 
     def window(self, now: int, window: int, offset: int, at_least: int = 1,
-               early: bool = False) -> list[float] | None:
+               early: bool = False) -> Sequence[float] | None:
         """The values of steps (now - offset - window, now - offset], or of the last
         ``at_least`` records up to now - offset where the window holds fewer; None while the
         history does not reach back that far, unless ``early``: then a window of offset 0 over
@@ -236,20 +371,19 @@ class KeyHistory:
         end = len(self.values) - offset
         if end < fewest:
             return None
-        return [self.values[i] for i in range(max(0, end - count), end)]
+        return list(self.values[max(0, end - count):end])
 
     def window_points(self, now: int, window: int, offset: int, at_least: int = 1,
-                      early: bool = False) -> tuple[list[int], list[float]] | None:
+                      early: bool = False) -> tuple[Sequence[int], Sequence[float]] | None:
         """The steps and values of steps (now - offset - window, now - offset], as window()."""
         start = now - offset - window
         if self.first_step is None or self.first_step > start + 1 or (
-                len(self.steps) == self.steps.maxlen and self.steps[0] > start + 1):
+                self.evicted is not None and self.evicted > start):
             if (early and offset == 0 and self.since_start
-                    and len(self.steps) >= max(at_least, PERSISTENCE_RECORDS)
-                    and len(self.steps) < (self.steps.maxlen or 0)):
-                return list(self.steps), list(self.values)
+                    and len(self.steps) >= max(at_least, PERSISTENCE_RECORDS)):
+                return self.steps, self.values
             return None
-        steps = list(self.steps)
+        steps = self.steps
         lo, hi = bisect_right(steps, start), bisect_right(steps, now - offset)
         if lo == hi:
             return None
@@ -257,7 +391,14 @@ class KeyHistory:
             lo = hi - at_least
             if lo < 0:
                 return None
-        return steps[lo:hi], list(self.values)[lo:hi]
+        return steps[lo:hi], self.values[lo:hi]
+
+
+def _welford(values: Iterable[float]) -> Welford:
+    w = Welford()
+    for v in values:
+        w.add(v)
+    return w
 
 
 def slope(steps: list[int], values: list[float]) -> float | None:
@@ -279,14 +420,18 @@ class LawTracker:
 
     A block is BLOCK_STEPS consecutive steps; its point is the mean entropy and the mean reward
     of the steps in it that logged both. A block enters the fit when a later block starts, so a
-    step logged twice (a record that rewrites a step) still counts once. A resume to an earlier
-    step keeps the fit: the law describes the run, and the checkpoint's policy lies on it."""
+    step logged twice (a record that rewrites a step) still counts once. The last LAW_UNDO_BLOCKS
+    closed blocks are kept with the sums before them, so that a rewind re-forms the fit of the
+    surviving steps; a rewind further back keeps the sums as of the oldest kept block."""
 
     sums: LawSums = field(default_factory=LawSums)
     block: int | None = None
+    steps: list[int] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
     reward: list[float] = field(default_factory=list)
     last_step: int | None = None
+    # (block, the sums before it, its steps, entropies, rewards), oldest first.
+    closed: list[tuple[int, LawSums, list[int], list[float], list[float]]] = field(default_factory=list)
 
     def add(self, step: int, values: dict[str, float]) -> None:
         h, r = values.get(LAW_ENTROPY), values.get(LAW_REWARD)
@@ -297,16 +442,42 @@ class LawTracker:
             self._close()
             self.block = block
         elif step == self.last_step:  # a second record for the same step replaces the first
+            self.steps.pop()
             self.entropy.pop()
             self.reward.pop()
+        self.steps.append(step)
         self.entropy.append(h)
         self.reward.append(r)
         self.last_step = step
 
     def _close(self) -> None:
-        if self.entropy:
+        if self.entropy and self.block is not None:
+            self.closed.append((self.block, replace(self.sums), self.steps, self.entropy, self.reward))
+            if len(self.closed) > LAW_UNDO_BLOCKS:
+                del self.closed[0]
             self.sums.add(sum(self.entropy) / len(self.entropy), sum(self.reward) / len(self.reward))
-        self.entropy, self.reward = [], []
+        self.steps, self.entropy, self.reward = [], [], []
+
+    def rewind(self, keep_through: int) -> None:
+        """Undo the points of the steps after ``keep_through``."""
+        if self.last_step is None or self.last_step <= keep_through:
+            return
+        keep = bisect_right(self.steps, keep_through)
+        if keep:  # the open block keeps some: every block before it stays closed
+            del self.steps[keep:], self.entropy[keep:], self.reward[keep:]
+            self.last_step = self.steps[-1]
+            return
+        sums_before: LawSums | None = None
+        while self.closed and self.closed[-1][2][0] > keep_through:
+            sums_before = self.closed.pop()[1]
+        if self.closed:  # the newest surviving block is open again: no later step closed it
+            block, sums_before, steps, entropy, reward = self.closed.pop()
+            keep = bisect_right(steps, keep_through)
+            self.block, self.steps, self.entropy, self.reward = block, steps[:keep], entropy[:keep], reward[:keep]
+            self.sums, self.last_step = sums_before, self.steps[-1]
+            return
+        self.sums = sums_before if sums_before is not None else self.sums
+        self.block, self.steps, self.entropy, self.reward, self.last_step = None, [], [], [], None
 
     def fit(self) -> LawFit | None:
         return self.sums.fit()
@@ -363,34 +534,34 @@ class HeldOutTracker:
 
     steps: list[int] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    levels: list[float | None] = field(default_factory=list)  # the reward's level at each point
     best: float | None = None
     reward_at_best: float | None = None
+    trimmed_best: tuple[float, float | None] | None = None  # over the points trimmed off
 
     def add(self, step: int, value: float, reward_level: float | None) -> None:
         if self.steps and self.steps[-1] == step:  # a second record of the step wins
-            self.steps.pop()
-            self.values.pop()
-            self._rebest()
+            self.rewind(step - 1)
         self.steps.append(step)
         self.values.append(value)
+        self.levels.append(reward_level)
         if self.best is None or value > self.best:
             self.best, self.reward_at_best = value, reward_level
         if len(self.values) > HELDOUT_MAX_POINTS:
-            del self.steps[0], self.values[0]
+            if self.trimmed_best is None or self.values[0] > self.trimmed_best[0]:
+                self.trimmed_best = (self.values[0], self.levels[0])
+            del self.steps[0], self.values[0], self.levels[0]
 
-    def restart(self, step: int) -> None:
-        """The run went back to ``step``: its points from there on are undone."""
-        while self.steps and self.steps[-1] >= step:
+    def rewind(self, keep_through: int) -> None:
+        """Undo the points of the steps after ``keep_through``; the best is that of the rest."""
+        while self.steps and self.steps[-1] > keep_through:
             self.steps.pop()
             self.values.pop()
-        self._rebest()
-
-    def _rebest(self) -> None:
-        if not self.values:
-            self.best, self.reward_at_best = None, None
-        elif self.best not in self.values:
-            self.best = max(self.values)  # the reward level of then is not kept: unknown now
-            self.reward_at_best = None
+            self.levels.pop()
+        self.best, self.reward_at_best = self.trimmed_best or (None, None)
+        for value, level in zip(self.values, self.levels):
+            if self.best is None or value > self.best:
+                self.best, self.reward_at_best = value, level
 
     def features(self) -> HeldOutFeatures | None:
         if self.best is None:
@@ -405,10 +576,11 @@ class RankSignals:
     """The step history of one (run, rank) and the features derived from it."""
 
     def __init__(self, baseline_steps: int, initial_steps: int = INITIAL_STEPS) -> None:
-        self.baseline_steps = baseline_steps
+        self.configured_baseline_steps = self.baseline_steps = baseline_steps
         self.initial_steps = initial_steps
         self.first_step: int | None = None
         self.baseline_from: int | None = None  # first step of the current baseline period
+        self.rebased_at: int | None = None  # the step at which a re-baseline was applied
         self.step = 0
         self.keys: dict[str, KeyHistory] = {}
         self.law = LawTracker()
@@ -429,7 +601,7 @@ class RankSignals:
     def _history(self, key: str) -> KeyHistory:
         h = self.keys.get(key)
         if h is None:
-            h = self.keys[key] = KeyHistory()
+            h = self.keys[key] = KeyHistory(ranged=not is_perf(key))
             h.first_step = self.step
         return h
 
@@ -438,10 +610,10 @@ class RankSignals:
         held the step up, so its performance values are left out."""
         if self.first_step is None:
             self.first_step = self.baseline_from = step
-        elif step < self.step:
-            for h in self.keys.values():
-                h.restart(step)
-            self.heldout.restart(step)
+        elif step < self.step:  # went back: the steps from this one on are undone
+            self.rewind(step - 1)
+            if self.first_step is None:
+                self.first_step = self.baseline_from = step
         self.step = step
         self.law.add(step, values)
         in_baseline = not self.ready
@@ -458,10 +630,12 @@ class RankSignals:
             h.put(step, value, self.initial_steps)
             if in_baseline:
                 h.baseline.add(value)
+                h.baseline_steps.append(step)
+                h.baseline_values.append(value)
             if not is_perf(key):
                 self._advance_range(h, step)
-        for h in self.keys.values():
-            while h.nonfinite_steps and h.nonfinite_steps[0] <= step - NONFINITE_WINDOW:
+        for h in self.keys.values():  # kept for HISTORY steps past their window: for a rewind
+            while h.nonfinite_steps and h.nonfinite_steps[0] <= step - NONFINITE_WINDOW - HISTORY:
                 h.nonfinite_steps.popleft()
         score = values.get(HELDOUT_KEY)
         if score is not None and math.isfinite(score):
@@ -479,9 +653,7 @@ class RankSignals:
         chunk = h.window(step, RANGE_WINDOW, 0)
         if chunk is None:
             return
-        mean = sum(chunk) / len(chunk)
-        h.range_max = mean if h.range_max is None else max(h.range_max, mean)
-        h.range_min = mean if h.range_min is None else min(h.range_min, mean)
+        h.note_range(sum(chunk) / len(chunk))
 
     def note_nonfinite(self, key: str, step: int) -> None:
         """A NaN / Inf outside the canonical values (an unknown key, a by_type value)."""
@@ -494,6 +666,7 @@ class RankSignals:
             done = h.window((h.block + 1) * RISING_WINDOW - 1, RISING_WINDOW, 0)
             if done is not None:
                 mean = sum(done) / len(done)
+                h.rising_log.append((step, h.rising, h.last_block_mean))
                 if h.last_block_mean is not None:
                     h.rising = h.rising + 1 if mean > h.last_block_mean else 0
                 h.last_block_mean = mean
@@ -502,16 +675,40 @@ class RankSignals:
     def rebaseline(self, steps: int) -> None:
         """The last ``steps`` steps become the baseline (background.md#thresholds: recalibrate at ~2000).
 
-        Only what the history holds can be used: up to HISTORY values per key.
+        Only what the history holds can be used: up to KEEP_RECORDS values per key. A rewind to
+        before the step it was applied at undoes it (the store applies the request again when
+        the surviving steps reach it).
         """
         self.baseline_steps = steps
         self.baseline_from = self.step - steps
+        self.rebased_at = self.step
         for h in self.keys.values():
-            h.baseline = Welford()
-            for s, v in zip(list(h.steps), list(h.values)):
-                if s > self.step - steps:
-                    h.baseline.add(v)
+            h.baseline = _welford(v for s, v in zip(h.steps, h.values) if s > self.step - steps)
             h.restart_initial(self.step, self.initial_steps)
+
+    def rewind(self, keep_through: int, last_step: int | None = None) -> None:
+        """Undo every step after ``keep_through`` (a rollback, a resume from a checkpoint, a step
+        logged again): every feature is then that of the surviving steps
+        (docs/signals.md#a-runs-timeline). ``last_step``: the rank's newest surviving step, as
+        the store knows it (a record may carry no canonical value)."""
+        if self.first_step is None or keep_through >= self.step:
+            return
+        if keep_through < self.first_step:  # nothing stands: as a rank never seen
+            self.__init__(self.configured_baseline_steps, self.initial_steps)  # type: ignore[misc]
+            return
+        if self.rebased_at is not None and keep_through < self.rebased_at:
+            self.baseline_steps, self.baseline_from = self.configured_baseline_steps, self.first_step
+            self.rebased_at = None
+            for h in self.keys.values():
+                h.unrebase()
+        for key, h in list(self.keys.items()):
+            if h.first_step is not None and h.first_step > keep_through:
+                del self.keys[key]  # first logged in the undone steps
+            else:
+                h.rewind(keep_through, self.initial_steps)
+        self.law.rewind(keep_through)
+        self.heldout.rewind(keep_through)
+        self.step = keep_through if last_step is None else min(last_step, keep_through)
 
     def features(self) -> Features:
         ready = self.ready
@@ -530,8 +727,8 @@ class RankSignals:
         for key, h in self.keys.items():
             # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
-            if h.nonfinite_steps:
-                nonfinite[key] = len(h.nonfinite_steps)
+            if h.nonfinite_steps and h.nonfinite_steps[-1] > self.step - NONFINITE_WINDOW:
+                nonfinite[key] = sum(1 for s in h.nonfinite_steps if s > self.step - NONFINITE_WINDOW)
             if ready and h.baseline.n:
                 baseline[key] = (h.baseline.mean, h.baseline.stddev)
             now = self.step
@@ -590,21 +787,29 @@ class PromptTypeSignals:
         self.keys: dict[str, KeyHistory] = {}
 
     def add(self, step: int, values: dict[str, float]) -> None:
-        if self.keys and step < self.step:  # resumed from an earlier checkpoint
-            for h in self.keys.values():
-                h.restart(step)
+        if self.keys and step < self.step:  # went back: the steps from this one on are undone
+            self.rewind(step - 1)
         self.step = step
         for key, value in values.items():
             if not math.isfinite(value):  # counted by the rank, as every by_type NaN
                 continue
             h = self.keys.get(key)
             if h is None:
-                h = self.keys[key] = KeyHistory(first_step=step)
+                h = self.keys[key] = KeyHistory(first_step=step, ranged=False)
             h.put(step, value, self.initial_steps)
 
     def rebaseline(self) -> None:
         for h in self.keys.values():
             h.restart_initial(self.step, self.initial_steps)
+
+    def rewind(self, keep_through: int) -> None:
+        """As RankSignals.rewind; ``self.keys`` is left empty when none of the type's steps stand."""
+        for key, h in list(self.keys.items()):
+            if h.first_step is not None and h.first_step > keep_through:
+                del self.keys[key]
+            else:
+                h.rewind(keep_through, self.initial_steps)
+        self.step = max((h.steps[-1] for h in self.keys.values() if h.steps), default=keep_through)
 
     def means(self) -> list[tuple[str, int, int, float]]:
         """(key, window, offset, mean) of each PROMPT_TYPE_MEANS window the history covers."""

@@ -41,6 +41,7 @@ from grpo_monitor.runtime.signals import (
     STALL_EVENTS,
     PromptTypeSignals,
     RankSignals,
+    StepLog,
 )
 
 log = logging.getLogger("grpo_monitor.runtime.store")
@@ -51,8 +52,12 @@ RUN_END = "run_end"
 # Events by which a trainer says it waits on purpose (SnapshotWriter.wait_if_paused, after a red
 # card) and goes on again: a paused run is silent, and no hung run.
 PAUSED, RESUMED = "paused", "resumed"
+# The event by which a trainer says it went back to a checkpoint ({"type": "rollback",
+# "from_step": 70, "to_step": 20}, logged by the loop that loads it: docs/pause.md): the steps
+# after to_step are undone (docs/signals.md#a-runs-timeline), before the first step after it.
+ROLLBACK = "rollback"
 # Records of these events and no metrics are marks of the run's state, not steps.
-MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED})
+MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED, ROLLBACK})
 # A rank's typical interval is the median over its last INTERVAL_STEPS logged steps: long
 # enough that one checkpoint save or eval does not move it, short enough to follow a run
 # whose pace changes (longer responses, a new curriculum stage).
@@ -62,6 +67,9 @@ INTERVAL_STEPS = 20
 # model), and the hung-run card scales its silence by the pace. Before it is known the card
 # waits for grpo:threshold:run_hung_unpaced_seconds instead.
 PACE_MIN_INTERVALS = 3
+# (step, time) pairs kept beyond the pace window, so that a rewind of that many records leaves
+# the pace as the surviving records give it.
+PACE_REWIND = 64
 # A run that has not ended stays in /metrics for at least this many of its log intervals,
 # even past --snapshot.run-timeout: a 70B run logging every 10 minutes must be able to raise
 # the hung-run card (at grpo:threshold:run_hung_intervals = 10 intervals) and hold it red for
@@ -108,19 +116,62 @@ class RankState:
     # A re-baseline asked for a step this rank has not reached yet: (at_step, steps).
     pending_rebaseline: tuple[int, int] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
-    # (step, trainer time) of the newest records with new steps: the rank's pace.
-    pace: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=INTERVAL_STEPS + 1))
+    # (step, trainer time) of the newest records with new steps: the rank's pace (the last
+    # INTERVAL_STEPS + 1 of them; PACE_REWIND more for a rewind).
+    pace: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=INTERVAL_STEPS + 1 + PACE_REWIND))
     intervals_now: tuple[float, float] | None = None  # intervals() as of the last render
-    logged_steps: int = 0  # records of a step newer than the rank's last
+    steps_logged: StepLog = field(default_factory=StepLog)  # the surviving steps
     names: dict[str, str] = field(default_factory=dict)  # canonical key -> the name logged
+    # The step each newest-value entry outside the canonical histories was first logged at
+    # ((key, prompt_type) of `unknown`, (prompt_type, key) of `by_type`): a rewind before it
+    # drops the entry, as a fresh read of the surviving records would not have it.
+    unknown_first: dict[tuple[str, str], int] = field(default_factory=dict)
+    by_type_first: dict[tuple[str, str], int] = field(default_factory=dict)
     counted: set[str] = field(default_factory=set)  # its keys already in the run's key_ranks
 
+    @property
+    def logged_steps(self) -> int:
+        """The rank's surviving logged steps (a step logged again counts once)."""
+        return self.steps_logged.count
+
     def note_pace(self, step: int, when: float) -> None:
-        if self.pace and step < self.pace[-1][0]:
-            self.pace.clear()  # resumed from an earlier checkpoint: a new pace
-        if not self.pace or step > self.pace[-1][0]:
+        if self.steps_logged.add(step):
             self.pace.append((step, when))
-            self.logged_steps += 1
+
+    def rewind(self, keep_through: int) -> None:
+        """Undo the steps after ``keep_through`` (docs/signals.md#a-runs-timeline): the rank's
+        windows, baseline, levels, pace and logged steps become those of the surviving steps;
+        its counters (NaNs, events) keep counting, as counters do."""
+        self.steps_logged.rewind(keep_through)
+        last = self.steps_logged.last()
+        self.signals.rewind(keep_through, last)
+        for ptype, history in list(self.type_signals.items()):
+            history.rewind(keep_through)
+            if not history.keys:
+                del self.type_signals[ptype]
+        while self.pace and self.pace[-1][0] > keep_through:
+            self.pace.pop()
+        for key in list(self.values):  # the newest surviving value of each key
+            h = self.signals.keys.get(key)
+            if h is None:
+                del self.values[key]
+            elif h.steps:
+                self.values[key] = h.values[-1]
+        for entry in [e for e, first in self.unknown_first.items() if first > keep_through]:
+            del self.unknown_first[entry]
+            self.unknown.pop(entry, None)
+        for ptype, key in [e for e, first in self.by_type_first.items() if first > keep_through]:
+            del self.by_type_first[ptype, key]
+            values = self.by_type.get(ptype, {})
+            values.pop(key, None)
+            if not values:
+                self.by_type.pop(ptype, None)
+        for ptype, history in self.type_signals.items():  # the followed keys: from their history
+            for key, h in history.keys.items():
+                if h.steps and key in self.by_type.get(ptype, {}):
+                    self.by_type[ptype][key] = h.values[-1]
+        self.step = last if last is not None else 0
 
     def rebaseline(self, steps: int) -> None:
         """The last ``steps`` steps become the rank's baseline, and its prompt types' too."""
@@ -134,7 +185,7 @@ class RankState:
         negative one."""
         per_step: list[float] = []
         per_record: list[float] = []
-        pace = list(self.pace)
+        pace = list(self.pace)[-(INTERVAL_STEPS + 1):]
         for (s0, t0), (s1, t1) in zip(pace, pace[1:]):
             if t1 >= t0:
                 per_step.append((t1 - t0) / (s1 - s0))
@@ -426,14 +477,29 @@ class RunStore:
                 if RESUMED in types:
                     run.paused_ranks.discard(snap.rank)
                 rank = run.ranks.get(snap.rank)
+                if rank is not None and ROLLBACK in types:
+                    self._rewind(run, rank, snap, step_record=False)
                 for event in snap.events if rank is not None else ():
                     if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
                         rank.events[event.type] += 1
                 self._dirty.add((snap.run, snap.rank))
                 return True
+            rank = run.ranks.get(snap.rank)
+            if rank is not None and (first := rank.steps_logged.first()) is not None and \
+                    snap.step <= first and snap.step < rank.step:
+                # The run starts over (a re-run under the same name, a folder deleted and made
+                # again): a new run, judged from nothing, its other ranks as they log again.
+                log.info("run %s: rank %d logged step %d, at or before its first step %d: the "
+                         "run starts over", snap.run, snap.rank, snap.step, first)
+                run = self._runs[snap.run] = RunState(snap.run)
+                run.dropped.update({"unknown_key": 0, "prompt_type": 0, "event_type": 0})
+                run.last_write = min(wrote_at, time.time())
+                self._dirty = {d for d in self._dirty if d[0] != snap.run}
+                rank = None
             run.note_end(snap, ending)
             run.paused_ranks.discard(snap.rank)  # it wrote a step: it is not waiting
-            rank = run.ranks.get(snap.rank)
+            if rank is not None and (snap.step < rank.step or ROLLBACK in types):
+                self._rewind(run, rank, snap, step_record=True)
             if rank is None:
                 rank = run.ranks[snap.rank] = RankState(
                     snap.run, snap.rank, signals=RankSignals(lim.baseline_steps, lim.initial_steps),
@@ -460,6 +526,7 @@ class RunStore:
                         run.note_unknown(name)
                         new_names = True
                     rank.unknown[(name, "")] = value
+                    rank.unknown_first.setdefault((name, ""), snap.step)
                     self._count_nonfinite(rank, {name: value}, snap.step)
             if not run.framework and (new_names or snap.framework):
                 run.framework = snap.framework or framework_of(snap.names.values()) or \
@@ -469,6 +536,8 @@ class RunStore:
                     continue
                 typed = snap.by_type.get(ptype, {})
                 rank.by_type.setdefault(ptype, {}).update(typed)
+                for key in typed:
+                    rank.by_type_first.setdefault((ptype, key), snap.step)
                 followed = {k: typed[k] for k in PROMPT_TYPE_KEYS if k in typed}
                 if followed:
                     history = rank.type_signals.get(ptype)
@@ -482,6 +551,7 @@ class RunStore:
                         if new:
                             run.note_unknown(name)
                         rank.unknown[(name, ptype)] = value
+                        rank.unknown_first.setdefault((name, ptype), snap.step)
                         self._count_nonfinite(rank, {name: value}, snap.step)
             for event in snap.events:
                 if run.admit("event_type", run.event_types, event.type, lim.max_event_types):
@@ -535,6 +605,28 @@ class RunStore:
         return True
 
     @staticmethod
+    def _rewind(run: RunState, rank: RankState, snap: Snapshot, step_record: bool) -> None:
+        """Undo what a record says is undone: the steps after a rollback event's ``to_step``,
+        and, for a step record older than the rank's newest, those from its own step on (a
+        mark's step says nothing: SDK marks carry the rank's step, launch scripts 0)."""
+        keep = snap.step - 1 if step_record and snap.step < rank.step else rank.step
+        for event in snap.events:
+            to_step = (event.model_extra or {}).get("to_step") if event.type == ROLLBACK else None
+            if isinstance(to_step, int) and not isinstance(to_step, bool) and to_step >= 0:
+                keep = min(keep, to_step)
+        if keep >= rank.step:
+            return
+        undone = rank.signals.rebased_at is not None and keep < rank.signals.rebased_at
+        rank.rewind(keep)
+        # A re-baseline applied at an undone step applies again: now for a rank still past its
+        # step (as rebaseline() does), else when the rank gets there.
+        if undone and run.rebaseline is not None:
+            if rank.step >= run.rebaseline[0]:
+                rank.rebaseline(run.rebaseline[1])
+            else:
+                rank.pending_rebaseline = run.rebaseline
+
+    @staticmethod
     def _count_nonfinite(rank: RankState, values: dict[str, float], step: int | None = None) -> None:
         """Count NaN / Inf; ``step``: also note them in the window that the red card reads (the
         canonical values reach it through RankSignals.add)."""
@@ -565,6 +657,13 @@ class RunStore:
             for name in gone:
                 del self._runs[name]
         return gone
+
+    def forget_run(self, run_name: str) -> bool:
+        """Drop a run whose folder is gone (deleted, or renamed: ingest.run_folder_gone);
+        whether it was here."""
+        with self._lock:
+            self._dirty = {d for d in self._dirty if d[0] != run_name}
+            return self._runs.pop(run_name, None) is not None
 
     def max_step(self, run_name: str) -> int | None:
         """The newest step any rank of the run reported; None for a run not (or no longer) seen."""

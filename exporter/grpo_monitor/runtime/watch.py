@@ -62,7 +62,8 @@ class _Enqueue(FileSystemEventHandler):
         if event.is_directory:
             if kind == "created":  # files may have landed before the watch did
                 self.q.put(("folder", src))
-            elif kind == "moved":
+            elif kind == "moved":  # a renamed run folder is another run: read anew
+                self.q.put(("deleted", src))
                 self.q.put(("folder", Path(str(event.dest_path))))
             elif kind == "deleted":
                 self.q.put(("deleted", src))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,17 +133,17 @@ class WebhookHandler:
     def count(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
 
-    def _pause_all(self, alerts: list[dict[str, Any]]) -> list[str]:
-        """The runs the alerts paused, written on a thread of their own within the deadline:
-        _Late past it (the thread goes on; a daemon, so that a write stuck in a hung file system
-        holds up neither this request nor the exporter's exit); the write's own error
-        otherwise."""
+    def _pause_all(self, alerts: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        """(the runs the alerts paused, run -> why its record could not be written), each run on
+        its own, written on a thread of their own within the deadline: _Late past it (the thread
+        goes on; a daemon, so that a write stuck in a hung file system holds up neither this
+        request nor the exporter's exit); an unexpected error otherwise."""
         outcome: list[tuple[bool, Any]] = []
         done = threading.Event()
 
         def write() -> None:
             try:
-                outcome.append((True, [run for alert in alerts if (run := self.pauser.apply(alert))]))
+                outcome.append((True, self.pauser.apply_all(alerts)))
             except BaseException as exc:  # noqa: BLE001 -- handed to the request's thread
                 outcome.append((False, exc))
             finally:
@@ -170,7 +169,7 @@ class WebhookHandler:
             self.count("bad_request")
             return 400, problem
         try:
-            paused = self._pause_all(payload["alerts"])
+            paused, failed = self._pause_all(payload["alerts"])
         except _Late:
             # The write goes on in its thread (the run stays claimed until it ends); Alertmanager
             # retries, and a retry that finds the record written changes nothing.
@@ -178,19 +177,18 @@ class WebhookHandler:
                       "file system under %s?); answered 503", self.write_deadline, self.snapshot_dir)
             self.count("error")
             return 503, "the control record write did not finish in time; retry"
-        except PermissionError as exc:
-            # The usual cause in a container: the run folder belongs to the trainer's user and
-            # the exporter's uid may not write there (docs/pause.md, "Permissions").
-            log.error("webhook: cannot write the control record: %s; the exporter (uid %d) needs "
-                      "write access to the run folder (docs/pause.md)", exc, os.getuid())
-            self.count("error")
-            return 500, "could not write the control record"
         except Exception:
             log.exception("webhook: writing a control record failed")
             self.count("error")
             return 500, "could not write the control record"
-        self.count("paused" if paused else "ignored")
         answer = ("paused: " + ", ".join(paused)) if paused else "nothing to pause"
+        if failed:
+            # The others are paused; Alertmanager retries the notification, and a retry that
+            # finds their records written changes nothing (grpo_card_pauses_total counts each).
+            self.count("error")
+            return 500, (f"{answer}; could not write the pause record of "
+                         + ", ".join(f"{run} ({why})" for run, why in failed.items()))
+        self.count("paused" if paused else "ignored")
         if self.notifier is not None:
             try:
                 self.notifier.notify(payload)

@@ -35,6 +35,7 @@ import yaml
 from grpo_monitor.contract.control import read_control
 from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.runtime.config import DEFAULT_PORT
+from grpo_monitor.tools.trainer_marks import file_sizes, trainer_answer
 
 WEBHOOK_RECEIVER = "grpo-webhook"
 # What Debian's prometheus-alertmanager serves at / instead of the web UI.
@@ -463,6 +464,10 @@ class PausePrinter:
         self.deaf: set[str] = set()
         self.seen: dict[str, tuple[int, int]] = {}
         self.paused: dict[str, int | None] = {}  # run -> the step its newest pause record names
+        # run -> its files' sizes when it was paused: the trainer's answer to the resume lies
+        # past them (trainer_marks.py); a rollback is said only once the trainer logged one.
+        self.awaiting: dict[str, dict[Path, int]] = {}
+        self.since: dict[str, dict[Path, int]] = {}
         for run, sig in self._records():
             self.seen[run] = sig
 
@@ -488,6 +493,17 @@ class PausePrinter:
         return found
 
     def poll(self) -> None:
+        for run, since in list(self.awaiting.items()):
+            answer = trainer_answer(self.snapshot_dir / run, since)
+            if answer is None:
+                continue
+            del self.awaiting[run]
+            if answer.to_step is not None:
+                self.out(f"  [resume] run={run}: its trainer rolled back to the checkpoint of step "
+                         f"{answer.to_step}")
+            else:
+                self.out(f"  [resume] run={run}: its trainer went on without a rollback, at step "
+                         f"{answer.step}")
         for run, sig in self._records():
             if self.seen.get(run) == sig:
                 continue
@@ -501,6 +517,7 @@ class PausePrinter:
             path = self.snapshot_dir / run / PAUSE_RECORD
             if record.state == "paused":
                 self.paused[run] = record.step
+                self.since[run] = file_sizes(self.snapshot_dir / run)
                 # record.step is the newest step the exporter had seen: the trainer stops at the
                 # boundary after it, the step it then names.
                 if run in self.deaf:
@@ -513,7 +530,9 @@ class PausePrinter:
                              f"{record.step}; its trainer waits at its next step boundary ({path})")
             else:
                 self.paused.pop(run, None)
-                rollback = {"last_healthy": "from the last healthy checkpoint",
-                            "step": f"from the checkpoint of step {record.rollback_to}",
-                            "none": "where it stopped"}.get(record.rollback or "", "")
-                self.out(f"  [resume] run={run}: running again, {rollback} ({path})")
+                asked = {"last_healthy": "a rollback to the last healthy checkpoint",
+                         "step": f"a rollback to the checkpoint of step {record.rollback_to}",
+                         "none": "no rollback"}.get(record.rollback or "", "no rollback")
+                self.out(f"  [resume] run={run}: resume written, asking for {asked} ({path})")
+                if run not in self.deaf:
+                    self.awaiting[run] = self.since.pop(run, {})

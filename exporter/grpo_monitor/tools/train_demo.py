@@ -32,7 +32,9 @@ docs/background.md happen for real, in the training dynamics, never by editing t
   measured step time, the last one slowed by ``--slow-factor`` -- the one simulated part.
 
 ``--onset STEP`` applies the sickness knobs only from that step, so a run first has a healthy
-baseline (the exporter's baseline is the first 200 steps) and then turns sick.
+baseline (the exporter's baseline is the first 200 steps) and then turns sick;
+``--cured-by-rollback`` turns them off at the first rollback, the fix a person makes before
+resuming, so that the steps trained again are healthy.
 
 Like a real trainer it passes every step through ``PauseGate``: a red card's pause record holds
 the loop at its next step boundary until ``grpo-monitor resume``, which rolls it back in place to
@@ -102,6 +104,8 @@ class Config:
     length_bonus: float = 1.0  # loose grader: reward per generated token, right or wrong
     nan_reward_at: int | None = None  # once: a run rolled back past it does not meet it again
     onset: int = 0  # the sickness knobs below apply from this step
+    # The sickness knobs stop at the first rollback: the fix a person makes before resuming.
+    cured_by_rollback: bool = False
     sick_beta: float | None = None
     sick_lr: float | None = None
     sick_temperature: float | None = None
@@ -416,7 +420,9 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None,
         while step <= cfg.steps:
             decision = gate.check(step)
             if decision is not None:
+                went_on = step
                 step = _after_pause(cfg, decision, step, saved, policy, opt, gen, rollout, writers, say)
+                state.cured = state.cured or (cfg.cured_by_rollback and step < went_on)
                 results = [r for r in results if r.step < step]
                 continue
             started = time.perf_counter()
@@ -445,6 +451,7 @@ def train(cfg: Config, on_step: Callable[[StepResult], None] | None = None,
 @dataclass
 class _LoopState:
     nan_pending: bool  # the verifier's one NaN is still to come
+    cured: bool = False  # rolled back with cfg.cured_by_rollback: the sickness knobs are off
 
 
 def _after_pause(cfg: Config, decision: ResumeDecision, step: int, saved: dict[int, bytes],
@@ -493,8 +500,8 @@ class _Knobs:
     rollout_temperature: float
 
     @classmethod
-    def at(cls, cfg: Config, step: int) -> _Knobs:
-        sick = step >= cfg.onset
+    def at(cls, cfg: Config, step: int, cured: bool = False) -> _Knobs:
+        sick = step >= cfg.onset and not cured
 
         def knob(sick_value: Any, default: Any) -> Any:
             return sick_value if sick and sick_value is not None else default
@@ -549,7 +556,7 @@ class _Update:
 def _step(cfg: Config, step: int, policy: Any, ref: Any, opt: torch.optim.Optimizer,
           gen: torch.Generator, rollout: _RolloutSide, state: _LoopState) -> StepResult:
     t0 = time.perf_counter()
-    knobs = _Knobs.at(cfg, step)
+    knobs = _Knobs.at(cfg, step, cured=state.cured)
     samples = _roll_out(cfg, step, knobs, rollout, gen)
     nan = state.nan_pending and step == cfg.nan_reward_at
     state.nan_pending = state.nan_pending and not nan

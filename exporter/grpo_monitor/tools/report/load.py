@@ -2,8 +2,10 @@
 
 Rank 0's records give the training signals, one set per step: when a step is logged twice, the
 latest record wins (by its ``time``, then by the order the files were written in). Every rank
-gives its ``perf/*`` signals, and its events (checkpoint saves). Lines that are not a record are
-skipped and counted. Files are opened through safe_io, the run folder being the tree: a link,
+gives its ``perf/*`` signals, and its events (checkpoint saves). A run's timeline is the one the
+exporter judges (docs/signals.md#a-runs-timeline): a rollback mark undoes the steps after its
+``to_step``, a step older than the rank's newest the steps from it on; the undone steps are left
+out and listed (``RunData.undone``). Lines that are not a record are skipped and counted. Files are opened through safe_io, the run folder being the tree: a link,
 FIFO or device among them is skipped unread, and named on stderr.
 """
 
@@ -12,21 +14,25 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from grpo_monitor.contract.run_layout import is_appended, run_files
-from grpo_monitor.contract.safe_io import Refused, open_regular, printable
+from grpo_monitor.contract.safe_io import Refused, lines, open_regular, printable
 from grpo_monitor.contract.snapshot import (
     RecordError,
+    Snapshot,
     as_text,
     decode_record,
     identity_from_path,
     parse_record,
 )
+from grpo_monitor.runtime.ingest import DEFAULT_MAX_FILE_BYTES as MAX_FILE_BYTES
+from grpo_monitor.runtime.ingest import DEFAULT_MAX_LINE_BYTES as MAX_LINE_BYTES
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -44,6 +50,9 @@ class RunData:
     # per rank: step -> perf key -> value
     perf: dict[int, dict[int, dict[str, float]]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    # Rank 0's undone spans, in the order they were undone: (first undone step, last undone
+    # step, the step the run went back to).
+    undone: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def steps(self) -> list[int]:
@@ -61,52 +70,102 @@ def load_run(run_dir: Path | str) -> RunData:
     """Every record of the run folder (all ranks, rotated segments, *.json), bad lines skipped."""
     run_dir = Path(run_dir)
     # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
-    data = RunData(run=as_text(run_dir.name), path=run_dir)
-    latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
-    order = 0
+    reader = _Reader(RunData(run=as_text(run_dir.name), path=run_dir))
     for path in run_files(run_dir):
         run, rank = identity_from_path(path, run_dir.parent)
         try:
-            with open_regular(run_dir, path) as fh:
-                mtime = os.fstat(fh.fileno()).st_mtime
-                text = fh.read().decode("utf-8", errors="replace")
+            fh = open_regular(run_dir, path)
         except Refused as exc:
-            data.refused.append(path)
+            reader.data.refused.append(path)
             log.warning("%s: %s, not read", printable(path), exc.what)
             continue
         except OSError:
             continue
-        if is_appended(path):
-            raws = [ln for ln in text.splitlines() if ln.strip()]
+        with fh:
+            reader.file(fh, path, run, rank)
+    return reader.data
+
+
+class _Reader:
+    """The records of a run's files, in the order written, into RunData."""
+
+    def __init__(self, data: RunData) -> None:
+        self.data = data
+        self.latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
+        self.newest: dict[int, int] = {}  # rank -> its newest step
+        self.order = 0
+
+    def file(self, fh: BinaryIO, path: Path, run: str, rank: int) -> None:
+        """One file, streamed: memory stays bounded whatever it holds (a line over
+        MAX_LINE_BYTES, or a *.json over MAX_FILE_BYTES, is a bad line, skipped)."""
+        mtime = os.fstat(fh.fileno()).st_mtime
+        appended = is_appended(path)
+        if appended:
+            raws: Iterable[bytes | None] = (line for _, line in lines(fh, MAX_LINE_BYTES, last=True))
         else:
-            raws = [text]
+            whole = fh.read(MAX_FILE_BYTES + 1)
+            raws = [None if len(whole) > MAX_FILE_BYTES else whole]
         for raw in raws:
+            if raw is not None and not raw.strip():
+                continue
             try:
+                if raw is None:
+                    raise RecordError("oversized", "over the size read")
                 obj = decode_record(raw)
-                objs = obj if isinstance(obj, list) and not is_appended(path) else [obj]
+                objs = obj if isinstance(obj, list) and not appended else [obj]
                 snaps = [parse_record(o, run=run, rank=rank, mtime=mtime) for o in objs]
             except RecordError:
-                data.bad_lines += 1
+                self.data.bad_lines += 1
                 continue
             for snap in snaps:
-                order += 1
-                data.records += 1
-                perf = {k: v for k, v in snap.metrics.items() if k.startswith("perf/")}
-                if perf:
-                    data.perf.setdefault(snap.rank, {}).setdefault(snap.step, {}).update(perf)
-                for ev in snap.events:
-                    data.events.append({"step": snap.step if ev.step is None else ev.step,
-                                        "rank": snap.rank, "type": ev.type})
-                train = {k: v for k, v in snap.metrics.items() if not k.startswith("perf/")}
-                if snap.rank != 0 or not (train or snap.by_type):
-                    continue
-                key = (snap.time, order)
-                if snap.step in latest and latest[snap.step] > key:
-                    continue
-                latest[snap.step] = key
-                data.train[snap.step] = train
-                if snap.by_type:
-                    data.by_type[snap.step] = snap.by_type
-                else:
-                    data.by_type.pop(snap.step, None)
-    return data
+                self.record(snap, appended)
+
+    def rewind(self, rank: int, keep_through: int) -> None:
+        """The rank's steps after ``keep_through`` are undone (docs/signals.md#a-runs-timeline)."""
+        last = self.newest.get(rank)
+        if last is None or keep_through >= last:
+            return
+        self.newest[rank] = keep_through
+        perf = self.data.perf.get(rank, {})
+        for step in [s for s in perf if s > keep_through]:
+            del perf[step]
+        if rank != 0:
+            return
+        gone = [s for s in self.data.train if s > keep_through]
+        if gone:
+            self.data.undone.append((min(gone), max(gone), keep_through))
+        for step in gone:
+            del self.data.train[step]
+            self.data.by_type.pop(step, None)
+            self.latest.pop(step, None)
+
+    def record(self, snap: Snapshot, appended: bool) -> None:
+        data = self.data
+        self.order += 1
+        data.records += 1
+        for ev in snap.events:
+            to_step = (ev.model_extra or {}).get("to_step") if ev.type == "rollback" else None
+            if isinstance(to_step, int) and not isinstance(to_step, bool) and to_step >= 0:
+                self.rewind(snap.rank, to_step)
+        if appended and (snap.metrics or snap.unknown or snap.by_type):  # a step record
+            if snap.step < self.newest.get(snap.rank, snap.step):
+                self.rewind(snap.rank, snap.step - 1)
+            self.newest[snap.rank] = max(self.newest.get(snap.rank, snap.step), snap.step)
+        perf = {k: v for k, v in snap.metrics.items() if k.startswith("perf/")}
+        if perf:
+            data.perf.setdefault(snap.rank, {}).setdefault(snap.step, {}).update(perf)
+        for ev in snap.events:
+            data.events.append({"step": snap.step if ev.step is None else ev.step,
+                                "rank": snap.rank, "type": ev.type})
+        train = {k: v for k, v in snap.metrics.items() if not k.startswith("perf/")}
+        if snap.rank != 0 or not (train or snap.by_type):
+            return
+        key = (snap.time, self.order)
+        if snap.step in self.latest and self.latest[snap.step] > key:
+            return
+        self.latest[snap.step] = key
+        data.train[snap.step] = train
+        if snap.by_type:
+            data.by_type[snap.step] = snap.by_type
+        else:
+            data.by_type.pop(snap.step, None)

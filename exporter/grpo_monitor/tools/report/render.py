@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import csv
 import html
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import numpy as np
 
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.run_layout import REPORT_FOLDER, runs_in
+from grpo_monitor.contract.safe_io import replace_file
 from grpo_monitor.runtime.forecast import BLOCK_STEPS
 from grpo_monitor.runtime.signals import HELDOUT_KEY, LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.load import RunData, load_run
@@ -44,16 +47,18 @@ CSV_COLUMNS: tuple[tuple[str, str], ...] = (
 ROLLOUT_VERDICTS: tuple[str, ...] = ("rollout_mismatch", "rollout_mismatch_rising", "stale_rollouts")
 
 
-def write_csv(data: RunData, path: Path) -> None:
+def csv_text(data: RunData) -> str:
+    """reward-vs-step.csv: one row per logged step."""
     cols = [c for c, key in CSV_COLUMNS if data.has(key) or c in ("reward", "kl", "loss",
                                                                    "sample_acc")]
     keys = dict(CSV_COLUMNS)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        wr = csv.writer(fh)
-        wr.writerow(["step", *cols])
-        for st in data.steps:
-            m = data.train[st]
-            wr.writerow([st, *(repr(m[keys[c]]) if keys[c] in m else "" for c in cols)])
+    buf = io.StringIO(newline="")
+    wr = csv.writer(buf)
+    wr.writerow(["step", *cols])
+    for st in data.steps:
+        m = data.train[st]
+        wr.writerow([st, *(repr(m[keys[c]]) if keys[c] in m else "" for c in cols)])
+    return buf.getvalue()
 
 
 # -- text --------------------------------------------------------------------------------------
@@ -158,11 +163,18 @@ def _not_judged_html(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _undone_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per span of steps the run undid (a rollback, a resume from an older step)."""
+    return [f"steps {u['steps'][0]}-{u['steps'][1]} were undone (the run went back to step "
+            f"{u['back_to']}): their first records are left out, the steps logged again judged"
+            for u in summary.get("undone", [])]
+
+
 def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
     lines = [f"run {summary['run']}: {summary['logged_steps']} logged steps "
              f"{_fmt(summary['steps'])}, {summary['records']} records, ranks "
-             f"{_fmt(summary['ranks'])}, {summary['bad_lines']} bad lines skipped", "",
-             "verdicts:"]
+             f"{_fmt(summary['ranks'])}, {summary['bad_lines']} bad lines skipped",
+             *_undone_lines(summary), "", "verdicts:"]
     for v in verdicts:
         lines.append(f"  [{v['severity']}] {v['id']} steps {v['steps'][0]}-{v['steps'][1]}: "
                      f"{_explanation(v)}")
@@ -271,6 +283,8 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
         for sev, parts in spans.items():
             for lo, hi in parts:
                 ax.axvspan(lo, hi, alpha=0.18, color=SPAN_COLOURS[sev][1], lw=0)
+        for lo, hi, back in data.undone:  # where the run went back: the curve is the second pass
+            ax.axvline(back, color="0.3", lw=0.8, ls="--")
         ax.set_ylabel(key, fontsize=8)
         ax.legend(loc="upper left", fontsize=7)
     cards = [Patch(color=SPAN_COLOURS[sev][1], alpha=0.35,
@@ -278,6 +292,10 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
              for sev, found in shaded.items() if found]
     if cards:
         fig.legend(handles=cards, loc="lower center", ncol=1, fontsize=7, frameon=False)
+    if data.undone:
+        axes[0, 0].annotate(
+            "; ".join(f"went back to {back}, undoing {lo}-{hi}" for lo, hi, back in data.undone)[:100],
+            xy=(0.99, 0.95), xycoords="axes fraction", ha="right", va="top", fontsize=7, color="0.3")
     axes[-1, 0].set_xlabel("step")
     title = f"{data.run}: " + ", ".join(v["id"] for v in verdicts)
     fig.suptitle(title[:120], fontsize=9)
@@ -365,6 +383,7 @@ def html_report(summary: dict[str, Any], verdicts: list[dict[str, Any]], png: by
         ".critical{color:#b00}.warning{color:#a60}.info{color:#060}</style></head><body>"
         f"<h1>Run {e(summary['run'])}</h1><p>{summary['logged_steps']} logged steps, "
         f"{summary['records']} records, {summary['bad_lines']} bad lines skipped.</p>"
+        f"{''.join(f'<p>{e(line)}</p>' for line in _undone_lines(summary))}"
         f"<h2>Verdicts</h2><ul>{''.join(items)}</ul>"
         f"<h2>Not judged</h2>{_not_judged_html(summary)}"
         f"<h2>Curves</h2><img alt='curves' src='data:image/png;base64,{img}'>"
@@ -402,22 +421,34 @@ def build_report(run_dir: Path | str, out: Path | str | None = None,
     view = RunView(data)
     summary = _json_safe(summarize(view))
     verdicts = _json_safe(diagnose(view))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": out_dir / "summary.json", "verdicts": out_dir / "verdicts.json",
-             "csv": out_dir / "reward-vs-step.csv", "text": out_dir / "report.txt"}
-    paths["summary"].write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    paths["verdicts"].write_text(json.dumps(verdicts, indent=1) + "\n", encoding="utf-8")
-    write_csv(data, paths["csv"])
+    # The run folder is a tree others write into: the default .report is made there only as a
+    # plain folder, and every output replaces its name through safe_io (a link or a FIFO there
+    # is replaced, never written through or opened; Refused, an OSError, for a linked .report).
+    # An --out folder is the caller's own: only its files are guarded so.
+    root = out_dir if out is not None else run_dir
+    if out is None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(out_dir)
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+
+    def write(key: str, name: str, data: bytes | str) -> None:
+        paths[key] = out_dir / name
+        replace_file(root, paths[key], data.encode("utf-8") if isinstance(data, str) else data)
+
+    write("summary", "summary.json", json.dumps(summary, indent=1) + "\n")
+    write("verdicts", "verdicts.json", json.dumps(verdicts, indent=1) + "\n")
+    write("csv", "reward-vs-step.csv", csv_text(data))
     text = text_report(summary, verdicts)
-    paths["text"].write_text(text, encoding="utf-8")
+    write("text", "report.txt", text)
     if plots:
-        paths["png"] = out_dir / "curves.png"
-        png = plot_curves(data, verdicts, paths["png"])
-        law_png = plot_law(data, summary["entropy_reward_law"], out_dir / "law.png")
+        png = plot_curves(data, verdicts)
+        write("png", "curves.png", png)
+        law_png = plot_law(data, summary["entropy_reward_law"])
         if law_png is not None:
-            paths["law_png"] = out_dir / "law.png"
-        paths["html"] = out_dir / "report.html"
-        paths["html"].write_text(html_report(summary, verdicts, png, law_png), encoding="utf-8")
+            write("law_png", "law.png", law_png)
+        write("html", "report.html", html_report(summary, verdicts, png, law_png))
     return {"summary": summary, "verdicts": verdicts, "text": text,
             "outputs": {k: str(v) for k, v in paths.items()}, "data": data}
 

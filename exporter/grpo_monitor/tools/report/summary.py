@@ -70,7 +70,8 @@ def summarize(view: RunView) -> dict[str, Any]:
             "rollout_vs_trainer": rollout_section(view) if steps else None,
             "entropy_reward_law": law_section(view),
             "missing_curves": [k for k in MINIMUM_CURVES if not data.has(k)] if steps else [],
-            "not_judged": not_judged(view) if steps else []}
+            "not_judged": not_judged(view) if steps else [],
+            "undone": [{"steps": [lo, hi], "back_to": back} for lo, hi, back in data.undone]}
 
 
 # -- what the report could not judge ---------------------------------------------------------------
