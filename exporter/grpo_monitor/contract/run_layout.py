@@ -24,7 +24,7 @@ from grpo_monitor.contract.safe_io import replace_file, walk
 __all__ = [
     "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES",
     "PAUSE_RECORD", "REBASELINE_REQUEST", "REPORT_FOLDER", "ROLLBACK_TARGET", "SNAPSHOT_SUFFIXES",
-    "check_run_name", "is_appended", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
+    "check_run_name", "folder_name", "is_appended", "is_run_label", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
     "rotation_of", "run_files", "run_name_from", "run_name_problem", "runs_in", "segment_file",
     "write_control_file",
 ]
@@ -82,6 +82,38 @@ def run_name_problem(run: object) -> str | None:
 def is_run_name(run: object) -> bool:
     """Whether ``run`` may name a run (see ``run_name_problem``)."""
     return run_name_problem(run) is None
+
+
+# The escape snapshot.as_text writes for a byte of a folder name that is not UTF-8 (Python reads
+# such a byte as a lone surrogate, U+DC80..U+DCFF): a backslash, "udc" and its hex in the label.
+_BYTE_ESCAPE = re.compile(r"\\udc([89a-f][0-9a-f])")
+
+
+def folder_name(label: object) -> str:
+    r"""The run folder's name (as ``os.listdir`` gives it) of a run label: the label itself for
+    a run name; for a folder whose name is not UTF-8, whose label carries its bytes as ``\udcXX``
+    escapes (snapshot.as_text), the name with those bytes, so that such a run too can be
+    paused, resumed, re-baselined and replayed. ValueError, saying why, for a label that names
+    no run folder."""
+    problem = run_name_problem(label)
+    if problem is None:
+        return label  # type: ignore[return-value]  # run_name_problem checked it is a str
+    if isinstance(label, str) and _BYTE_ESCAPE.search(label):
+        name = _BYTE_ESCAPE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), label)
+        raw = os.fsencode(name)  # the folder's bytes, as the file system holds them
+        if (name and not name.startswith(".") and not any(c in name for c in _FORBIDDEN)
+                and len(raw) <= MAX_RUN_NAME_BYTES and os.fsdecode(raw) == name):
+            return name
+    raise ValueError(f"run must be a plain folder name ({problem}), got {label!r}")
+
+
+def is_run_label(label: object) -> bool:
+    """Whether ``label`` names a run folder (``folder_name``)."""
+    try:
+        folder_name(label)
+    except ValueError:
+        return False
+    return True
 
 
 def check_run_name(run: object) -> str:
