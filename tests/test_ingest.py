@@ -375,3 +375,30 @@ def test_a_file_gets_a_turn_of_bytes_and_is_read_on_after_the_others(tmp_path: P
     ingested = ingest.health.registry.get_sample_value("grpo_snapshots_ingested_total",
                                                         {"shape": "native"})
     assert ingested == 400 + 1
+
+
+def test_a_heavy_file_yields_its_turn_by_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file read because of an event gets READ_TURN_SECONDS a turn, whatever its size: with
+    the turn set to nothing it is read one record a turn (the rest waits in `unfinished`), and a
+    record of another run is read in between, never after the whole file."""
+    from grpo_monitor.runtime import ingest as ingest_module
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
+
+    monkeypatch.setattr(ingest_module, "READ_TURN_SECONDS", 0.0)
+    root = tmp_path / "snaps"
+    flood = root / "flood" / "rank-0.jsonl"
+    append(flood, *(native(s, run="flood", **{f"k/{i}": 1.0 for i in range(50)}) for s in range(1, 6)))
+    append(root / "victim" / "rank-0.jsonl", native(7, run="victim", loss=math.nan))
+    store = RunStore()
+    ingestor = Ingestor(root, store, ExporterHealth())
+    ingestor.process(flood)
+    assert flood in ingestor.unfinished and store.max_step("flood") == 1
+    ingestor.process(root / "victim" / "rank-0.jsonl")
+    assert store.max_step("victim") == 7
+    turns = 1
+    while flood in ingestor.unfinished:
+        ingestor.process(flood)
+        turns += 1
+    assert store.max_step("flood") == 5 and turns == 5

@@ -54,6 +54,9 @@ READ_CHUNK = 4 << 20
 # so it cannot hold up the ingest of every other run. History (the start-up replay, a rotation's
 # older segments) is read whole, in order.
 READ_BUDGET = 64 << 20
+# And at most this long: a file of heavy records (hundreds of keys each, new runs) is read on at
+# the next turn too, so that a NaN appended to another run is served within about this much.
+READ_TURN_SECONDS = 0.2
 # The largest *.json snapshot and the longest *.jsonl line read (--snapshot.max-file-bytes,
 # --snapshot.max-line-bytes); larger ones are counted as oversized and skipped, so a runaway
 # writer cannot make the exporter hold an unbounded record in memory.
@@ -700,6 +703,7 @@ class Ingestor:
                 self._missed_rotations(path, state.read_ns, {state.inode})
             state.offset, state.skipping, state.tail = 0, False, b""
         fh.seek(state.offset)
+        deadline = time.monotonic() + READ_TURN_SECONDS if budget is not None else None
         # Bytes past what the last read saw were written after it, whatever their mtime says: a
         # file server whose clock lags must not make a live run look silent (or expire it).
         written_after = state.read_ns / 1e9
@@ -719,11 +723,14 @@ class Ingestor:
             end = data.rfind(b"\n") + 1
             unfinished = data[end:]
             if end:
-                self._consume(state, data[:end])
                 # A record without a time of its own takes the file's mtime once its bytes are
                 # read: a write can land between the look at the file and the read.
                 mtime = max(os.fstat(fh.fileno()).st_mtime, written_after)
-                self._lines(path, state, data[: end - 1], mtime)
+                done = self._lines(path, state, data[: end - 1], mtime, deadline)
+                self._consume(state, data[:done])
+                if done < end:  # its time is up: the rest is read at its next turn
+                    self.unfinished[path] = None
+                    return
             if len(unfinished) > self.max_line_bytes:
                 if not state.skipping:
                     self.error(path, "oversized", f"line over {self.max_line_bytes} bytes")
@@ -749,17 +756,26 @@ class Ingestor:
         fh.seek(state.offset - len(state.tail))
         return fh.read(len(state.tail)) == state.tail
 
-    def _lines(self, path: Path, state: FileState, lines: bytes, mtime: float) -> None:
-        """Whole lines, without the last one's newline."""
-        for line in lines.split(b"\n"):
+    def _lines(self, path: Path, state: FileState, lines: bytes, mtime: float,
+               deadline: float | None = None) -> int:
+        """Whole lines, without the last one's newline; the bytes handled, newlines included:
+        all of them, or those up to the line after which ``deadline`` (monotonic) passed."""
+        pos, size = 0, len(lines)
+        while True:
+            nl = lines.find(b"\n", pos)
+            end = size if nl < 0 else nl
+            line = lines[pos:end]
+            pos = end + 1
             if state.skipping:  # the tail of an oversized line
                 state.skipping = False
-                continue
-            if len(line) > self.max_line_bytes:
+            elif len(line) > self.max_line_bytes:
                 self.error(path, "oversized", f"line of {len(line)} bytes > {self.max_line_bytes}")
-                continue
-            if line.strip(JSON_WHITESPACE):
+            elif line.strip(JSON_WHITESPACE):
                 self._record(path, line, mtime)
+            if nl < 0:
+                return pos
+            if deadline is not None and time.monotonic() > deadline:
+                return pos
 
     def _reread(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO) -> None:
         signature = (st.st_size, st.st_mtime_ns)
