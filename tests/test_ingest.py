@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import Running, value
 from polling import wait_for
 
