@@ -15,8 +15,7 @@ import requests
 from conftest import Running, value
 
 from grpo_monitor.contract.control import read_control
-from grpo_monitor.contract.run_layout import folder_name, is_run_label
-from grpo_monitor.contract.snapshot import as_text
+from grpo_monitor.contract.run_layout import folder_name, is_run_label, run_label
 
 TOKEN = "names-token"
 RAW = b"caf\xff-run"
@@ -24,12 +23,14 @@ CLI = [sys.executable, "-m", "grpo_monitor.cli"]
 STRICT = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
-def test_a_label_leads_back_to_its_folder() -> None:
-    name = os.fsdecode(RAW)
-    label = as_text(name)
-    assert label == "caf\\udcff-run" and folder_name(label) == name
-    assert folder_name("plain run") == "plain run"
-    for bad in ("a\\b", "..\\udcff", ".\\udcff", "\\udc41x/y", "x\\udc7f"):
+def test_a_label_leads_back_to_its_folder_and_no_two_folders_share_one() -> None:
+    names = [os.fsdecode(raw) for raw in (RAW, b"a\\b", b"a\\udcff", b"a\xff", b"plain run",
+                                          b"x\\\\y\xfe", "日本".encode())]
+    labels = [run_label(name) for name in names]
+    assert labels[0] == "caf\\udcff-run" and labels[4] == "plain run" and labels[6] == "日本"
+    assert len(set(labels)) == len(names)
+    assert [folder_name(label) for label in labels] == names
+    for bad in ("a\\b", "a\\b\\", "..\\udcff", ".\\udcff", "\\udc41x/y", "x\\udc7f", "a\\qb"):
         assert not is_run_label(bad), bad
 
 
@@ -45,7 +46,7 @@ def test_a_run_whose_folder_is_not_utf8_can_be_paused_resumed_replayed_and_repor
                                  **({"samples": [sample]} if step == 10 else {})}) + "\n")
     exporter = start_exporter(webhook_token_file=tmp_path / "token", gpu_collector=False,
                               enable_replay=True)
-    label = as_text(os.fsdecode(RAW))
+    label = run_label(os.fsdecode(RAW))
     exporter.wait_value("grpo_step", 30, run=label, rank="0")
     # The card carries the label the exporter published; the pause lands in the folder.
     card = {"status": "firing", "labels": {"alertname": "GRPONonFiniteValues", "run": label,

@@ -32,11 +32,11 @@ from grpo_monitor.contract.run_layout import (
     is_hidden,
     is_snapshot_path,
     rotation_of,
+    run_label,
 )
 from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, read_regular, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
-    as_text,
     decode_record,
     identity_from_path,
     parse_record,
@@ -253,7 +253,7 @@ class Ingestor:
         self._drop(gone)
         self._vacated = {p for p in self._vacated if not _under(p, gone)}
         self._seen = {p: sig for p, sig in self._seen.items() if not _under(p, gone)}
-        run = as_text(folder.name)
+        run = run_label(folder.name)
         self._run_key_maps.pop(run, None)
         if self.store.forget_run(run):
             log.info("run %s: its folder was deleted or renamed; a folder of that name is read "
