@@ -78,6 +78,14 @@ CATCH_UP_LISTINGS = 3
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
 
 
+def _dated(mtime: float, written_after: float) -> float:
+    """When bytes a read found past the previous read were written: their file's mtime, unless
+    it is older than that previous read by more than a file system's coarse timestamps explain
+    (CLOCK_SLACK_NS): a file server whose clock lags. Then the previous read's time, which the
+    bytes surely followed."""
+    return mtime if mtime >= written_after - CLOCK_SLACK_NS / 1e9 else written_after
+
+
 @dataclass
 class FileState:
     inode: int
@@ -725,7 +733,7 @@ class Ingestor:
             if end:
                 # A record without a time of its own takes the file's mtime once its bytes are
                 # read: a write can land between the look at the file and the read.
-                mtime = max(os.fstat(fh.fileno()).st_mtime, written_after)
+                mtime = _dated(os.fstat(fh.fileno()).st_mtime, written_after)
                 done = self._lines(path, state, data[: end - 1], mtime, deadline)
                 self._consume(state, data[:done])
                 if done < end:  # its time is up: the rest is read at its next turn
@@ -795,7 +803,7 @@ class Ingestor:
         state.digest = digest
         # A *.json file that stops mid-document is most likely still being written: counted as
         # incomplete, and read again on its next change.
-        self._record(path, data, max(st.st_mtime, written_after), whole_file=True)
+        self._record(path, data, _dated(st.st_mtime, written_after), whole_file=True)
 
     def _run_folder(self, path: Path) -> str | None:
         """The name of the run folder ``path`` lies in; None for a file at the root."""
