@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import Running, value
 from polling import wait_for
 
@@ -241,11 +242,13 @@ def test_snapshot_dir_deleted_and_recreated(exporter: Running, snapshot_dir: Pat
         p.unlink() if p.is_file() else p.rmdir()
     snapshot_dir.rmdir()
     wait_for(lambda: exporter.errors("dir_missing") == 1)
-    # Still serving what was read.
-    assert value(exporter.scrape(), "grpo_loss", run="exp", rank="0") == 1.0
+    # The run's folder went first, file by file (rm -r): the run went with it. (A snapshot
+    # folder that vanishes at once keeps what was read: the next test.)
+    exporter.wait_value("grpo_loss", None, run="exp", rank="0")
     snapshot_dir.mkdir()
     append(snapshot_dir / "exp" / "rank-0.jsonl", native(2, **{"loss": 2.0}))
     exporter.wait_value("grpo_loss", 2.0, run="exp", rank="0")
+    exporter.wait_value("grpo_run_logged_steps", 1, run="exp")  # a new run
     append(snapshot_dir / "exp" / "rank-0.jsonl", native(3, **{"loss": 3.0}))
     exporter.wait_value("grpo_loss", 3.0, run="exp", rank="0")
     assert exporter.errors("dir_missing") == 1
@@ -375,3 +378,46 @@ def test_a_file_gets_a_turn_of_bytes_and_is_read_on_after_the_others(tmp_path: P
     ingested = ingest.health.registry.get_sample_value("grpo_snapshots_ingested_total",
                                                         {"shape": "native"})
     assert ingested == 400 + 1
+
+
+def test_a_snapshot_folder_that_vanishes_at_once_keeps_what_was_read(
+        exporter: Running, snapshot_dir: Path) -> None:
+    """An unmounted volume, or the folder moved away: no run folder was deleted, so every run
+    is still served, and followed again once the folder is back."""
+    append(snapshot_dir / "exp" / "rank-0.jsonl", native(1, **{"loss": 1.0}))
+    exporter.wait_value("grpo_loss", 1.0, run="exp", rank="0")
+    away = snapshot_dir.with_name("away")
+    snapshot_dir.rename(away)
+    wait_for(lambda: exporter.errors("dir_missing") == 1)
+    assert value(exporter.scrape(), "grpo_loss", run="exp", rank="0") == 1.0
+    away.rename(snapshot_dir)
+    append(snapshot_dir / "exp" / "rank-0.jsonl", native(2, **{"loss": 2.0}))
+    exporter.wait_value("grpo_loss", 2.0, run="exp", rank="0")
+    assert value(exporter.scrape(), "grpo_run_logged_steps", run="exp") == 2
+
+
+def test_a_heavy_file_yields_its_turn_by_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file read because of an event gets READ_TURN_SECONDS a turn, whatever its size: with
+    the turn set to nothing it is read one record a turn (the rest waits in `unfinished`), and a
+    record of another run is read in between, never after the whole file."""
+    from grpo_monitor.runtime import ingest as ingest_module
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
+
+    monkeypatch.setattr(ingest_module, "READ_TURN_SECONDS", 0.0)
+    root = tmp_path / "snaps"
+    flood = root / "flood" / "rank-0.jsonl"
+    append(flood, *(native(s, run="flood", **{f"k/{i}": 1.0 for i in range(50)}) for s in range(1, 6)))
+    append(root / "victim" / "rank-0.jsonl", native(7, run="victim", loss=math.nan))
+    store = RunStore()
+    ingestor = Ingestor(root, store, ExporterHealth())
+    ingestor.process(flood)
+    assert flood in ingestor.unfinished and store.max_step("flood") == 1
+    ingestor.process(root / "victim" / "rank-0.jsonl")
+    assert store.max_step("victim") == 7
+    turns = 1
+    while flood in ingestor.unfinished:
+        ingestor.process(flood)
+        turns += 1
+    assert store.max_step("flood") == 5 and turns == 5

@@ -35,6 +35,7 @@ from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from grpo_monitor import __version__
+from grpo_monitor.contract.safe_io import printable
 from grpo_monitor.extras import MissingExtra, missing_dependency, require
 from grpo_monitor.runtime.signals import BASELINE_STEPS
 
@@ -865,7 +866,8 @@ def cmd_rebaseline(args: argparse.Namespace) -> int:
         print(f"grpo-monitor rebaseline: {exc}", file=sys.stderr)
         return 2
     print(f"run {args.run!r}: the {args.baseline_steps} steps up to step {at_step} become the "
-          f"baseline ({path}); the exporter applies it on its next read, and after a restart")
+          f"baseline ({printable(path)}); the exporter applies it on its next read, and after a "
+          "restart")
     return 0
 
 
@@ -911,13 +913,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
         run_folder_here,
         write_control,
     )
-    from grpo_monitor.contract.run_layout import is_run_name
+    from grpo_monitor.contract.run_layout import folder_name, is_run_label
     from grpo_monitor.tools.trainer_marks import file_sizes, ranks_waiting
 
     snapshot_dir = args.snapshot_dir
     # A name that cannot be a run folder is the caller's typo, not a damaged record: say so, as
-    # replay does, before read_control turns it into a ValueError.
-    if not is_run_name(args.run):
+    # replay does, before read_control turns it into a ValueError. A label with \udcXX escapes
+    # names a folder whose name is not UTF-8 (run_layout.folder_name).
+    if not is_run_label(args.run):
         print(f"grpo-monitor resume: invalid run name {args.run!r}", file=sys.stderr)
         return 2
     try:
@@ -928,7 +931,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if record is None and not run_folder_here(snapshot_dir, args.run):
         print(f"grpo-monitor resume: no run {args.run!r} under {snapshot_dir}", file=sys.stderr)
         return 2
-    waiting = ranks_waiting(Path(snapshot_dir) / args.run)
+    run_dir = Path(snapshot_dir) / folder_name(args.run)
+    waiting = ranks_waiting(run_dir)
     if (record is None or record.state != "paused") and not waiting and not args.force:
         # Nothing to lift: saying "resumed" would send a person looking for a pause that is not
         # there.
@@ -955,11 +959,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
                                           "checkpoint, if one was saved before the card's onset")
     record = record.model_copy(update={"state": "running", "resumed_at": now_rfc3339(),
                                        "rollback": rollback, "rollback_to": args.rollback_to})
-    before = file_sizes(Path(snapshot_dir) / args.run)  # the answer comes after this
+    before = file_sizes(run_dir)  # the answer comes after this
     path = write_control(snapshot_dir, args.run, record)
-    print(f"run {args.run!r}: {was} -> running; {what} ({path})")
+    print(f"run {args.run!r}: {was} -> running; {what} ({printable(path)})")
     if args.wait > 0:
-        return _report_answer(Path(snapshot_dir) / args.run, args.run, args.wait, before)
+        return _report_answer(run_dir, args.run, args.wait, before)
     return 0
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from grpo_monitor.contract.run_layout import (
     MAX_CONTROL_BYTES,
     PAUSE_RECORD,
-    check_run_name,
+    folder_name,
     write_control_file,
 )
 from grpo_monitor.contract.safe_io import Refused, is_plain_folder, read_regular
@@ -56,7 +56,7 @@ def now_rfc3339() -> str:
 
 def control_path(snapshot_dir: str | os.PathLike[str], run: str) -> Path:
     """Where the run's pause record lies; ValueError for a name that cannot name a run."""
-    return Path(snapshot_dir) / check_run_name(run) / PAUSE_RECORD
+    return Path(snapshot_dir) / folder_name(run) / PAUSE_RECORD
 
 
 class RefusedControl(ValueError):
@@ -106,6 +106,6 @@ def run_folder_here(snapshot_dir: str | os.PathLike[str], run: str) -> bool:
     """Whether the run has its folder in ``snapshot_dir``: a plain folder, not a link (a linked
     run folder is never read nor written into, safe_io), nor a file of that name."""
     try:
-        return is_plain_folder(snapshot_dir, Path(snapshot_dir) / check_run_name(run))
+        return is_plain_folder(snapshot_dir, Path(snapshot_dir) / folder_name(run))
     except Refused:
         return False

@@ -24,7 +24,7 @@ from grpo_monitor.contract.safe_io import replace_file, walk
 __all__ = [
     "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES",
     "PAUSE_RECORD", "REBASELINE_REQUEST", "REPORT_FOLDER", "ROLLBACK_TARGET", "SNAPSHOT_SUFFIXES",
-    "check_run_name", "is_appended", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
+    "check_run_name", "folder_name", "is_appended", "is_run_label", "run_label", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
     "rotation_of", "run_files", "run_name_from", "run_name_problem", "runs_in", "segment_file",
     "write_control_file",
 ]
@@ -82,6 +82,52 @@ def run_name_problem(run: object) -> str | None:
 def is_run_name(run: object) -> bool:
     """Whether ``run`` may name a run (see ``run_name_problem``)."""
     return run_name_problem(run) is None
+
+
+# The escapes of a run label (run_label): a doubled backslash, and a backslash, "udc" and the hex
+# of a byte that is not UTF-8 (Python reads such a byte as a lone surrogate, U+DC80..U+DCFF).
+_LABEL_ESCAPE = re.compile(r"\\(\\|udc[89a-f][0-9a-f])")
+
+
+def run_label(name: str) -> str:
+    r"""The ``run`` label of the run folder ``name`` (as ``os.listdir`` gives it): the name itself
+    when it is UTF-8 text without a backslash, as every run name is; otherwise its backslashes
+    doubled and each byte that is not UTF-8 written ``\udcXX``. Two folders never share a label,
+    and ``folder_name`` leads back from the label to the folder."""
+    if "\\" not in name:
+        try:
+            name.encode("utf-8")
+            return name
+        except UnicodeEncodeError:
+            pass
+    return name.replace("\\", "\\\\").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def folder_name(label: object) -> str:
+    """The run folder's name of a run label (``run_label``'s inverse): the label itself for a
+    run name; for a folder whose name is not UTF-8 or holds a backslash, its name unescaped, so
+    that such a run too can be paused, resumed, re-baselined and replayed. ValueError, saying
+    why, for a label that names no run folder."""
+    problem = run_name_problem(label)
+    if problem is None:
+        return label  # type: ignore[return-value]  # run_name_problem checked it is a str
+    if isinstance(label, str) and "\\" in label:
+        name = _LABEL_ESCAPE.sub(
+            lambda m: "\\" if m.group(1) == "\\" else chr(0xDC00 + int(m.group(1)[3:], 16)), label)
+        if (run_label(name) == label and name and not name.startswith(".")
+                and "/" not in name and "\0" not in name
+                and len(os.fsencode(name)) <= MAX_RUN_NAME_BYTES):
+            return name
+    raise ValueError(f"run must be a plain folder name ({problem}), got {label!r}")
+
+
+def is_run_label(label: object) -> bool:
+    """Whether ``label`` names a run folder (``folder_name``)."""
+    try:
+        folder_name(label)
+    except ValueError:
+        return False
+    return True
 
 
 def check_run_name(run: object) -> str:

@@ -27,7 +27,12 @@ from pydantic import (
 
 from grpo_monitor.contract.key_map import KeyMap
 from grpo_monitor.contract.keys import KeyMatch, match_key
-from grpo_monitor.contract.run_layout import DEFAULT_RUN, MAX_RUN_NAME_BYTES, check_run_name
+from grpo_monitor.contract.run_layout import (
+    DEFAULT_RUN,
+    MAX_RUN_NAME_BYTES,
+    check_run_name,
+    run_label,
+)
 
 Shape = Literal["native", "verl", "flat"]
 
@@ -218,7 +223,7 @@ def identity_from_path(path: PurePath, snapshot_dir: PurePath) -> tuple[str, int
         parts = path.relative_to(snapshot_dir).parts
     except ValueError:
         parts = (path.name,)
-    run = as_text(parts[0]) if len(parts) > 1 else DEFAULT_RUN
+    run = run_label(parts[0]) if len(parts) > 1 else DEFAULT_RUN  # folder_name leads back
     m = _RANK_IN_NAME.search(path.name)
     return run, int(m.group(1)) if m else 0
 

@@ -32,11 +32,11 @@ from grpo_monitor.contract.run_layout import (
     is_hidden,
     is_snapshot_path,
     rotation_of,
+    run_label,
 )
 from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, read_regular, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
-    as_text,
     decode_record,
     identity_from_path,
     parse_record,
@@ -54,6 +54,9 @@ READ_CHUNK = 4 << 20
 # so it cannot hold up the ingest of every other run. History (the start-up replay, a rotation's
 # older segments) is read whole, in order.
 READ_BUDGET = 64 << 20
+# And at most this long: a file of heavy records (hundreds of keys each, new runs) is read on at
+# the next turn too, so that a NaN appended to another run is served within about this much.
+READ_TURN_SECONDS = 0.2
 # The largest *.json snapshot and the longest *.jsonl line read (--snapshot.max-file-bytes,
 # --snapshot.max-line-bytes); larger ones are counted as oversized and skipped, so a runaway
 # writer cannot make the exporter hold an unbounded record in memory.
@@ -73,6 +76,14 @@ CLOCK_SLACK_NS = 2_000_000_000
 CATCH_UP_LISTINGS = 3
 # Hidden files the scan hands to process(): a run's re-baseline request and key map.
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
+
+
+def _dated(mtime: float, written_after: float) -> float:
+    """When bytes a read found past the previous read were written: their file's mtime, unless
+    it is older than that previous read by more than a file system's coarse timestamps explain
+    (CLOCK_SLACK_NS): a file server whose clock lags. Then the previous read's time, which the
+    bytes surely followed."""
+    return mtime if mtime >= written_after - CLOCK_SLACK_NS / 1e9 else written_after
 
 
 @dataclass
@@ -250,7 +261,7 @@ class Ingestor:
         self._drop(gone)
         self._vacated = {p for p in self._vacated if not _under(p, gone)}
         self._seen = {p: sig for p, sig in self._seen.items() if not _under(p, gone)}
-        run = as_text(folder.name)
+        run = run_label(folder.name)
         self._run_key_maps.pop(run, None)
         if self.store.forget_run(run):
             log.info("run %s: its folder was deleted or renamed; a folder of that name is read "
@@ -700,6 +711,7 @@ class Ingestor:
                 self._missed_rotations(path, state.read_ns, {state.inode})
             state.offset, state.skipping, state.tail = 0, False, b""
         fh.seek(state.offset)
+        deadline = time.monotonic() + READ_TURN_SECONDS if budget is not None else None
         # Bytes past what the last read saw were written after it, whatever their mtime says: a
         # file server whose clock lags must not make a live run look silent (or expire it).
         written_after = state.read_ns / 1e9
@@ -719,11 +731,14 @@ class Ingestor:
             end = data.rfind(b"\n") + 1
             unfinished = data[end:]
             if end:
-                self._consume(state, data[:end])
                 # A record without a time of its own takes the file's mtime once its bytes are
                 # read: a write can land between the look at the file and the read.
-                mtime = max(os.fstat(fh.fileno()).st_mtime, written_after)
-                self._lines(path, state, data[: end - 1], mtime)
+                mtime = _dated(os.fstat(fh.fileno()).st_mtime, written_after)
+                done = self._lines(path, state, data[: end - 1], mtime, deadline)
+                self._consume(state, data[:done])
+                if done < end:  # its time is up: the rest is read at its next turn
+                    self.unfinished[path] = None
+                    return
             if len(unfinished) > self.max_line_bytes:
                 if not state.skipping:
                     self.error(path, "oversized", f"line over {self.max_line_bytes} bytes")
@@ -749,17 +764,26 @@ class Ingestor:
         fh.seek(state.offset - len(state.tail))
         return fh.read(len(state.tail)) == state.tail
 
-    def _lines(self, path: Path, state: FileState, lines: bytes, mtime: float) -> None:
-        """Whole lines, without the last one's newline."""
-        for line in lines.split(b"\n"):
+    def _lines(self, path: Path, state: FileState, lines: bytes, mtime: float,
+               deadline: float | None = None) -> int:
+        """Whole lines, without the last one's newline; the bytes handled, newlines included:
+        all of them, or those up to the line after which ``deadline`` (monotonic) passed."""
+        pos, size = 0, len(lines)
+        while True:
+            nl = lines.find(b"\n", pos)
+            end = size if nl < 0 else nl
+            line = lines[pos:end]
+            pos = end + 1
             if state.skipping:  # the tail of an oversized line
                 state.skipping = False
-                continue
-            if len(line) > self.max_line_bytes:
+            elif len(line) > self.max_line_bytes:
                 self.error(path, "oversized", f"line of {len(line)} bytes > {self.max_line_bytes}")
-                continue
-            if line.strip(JSON_WHITESPACE):
+            elif line.strip(JSON_WHITESPACE):
                 self._record(path, line, mtime)
+            if nl < 0:
+                return pos
+            if deadline is not None and time.monotonic() > deadline:
+                return pos
 
     def _reread(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO) -> None:
         signature = (st.st_size, st.st_mtime_ns)
@@ -779,7 +803,7 @@ class Ingestor:
         state.digest = digest
         # A *.json file that stops mid-document is most likely still being written: counted as
         # incomplete, and read again on its next change.
-        self._record(path, data, max(st.st_mtime, written_after), whole_file=True)
+        self._record(path, data, _dated(st.st_mtime, written_after), whole_file=True)
 
     def _run_folder(self, path: Path) -> str | None:
         """The name of the run folder ``path`` lies in; None for a file at the root."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, PositiveInt
 
 from grpo_monitor.contract.run_layout import (
     REBASELINE_REQUEST,
-    check_run_name,
+    folder_name,
     is_appended,
     run_files,
     write_control_file,
@@ -67,7 +67,7 @@ def newest_step(run_dir: Path) -> int | None:
 def request_rebaseline(snapshot_dir: Path, run: str, *, steps: int, at_step: int | None) -> tuple[Path, int]:
     """Write the run's re-baseline request atomically; return its path and the step it applies
     at. ValueError for a run name that names no run folder, or a run without steps."""
-    run_dir = Path(snapshot_dir) / check_run_name(run)
+    run_dir = Path(snapshot_dir) / folder_name(run)
     try:
         if not is_plain_folder(snapshot_dir, run_dir):
             raise ValueError(f"no run folder {run_dir}")

@@ -28,7 +28,8 @@ from typing import Any, BinaryIO, TextIO
 from grpo_monitor.contract.run_layout import (
     DEFAULT_RUN,
     is_appended,
-    is_run_name,
+    folder_name,
+    is_run_label,
     run_files,
 )
 from grpo_monitor.contract.safe_io import Refused, lines, open_regular
@@ -125,7 +126,7 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
 
     # In the order written: a later record of the same step and rank replaces an earlier one.
     try:
-        files = run_files(snapshot_dir / run, root=snapshot_dir)
+        files = run_files(snapshot_dir / folder_name(run), root=snapshot_dir)
     except Refused:
         raise LinkedRun(run) from None
     if run == DEFAULT_RUN:  # the loose files of the snapshot folder are run "default" too
@@ -159,7 +160,7 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
 def available_steps(snapshot_dir: Path, run: str) -> list[int]:
     """The steps of ``run`` whose records carry samples, ascending; [] for an invalid run
     (LinkedRun for a linked run folder)."""
-    if not is_run_name(run):
+    if not is_run_label(run):
         return []
     return sorted({step for step, _ in _index(Path(snapshot_dir), run)})
 
@@ -179,7 +180,7 @@ def find_samples(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, l
 def _find(snapshot_dir: Path, run: str, step: int | None) -> tuple[int, list[Sample], Undone] | None:
     """find_samples, with the spans undone whose steps hold the chosen step (its samples are
     then those of the pass that stands)."""
-    if not is_run_name(run):
+    if not is_run_label(run):
         return None
     undone: Undone = []
     index = _index(snapshot_dir, run, undone)
@@ -307,7 +308,7 @@ def replay_http(snapshot_dir: Path, query: dict[str, list[str]], accept: str) ->
         return values[0] if values else None
 
     run = first("run")
-    if run is None or not is_run_name(run):
+    if run is None or not is_run_label(run):
         return 400, _TEXT, b"invalid or missing run: a run is a snapshot folder name\n"
     raw_step = first("step")
     step: int | None = None
@@ -354,7 +355,7 @@ def print_replay(snapshot_dir: Path, run: str, step: int | None, *, file: TextIO
     there are none (a linked run folder's included), 2 for an invalid run name. Errors go to
     stderr."""
     out = file or sys.stdout
-    if not is_run_name(run):
+    if not is_run_label(run):
         print(f"grpo-monitor replay: invalid run name {run!r}", file=sys.stderr)
         return 2
     try:

@@ -21,12 +21,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from grpo_monitor.contract.run_layout import is_appended, run_files
+from grpo_monitor.contract.run_layout import is_appended, run_files, run_label
 from grpo_monitor.contract.safe_io import Refused, lines, open_regular, printable
 from grpo_monitor.contract.snapshot import (
     RecordError,
     Snapshot,
-    as_text,
     decode_record,
     identity_from_path,
     parse_record,
@@ -70,7 +69,7 @@ def load_run(run_dir: Path | str) -> RunData:
     """Every record of the run folder (all ranks, rotated segments, *.json), bad lines skipped."""
     run_dir = Path(run_dir)
     # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
-    reader = _Reader(RunData(run=as_text(run_dir.name), path=run_dir))
+    reader = _Reader(RunData(run=run_label(run_dir.name), path=run_dir))
     for path in run_files(run_dir):
         run, rank = identity_from_path(path, run_dir.parent)
         try:

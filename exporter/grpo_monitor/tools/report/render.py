@@ -26,7 +26,7 @@ import numpy as np
 
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.run_layout import REPORT_FOLDER, runs_in
-from grpo_monitor.contract.safe_io import replace_file
+from grpo_monitor.contract.safe_io import printable, replace_file
 from grpo_monitor.runtime.forecast import BLOCK_STEPS
 from grpo_monitor.runtime.signals import HELDOUT_KEY, LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.load import RunData, load_run
@@ -458,13 +458,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     when there is no record to report on."""
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
-        print(f"grpo-monitor report: {run_dir} is not a folder", file=sys.stderr)
+        print(f"grpo-monitor report: {printable(run_dir)} is not a folder", file=sys.stderr)
         return 2
     runs = runs_in(run_dir)
     if runs:
         # A snapshot folder: one report per run, never one merged from several runs.
-        print(f"{run_dir} holds {len(runs)} runs ({', '.join(r.name for r in runs)}): one report "
-              "each", file=sys.stderr)
+        names = ", ".join(printable(r.name) for r in runs)
+        print(f"{printable(run_dir)} holds {len(runs)} runs ({names}): one report each",
+              file=sys.stderr)
     fmt = getattr(args, "format", "text") or "text"
     results = []
     for one in runs or [run_dir]:
@@ -472,22 +473,23 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             res = build_report(one, out, plots=True)
         except OSError as exc:  # the output folder: not writable, a file in its way, a full disk
-            print(f"grpo-monitor report: cannot write the report: {exc}", file=sys.stderr)
+            print(f"grpo-monitor report: cannot write the report: {printable(str(exc))}", file=sys.stderr)
             return 2
         if not res["data"].records:
-            print(f"grpo-monitor report: no records in {one}", file=sys.stderr)
+            print(f"grpo-monitor report: no records in {printable(one)}", file=sys.stderr)
             continue
         results.append(res)
         if fmt == "text":
             if runs:
-                print(f"{'=' * 20} {one.name} {'=' * 20}")
+                print(f"{'=' * 20} {printable(one.name)} {'=' * 20}")
             sys.stdout.write(res["text"])
             # The page a person opens first, then the files tools read.
             first = sorted(res["outputs"].items(), key=lambda kv: kv[0] != "html")
             written = ", ".join(Path(p).name for _, p in first)
-            print(f"\nreport written to {Path(res['outputs']['verdicts']).parent} ({written})\n")
+            where = printable(Path(res["outputs"]["verdicts"]).parent)  # a name not UTF-8: escaped
+            print(f"\nreport written to {where} ({written})\n")
         elif fmt == "html":
-            print(res["outputs"]["html"])
+            print(printable(res["outputs"]["html"]))
     if not results:
         return 2
     if fmt == "json":
@@ -496,5 +498,5 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(json.dumps(docs if runs else docs[0], indent=1))
     elif fmt != "text":
         for r in results:
-            print(f"report written to {Path(r['outputs']['verdicts']).parent}", file=sys.stderr)
+            print(f"report written to {printable(Path(r['outputs']['verdicts']).parent)}", file=sys.stderr)
     return 0
