@@ -352,3 +352,13 @@ def test_the_index_of_cards_is_the_catalogs() -> None:
     assert runbook_index.render(text) == text, "the runbook's index of cards is stale: run `make docs`"
     block = "\n".join(runbook_index.index())
     assert [c.name for c in CARDS if f"[{c.name}](#{c.name.lower()})" in block] == [c.name for c in CARDS]
+
+
+def test_the_cards_table_of_the_signals_doc_names_every_card() -> None:
+    """docs/signals.md's tables of cards ("The cards" and the cluster table under it) name every
+    declared card: a card added to contract/cards.py without its line there fails here."""
+    from grpo_monitor.contract.cards import CARDS
+
+    text = (ROOT / "docs" / "signals.md").read_text()
+    section = text[text.index("## The cards"):text.index("## Which cards need the baseline")]
+    assert [c.name for c in CARDS if c.name not in section] == []
