@@ -296,9 +296,10 @@ class Ingestor:
         """Delete events. One may be older than a file created since under the same name (and
         already read): only the state of what is gone is dropped. A batch of them costs one
         pass over the files followed, however many there are (a burst of deleted folders)."""
-        # A run folder: its run goes, and a folder re-created there is new. Not while the
-        # snapshot folder itself is gone (an unmounted volume): what was read is still served.
-        for p in paths if self.root.is_dir() else ():
+        # A run folder: its run goes, and a folder re-created there is new. (An event says the
+        # folder itself was deleted, whatever became of the snapshot folder since: an unmounted
+        # or moved-away snapshot folder sends none, and what was read stays served.)
+        for p in paths:
             if p.parent == self.root and not is_snapshot_path(p, self.root) and not is_hidden(p.name):
                 self.run_folder_gone(p)
         gone = set(paths)
