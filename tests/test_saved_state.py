@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -234,3 +235,49 @@ def test_a_state_saved_under_other_flags_is_set_aside_and_crashed_saves_leave_no
     other.exporter.stop()
     same = start_exporter(storage_path=state_dir, limits=Limits(baseline_steps=50))
     assert restores(same)["restored"] == 1
+
+
+def test_a_save_takes_no_lock_and_an_idle_exporter_writes_nothing(tmp_path: Path) -> None:
+    """The save pickles on the ingest thread, the only one that changes the store, without the
+    store's lock: with the lock held (as a scrape holds it) a save still completes. A save with
+    nothing changed since the last writes nothing; one after a new record writes again."""
+    import threading
+
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.saved_state import StateFile
+    from grpo_monitor.runtime.store import RunStore
+    from grpo_monitor.runtime.watch import SnapshotWatcher
+
+    root = tmp_path / "snaps"
+    job = Job(root)
+    job.write(1, 51)
+    store = RunStore()
+    health = ExporterHealth()
+    ingestor = Ingestor(root, store, health)
+    ingestor.rescan()
+    store.flush()
+    state = StateFile(tmp_path / "state", root)
+    watcher = SnapshotWatcher(ingestor, state=state)
+
+    done = threading.Event()
+    with store.locked():  # a scrape rendering meanwhile
+        threading.Thread(target=lambda: (watcher._save(), done.set()), daemon=True).start()
+        wait_for(done.is_set, timeout=60, what="a save while the store's lock is held")
+    saves = value(parse_registry(health), "grpo_exporter_state_saves_total")
+    written = state.path.stat().st_mtime_ns
+    watcher._save()  # nothing changed
+    assert value(parse_registry(health), "grpo_exporter_state_saves_total") == saves == 1
+    assert state.path.stat().st_mtime_ns == written
+    job.write(51, 52)
+    ingestor.rescan()
+    watcher._save()
+    assert value(parse_registry(health), "grpo_exporter_state_saves_total") == 2
+
+
+def parse_registry(health: Any) -> Any:
+    from prometheus_client import generate_latest
+
+    from conftest import parse_samples
+
+    return parse_samples(generate_latest(health.registry).decode())

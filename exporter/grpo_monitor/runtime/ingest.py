@@ -170,6 +170,13 @@ class Ingestor:
     def saved_controls(self) -> dict[Path, bytes]:
         return self._controls
 
+    def saved_mark(self) -> int:
+        """A hash of what a saved state keeps of the ingest (each file's place, the control
+        files): equal marks, nothing to save again."""
+        return hash((tuple((p, st.inode, st.offset, st.signature, st.digest, st.skipping)
+                           for p, st in self.files.items()),
+                     tuple(self._controls.items())))
+
     def restore(self, files: dict[Path, FileState], controls: dict[Path, bytes]) -> None:
         """Follow ``files`` from where a saved state left them: the next rescan reads each from
         its offset (a file that changed hands since is found by its inode, as after a lag), and

@@ -98,12 +98,12 @@ class StateFile:
 
     def save(self, store: RunStore, ingestor: Ingestor) -> int:
         """Write the state of ``store`` (a RunStore) and ``ingestor`` (an Ingestor); the bytes
-        written. Called on the ingest thread, so nothing else moves the files' offsets."""
-        with store.locked():
-            runs, dirty = store.saved_runs()
-            payload = pickle.dumps({"runs": runs, "dirty": dirty, "files": ingestor.files,
-                                    "controls": ingestor.saved_controls()},
-                                   protocol=pickle.HIGHEST_PROTOCOL)
+        written. Called on the ingest thread, the only one that changes either: nothing moves
+        while it pickles, and it takes no lock, so a scrape meanwhile is served at once."""
+        runs, dirty = store.saved_runs()
+        payload = pickle.dumps({"runs": runs, "dirty": dirty, "files": ingestor.files,
+                                "controls": ingestor.saved_controls()},
+                               protocol=pickle.HIGHEST_PROTOCOL)
         header = json.dumps({"format": FORMAT, "version": __version__, "code": self.code,
                              "root": self.root, "settings": self.settings,
                              "saved_at": time.time()}).encode()

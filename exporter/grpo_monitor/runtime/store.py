@@ -430,16 +430,21 @@ class RunStore:
         self._runs: dict[str, RunState] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
+        # Bumped by every change (on the ingest thread): a saved state of the same generation
+        # need not be written again (an idle exporter writes nothing).
+        self.generation = 0
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the store still: what saved_runs() returns is then one moment's state."""
+        """Hold the store still (no scrape renders meanwhile)."""
         with self._lock:
             yield
 
     def saved_runs(self) -> tuple[dict[str, RunState], set[tuple[str, int]]]:
         """The runs and the ranks whose series are not rendered yet, for a saved state
-        (saved_state.py); under locked()."""
+        (saved_state.py). Only the ingest thread changes the store, and it is the one that
+        saves: what this returns holds still while it is pickled, without the lock, so a scrape
+        never waits for a save."""
         return self._runs, self._dirty
 
     def restore(self, runs: dict[str, RunState], dirty: set[tuple[str, int]]) -> None:
@@ -448,12 +453,14 @@ class RunStore:
         with self._lock:
             self._runs = dict(runs)
             self._dirty = set(dirty)
+            self.generation += 1
 
     def apply(self, snap: Snapshot, wrote_at: float) -> bool:
         """Merge one snapshot; ``wrote_at`` is the mtime of the file it came from. False when it
         is refused: a new run while ``max_runs`` runs are exported."""
         lim = self.limits
         with self._lock:
+            self.generation += 1
             run = self._runs.get(snap.run)
             if run is None:
                 if len(self._runs) >= lim.max_runs:
@@ -568,6 +575,7 @@ class RunStore:
         """Render the ranks (and their runs) changed since the last flush."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+            self.generation += bool(dirty)
             runs: dict[str, RunState] = {}
             for run_name, rank_id in dirty:
                 run = self._runs.get(run_name)
@@ -589,6 +597,7 @@ class RunStore:
         refused, as ``apply`` refuses: a new run while ``max_runs`` runs are exported.
         """
         with self._lock:
+            self.generation += 1
             run = self._runs.get(run_name)
             if run is None:
                 if len(self._runs) >= self.limits.max_runs:
@@ -656,12 +665,14 @@ class RunStore:
             gone = [name for name, run in self._runs.items() if now - run.last_write > keep_for(run)]
             for name in gone:
                 del self._runs[name]
+            self.generation += bool(gone)
         return gone
 
     def forget_run(self, run_name: str) -> bool:
         """Drop a run whose folder is gone (deleted, or renamed: ingest.run_folder_gone);
         whether it was here."""
         with self._lock:
+            self.generation += 1
             self._dirty = {d for d in self._dirty if d[0] != run_name}
             return self._runs.pop(run_name, None) is not None
 

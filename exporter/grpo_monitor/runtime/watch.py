@@ -104,6 +104,7 @@ class SnapshotWatcher:
         self.ingestor = ingestor
         self.state = state
         self.save_interval = save_interval
+        self._saved_mark: tuple[int, int] | None = None  # what the last save held (_save)
         self.root = ingestor.root
         self.poll = poll
         self.poll_interval = poll_interval
@@ -184,7 +185,12 @@ class SnapshotWatcher:
             self.ingestor.restore(saved.files, saved.controls)
 
     def _save(self) -> None:
+        """Save the state, unless nothing changed since the last save (an idle exporter writes
+        nothing)."""
         assert self.state is not None
+        mark = (self.ingestor.store.generation, self.ingestor.saved_mark())
+        if mark == self._saved_mark:
+            return
         health = self.ingestor.health
         t0 = time.perf_counter()
         try:
@@ -194,6 +200,7 @@ class SnapshotWatcher:
             log.warning("cannot save the exporter's state to %s: %s", printable(self.state.path),
                         exc.strerror or exc)
             return
+        self._saved_mark = mark
         health.state_saves.inc()
         health.state_bytes.set(size)
         health.state_save_seconds.set(time.perf_counter() - t0)
