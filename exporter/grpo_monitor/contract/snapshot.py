@@ -414,3 +414,42 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float,
         time=mtime if flat.time is None else flat.time, shape=shape, world_size=flat.world_size,
         metrics=metrics, names=names, unknown=unknown, events=flat.events, problems=problems)
 
+
+
+# A trainer that went back to a checkpoint says so: {"type": "rollback", "from_step": 70,
+# "to_step": 20}. The steps after to_step are undone (docs/signals.md#a-runs-timeline).
+ROLLBACK = "rollback"
+
+
+def rollback_to(events: list[Event]) -> int | None:
+    """The step a record's rollback mark goes back to (the lowest, if several); None without."""
+    steps = [to for e in events if e.type == ROLLBACK
+             for to in [(e.model_extra or {}).get("to_step")]
+             if isinstance(to, int) and not isinstance(to, bool) and to >= 0]
+    return min(steps, default=None)
+
+
+class Timeline:
+    """Each rank's newest step, and what a record undoes (docs/signals.md#a-runs-timeline): a
+    rollback mark the steps after its to_step, a step record older than the newest the steps
+    from its own on. For the readers that follow a run's files after the fact (report, replay);
+    the exporter's store keeps its own per rank."""
+
+    def __init__(self) -> None:
+        self.newest: dict[int, int] = {}
+
+    def undone_after(self, rank: int, step: int, step_record: bool, events: list[Event]) -> int | None:
+        """The step after which this record undoes the rank's steps; None when it undoes none."""
+        newest = self.newest.get(rank)
+        keep = rollback_to(events)
+        if step_record and newest is not None and step < newest:
+            keep = step - 1 if keep is None else min(keep, step - 1)
+        if keep is not None and (newest is None or keep >= newest):
+            keep = None
+        if keep is not None:
+            newest = keep
+        if step_record:
+            newest = step if newest is None else max(newest, step)
+        if newest is not None:
+            self.newest[rank] = newest
+        return keep

@@ -37,6 +37,8 @@ from grpo_monitor.contract.samples import reward_sort_key
 from grpo_monitor.contract.snapshot import (
     RecordError,
     Sample,
+    Snapshot,
+    Timeline,
     identity_from_path,
     parse_record,
 )
@@ -82,29 +84,18 @@ def _read_at(snapshot_dir: Path, path: Path, offset: int) -> bytes:
         return fh.readline(MAX_LINE_BYTES + 1)
 
 
-def _parse(raw: bytes, path: Path, snapshot_dir: Path, mtime: float) -> tuple[int, int, list[Sample]] | None:
+def _snapshot(raw: bytes, path: Path, snapshot_dir: Path, mtime: float) -> Snapshot | None:
     try:
         obj = json.loads(raw)
         _, rank = identity_from_path(path, snapshot_dir)
-        snap = parse_record(obj, run="", rank=rank, mtime=mtime)
+        return parse_record(obj, run="", rank=rank, mtime=mtime)
     except (ValueError, RecordError, RecursionError):
         return None
-    return (snap.step, snap.rank, snap.samples) if snap.samples else None
 
 
-def _rollback_to(raw: bytes) -> tuple[int, int] | None:
-    """(rank, to_step) of a rollback mark, else None."""
-    try:
-        obj = json.loads(raw)
-    except ValueError:
-        return None
-    events = obj.get("events") if isinstance(obj, dict) else None
-    for e in events if isinstance(events, list) else ():
-        to = e.get("to_step") if isinstance(e, dict) and e.get("type") == "rollback" else None
-        if isinstance(to, int) and not isinstance(to, bool) and to >= 0:
-            rank = obj.get("rank")
-            return (rank if isinstance(rank, int) and not isinstance(rank, bool) else -1), to
-    return None
+def _parse(raw: bytes, path: Path, snapshot_dir: Path, mtime: float) -> tuple[int, int, list[Sample]] | None:
+    snap = _snapshot(raw, path, snapshot_dir, mtime)
+    return (snap.step, snap.rank, snap.samples) if snap is not None and snap.samples else None
 
 
 def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index:
@@ -113,7 +104,7 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
     sample record older than the rank's newest those from its step on; ``undone`` gets the
     spans undone."""
     index: _Index = {}
-    newest: dict[int, int] = {}
+    timeline = Timeline()
     spans = undone if undone is not None else []
 
     def rewind(rank: int, keep_through: int) -> None:
@@ -122,7 +113,6 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
             spans.append((min(k[0] for k in gone), max(k[0] for k in gone), keep_through))
         for k in gone:
             del index[k]
-        newest[rank] = min(newest.get(rank, keep_through), keep_through)
 
     # In the order written: a later record of the same step and rank replaces an earlier one.
     try:
@@ -143,15 +133,16 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
                         index[(found[0], found[1])] = (path, -1)
                     continue
                 for offset, line in _lines(fh):
-                    if _ROLLBACK in line and (back := _rollback_to(line)) is not None:
-                        rank = back[0] if back[0] >= 0 else identity_from_path(path, snapshot_dir)[1]
-                        rewind(rank, back[1])
-                    found = _parse(line, path, snapshot_dir, st.st_mtime) if _MARK in line else None
-                    if found:
-                        if found[0] < newest.get(found[1], found[0]):
-                            rewind(found[1], found[0] - 1)
-                        newest[found[1]] = max(newest.get(found[1], found[0]), found[0])
-                        index[(found[0], found[1])] = (path, offset)
+                    snap = _snapshot(line, path, snapshot_dir, st.st_mtime)
+                    if snap is None:
+                        continue
+                    # Only the lines with samples or a rollback mark are read: the sample steps
+                    # stand for the rank's steps.
+                    keep = timeline.undone_after(snap.rank, snap.step, bool(snap.samples), snap.events)
+                    if keep is not None:
+                        rewind(snap.rank, keep)
+                    if snap.samples:
+                        index[(snap.step, snap.rank)] = (path, offset)
         except OSError:
             continue  # vanished, unreadable, a link or a FIFO (Refused): skip the file
     return index

@@ -28,7 +28,7 @@ from grpo_monitor.contract.keys import (
     framework_of,
     is_known_unmapped,
 )
-from grpo_monitor.contract.snapshot import Snapshot
+from grpo_monitor.contract.snapshot import ROLLBACK, Snapshot, rollback_to
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.signals import (
     BASELINE_STEPS,
@@ -52,10 +52,6 @@ RUN_END = "run_end"
 # Events by which a trainer says it waits on purpose (SnapshotWriter.wait_if_paused, after a red
 # card) and goes on again: a paused run is silent, and no hung run.
 PAUSED, RESUMED = "paused", "resumed"
-# The event by which a trainer says it went back to a checkpoint ({"type": "rollback",
-# "from_step": 70, "to_step": 20}, logged by the loop that loads it: docs/pause.md): the steps
-# after to_step are undone (docs/signals.md#a-runs-timeline), before the first step after it.
-ROLLBACK = "rollback"
 # Records of these events and no metrics are marks of the run's state, not steps.
 MARK_EVENTS = frozenset({RUN_END, PAUSED, RESUMED, ROLLBACK})
 # A rank's typical interval is the median over its last INTERVAL_STEPS logged steps: long
@@ -619,10 +615,8 @@ class RunStore:
         and, for a step record older than the rank's newest, those from its own step on (a
         mark's step says nothing: SDK marks carry the rank's step, launch scripts 0)."""
         keep = snap.step - 1 if step_record and snap.step < rank.step else rank.step
-        for event in snap.events:
-            to_step = (event.model_extra or {}).get("to_step") if event.type == ROLLBACK else None
-            if isinstance(to_step, int) and not isinstance(to_step, bool) and to_step >= 0:
-                keep = min(keep, to_step)
+        if (back := rollback_to(snap.events)) is not None:
+            keep = min(keep, back)
         if keep >= rank.step:
             return
         undone = rank.signals.rebased_at is not None and keep < rank.signals.rebased_at

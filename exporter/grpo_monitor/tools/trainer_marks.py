@@ -18,7 +18,7 @@ from typing import Any
 
 from grpo_monitor.contract.run_layout import rotation_of, run_files
 from grpo_monitor.contract.safe_io import open_regular
-from grpo_monitor.contract.snapshot import RecordError, decode_record, identity_from_path
+from grpo_monitor.contract.snapshot import ROLLBACK, RecordError, decode_record, identity_from_path
 
 TAIL_BYTES = 64 << 10
 
@@ -109,7 +109,7 @@ def trainer_answer(run_dir: Path, since: dict[Path, int] | None = None) -> Train
         if resumed is None:
             continue
         for rec in records[resumed + 1:]:
-            back = next((e for e in _events(rec) if e.get("type") == "rollback"), None)
+            back = next((e for e in _events(rec) if e.get("type") == ROLLBACK), None)
             step = _int(rec.get("step"))
             if back is not None and _int(back.get("to_step")) is not None:
                 return TrainerAnswer(rank, step if step is not None else 0, _int(back["to_step"]))

@@ -26,6 +26,7 @@ from grpo_monitor.contract.safe_io import Refused, lines, open_regular, printabl
 from grpo_monitor.contract.snapshot import (
     RecordError,
     Snapshot,
+    Timeline,
     decode_record,
     identity_from_path,
     parse_record,
@@ -91,7 +92,7 @@ class _Reader:
     def __init__(self, data: RunData) -> None:
         self.data = data
         self.latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
-        self.newest: dict[int, int] = {}  # rank -> its newest step
+        self.timeline = Timeline()
         self.order = 0
 
     def file(self, fh: BinaryIO, path: Path, run: str, rank: int) -> None:
@@ -121,10 +122,6 @@ class _Reader:
 
     def rewind(self, rank: int, keep_through: int) -> None:
         """The rank's steps after ``keep_through`` are undone (docs/signals.md#a-runs-timeline)."""
-        last = self.newest.get(rank)
-        if last is None or keep_through >= last:
-            return
-        self.newest[rank] = keep_through
         perf = self.data.perf.get(rank, {})
         for step in [s for s in perf if s > keep_through]:
             del perf[step]
@@ -142,14 +139,11 @@ class _Reader:
         data = self.data
         self.order += 1
         data.records += 1
-        for ev in snap.events:
-            to_step = (ev.model_extra or {}).get("to_step") if ev.type == "rollback" else None
-            if isinstance(to_step, int) and not isinstance(to_step, bool) and to_step >= 0:
-                self.rewind(snap.rank, to_step)
-        if appended and (snap.metrics or snap.unknown or snap.by_type):  # a step record
-            if snap.step < self.newest.get(snap.rank, snap.step):
-                self.rewind(snap.rank, snap.step - 1)
-            self.newest[snap.rank] = max(self.newest.get(snap.rank, snap.step), snap.step)
+        # A *.json file holds its latest record only: its steps say nothing of a timeline.
+        step_record = appended and bool(snap.metrics or snap.unknown or snap.by_type)
+        keep = self.timeline.undone_after(snap.rank, snap.step, step_record, snap.events)
+        if keep is not None:
+            self.rewind(snap.rank, keep)
         perf = {k: v for k, v in snap.metrics.items() if k.startswith("perf/")}
         if perf:
             data.perf.setdefault(snap.rank, {}).setdefault(snap.step, {}).update(perf)
