@@ -103,6 +103,7 @@ bench: deps system-deps
 	$(PY) bench/bench_timeline.py
 	$(PY) bench/bench_restart.py
 	$(PY) bench/bench_rules.py
+	$(PY) bench/bench_save_scrape.py --ranks 1024
 
 docs: deps
 	$(PY) -m grpo_monitor.tools.metrics_doc > docs/metrics.md
@@ -111,6 +112,7 @@ docs: deps
 	$(PY) -m grpo_monitor.contract.cards > prometheus/rules/grpo-coverage.yml
 	$(PY) -m grpo_monitor.tools.coverage_doc > docs/coverage.md
 	$(PY) -m grpo_monitor.tools.runbook_index --write
+	$(PY) -m grpo_monitor.tools.state_format_doc --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache build $(DIST)

@@ -1,25 +1,35 @@
-"""A restart of the exporter with a saved state (--storage.path) against one that reads every file.
+"""A restart of the exporter with a saved state (--storage.path), and the first start of the next
+release on it, against a first start that reads every file.
 
-Usage: python bench/bench_restart.py [--jobs 64x400,64x4000] [--out PATH]
+Usage: python bench/bench_restart.py [--jobs 64x400,64x4000] [--keep DIR] [--out PATH]
 
 Method. For each job RANKSxSTEPS:
 1. A healthy simulated job (tools/simulate.py, seed 0) is written through the real
-   SnapshotWriter, live (no run end): rank 0 logs every training key, every rank its perf keys.
+   SnapshotWriter, live (no run end): rank 0 logs every training key, every rank its perf keys
+   (``disk_mib``: its files' size). --keep DIR keeps the jobs there and reuses those written.
 2. An Exporter with --storage.path on an empty state folder starts (no saved state: it reads
-   every record, as every start-up did before saved states). ``full_read_s``: perf_counter()
-   from start() to the watcher's ready event (/-/ready turns 200 then), the replay included.
+   every record). ``first_start_s``: perf_counter() from start() to the watcher's ready event
+   (/-/ready turns 200 then).
 3. A clean stop saves the state: ``save_s`` (the save alone, the exporter's
    grpo_exporter_state_last_save_duration_seconds) and ``state_mib``.
 4. A second Exporter on the same folders starts: ``restart_s``, start() to ready. Its run
    series (every exposition line with a run label) are compared with the first exporter's:
    ``same_exposition``.
-The time of a restart follows the saved state's size, which is bounded (400 steps of history
-per key, the baseline, counters): flat in steps, linear in ranks.
+5. The next release: a copy of the installed package with a comment added to every module the
+   state holds objects of and another version number, in a new process, starts on the same
+   folders: ``upgrade_restart_s``, start() to ready (the process's own start-up not counted),
+   and its run series compared with the first exporter's: ``upgrade_same_exposition``.
+A restart costs the saved state's size, which is bounded (800 to 1,200 values of history per
+key, the baseline, counters): flat in steps, linear in ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +37,7 @@ from pathlib import Path
 
 from results_io import machine, write_result  # noqa: E402
 
+import grpo_monitor  # noqa: E402
 from grpo_monitor.runtime.app import Exporter  # noqa: E402
 from grpo_monitor.runtime.config import ExporterConfig  # noqa: E402
 from grpo_monitor.sdk.writer import SnapshotWriter  # noqa: E402
@@ -58,47 +69,111 @@ def timed_start(config: ExporterConfig) -> tuple[Exporter, float]:
     return exporter, time.perf_counter() - t0
 
 
-def measure(ranks: int, steps: int) -> dict[str, object]:
+# The next release's start, in its own process: its package first on the path.
+UPGRADED_START = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import grpo_monitor
+from grpo_monitor.runtime.app import Exporter
+from grpo_monitor.runtime.config import ExporterConfig
+assert grpo_monitor.__file__.startswith(sys.argv[1]), grpo_monitor.__file__
+config = ExporterConfig(snapshot_dir=Path(sys.argv[2]), listen_address="127.0.0.1:0", gpu_collector=False,
+                        storage_path=Path(sys.argv[3]), storage_save_interval=1e9, run_timeout=30 * 86400)
+t0 = time.perf_counter()
+exporter = Exporter(config).start()
+assert exporter.watcher.ready.wait(3600)
+ready_s = time.perf_counter() - t0
+exporter.store.flush()
+lines = [l for l in "".join(exporter.store.render()).splitlines() if '{run="' in l]
+restored = exporter.health.registry.get_sample_value("grpo_exporter_state_restores_total", {"result": "restored"})
+exporter.stop()
+Path(sys.argv[4]).write_text(json.dumps({"ready_s": ready_s, "restored": restored, "lines": lines}))
+"""
+
+
+def next_release(into: Path) -> Path:
+    """A copy of the installed package as the next release would be: another version, and a
+    change to each module whose classes the state holds."""
+    from grpo_monitor.runtime import state_codec
+
+    package = into / "grpo_monitor"
+    shutil.copytree(Path(grpo_monitor.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = package / "__init__.py"
+    init.write_text(init.read_text().replace(f'"{grpo_monitor.__version__}"',
+                                             f'"{grpo_monitor.__version__}.next"'))
+    for module in {c.cls.__module__ for c in state_codec.CLASSES}:
+        path = into / (module.replace(".", "/") + ".py")
+        path.write_text(path.read_text() + "\n# the next release\n")
+    return into
+
+
+def upgraded_start(snapshots: Path, state: Path, work: Path) -> dict[str, object]:
+    release = next_release(work / "next-release")
+    out = work / "upgraded.json"
+    subprocess.run([sys.executable, "-c", UPGRADED_START, str(release), str(snapshots), str(state), str(out)],
+                   check=True)
+    return json.loads(out.read_text())
+
+
+def disk_mib(folder: Path) -> float:
+    return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
+
+
+def measure(ranks: int, steps: int, keep: Path | None) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="grpo-restart-bench-") as tmp:
-        snapshots, state = Path(tmp) / "snapshots", Path(tmp) / "state"
-        snapshots.mkdir()
-        records = write_job(snapshots, ranks, steps)
+        job = (keep or Path(tmp)) / f"{ranks}x{steps}"
+        snapshots, written, state = job / "snapshots", job / "records", Path(tmp) / "state"
+        if not written.exists():
+            snapshots.mkdir(parents=True, exist_ok=True)
+            written.write_text(str(write_job(snapshots, ranks, steps)))
+        records = int(written.read_text())
         config = ExporterConfig(snapshot_dir=snapshots, listen_address="127.0.0.1:0", storage_path=state,
-                                gpu_collector=False, storage_save_interval=1e9)
-        first, full_read_s = timed_start(config)
+                                gpu_collector=False, storage_save_interval=1e9, run_timeout=30 * 86400)
+        first, first_start_s = timed_start(config)
         before = run_series(first)
         first.stop()
         reg = first.health.registry
         save_s = reg.get_sample_value("grpo_exporter_state_last_save_duration_seconds")
         state_bytes = reg.get_sample_value("grpo_exporter_state_bytes")
+        del first, reg  # a restart is a new process: the first exporter's objects go first
+        gc.collect()
         second, restart_s = timed_start(config)
         restored = second.health.registry.get_sample_value("grpo_exporter_state_restores_total",
                                                            {"result": "restored"})
         after = run_series(second)
         second.stop()
-    return {"ranks": ranks, "steps": steps, "records": records, "series": len(before),
-            "full_read_s": round(full_read_s, 2), "restart_s": round(restart_s, 2),
+        upgraded = upgraded_start(snapshots, state, Path(tmp))
+        disk = disk_mib(snapshots)
+    return {"ranks": ranks, "steps": steps, "records": records, "disk_mib": disk,
+            "series": len(before), "first_start_s": round(first_start_s, 2), "restart_s": round(restart_s, 2),
+            "upgrade_restart_s": round(float(upgraded["ready_s"]), 2),  # type: ignore[arg-type]
             "save_s": round(save_s or 0.0, 3), "state_mib": round((state_bytes or 0) / 2**20, 1),
-            "restored": restored == 1, "same_exposition": before == after}
+            "restored": restored == 1 and upgraded["restored"] == 1, "same_exposition": before == after,
+            "upgrade_same_exposition": upgraded["lines"] == before}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", default="64x400,64x4000",
                     help="comma-separated RANKSxSTEPS (default 64x400,64x4000, what make bench runs; "
-                         "the docs' table: 64x400,1024x400,64x4000,64x20000,1024x2000,4096x400)")
+                         "the docs' table: 64x400,1024x400,4096x400,64x20000,1024x20000)")
+    ap.add_argument("--keep", type=Path, help="keep the jobs here, and reuse those written")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     results = []
     for job in args.jobs.split(","):
         ranks, steps = (int(x) for x in job.split("x"))
-        r = measure(ranks, steps)
+        r = measure(ranks, steps, args.keep)
         results.append(r)
-        print(f"{ranks:>5} ranks x {steps:>6} steps ({r['records']:>9,} records, {r['series']:>7,} series): "
-              f"full read {r['full_read_s']} s, restart {r['restart_s']} s (save {r['save_s']} s, "
-              f"{r['state_mib']} MiB), same exposition: {r['same_exposition']}", flush=True)
+        print(f"{ranks:>5} ranks x {steps:>6} steps ({r['records']:>9,} records, {r['disk_mib']} MiB, "
+              f"{r['series']:>7,} series): first start {r['first_start_s']} s, restart {r['restart_s']} s, "
+              f"after an upgrade {r['upgrade_restart_s']} s (save {r['save_s']} s, {r['state_mib']} MiB), "
+              f"same exposition: {r['same_exposition']}, {r['upgrade_same_exposition']}", flush=True)
     write_result(args.out, {"source": "bench/bench_restart.py", "jobs": results, "machine": machine()})
-    return 0 if all(r["restored"] and r["same_exposition"] for r in results) else 1
+    return 0 if all(r["restored"] and r["same_exposition"] and r["upgrade_same_exposition"]
+                    for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 """What the committed rules cost Prometheus at 64, 1,024 and 4,096 ranks.
 
 Usage: python bench/bench_rules.py [--ranks 64,1024] [--steps 400] [-n 5] [--interval 5s]
+                                   [--job real|widened] [--keep DIR]
                                    [--prometheus-dir DIR] [--out PATH]
 
 Method.
-1. A healthy simulated job (tools/simulate.py, seed 0) of 4 ranks and --steps steps is written
+1. A healthy simulated job (tools/simulate.py, seed 0) of N ranks and --steps steps is written
    through the real SnapshotWriter, live (the writers close without marking the run's end), its
    last record at the time of writing; rank 0 logs every training key, every rank its perf
-   keys. An Exporter replays the folder and renders its exposition once.
-2. That exposition is widened to N ranks: rank 0's series once, rank 1's for every rank 1 to N-1
-   (ranks 2 and 3 dropped), grpo_world_size set to N. It is the series set an N-rank job of this
-   length exports (what the rules cost depends on how many series each selector reads, not on
-   their values), without replaying N x --steps records.
+   keys. An Exporter reads the folder and renders its exposition once. --keep DIR keeps the job
+   and the exporter's saved state there, so that a second measurement (rules changed, say)
+   restarts on them in seconds instead of writing and reading the job again.
+2. --job widened (the older method, cheaper): a 4-rank job instead, its exposition widened to N
+   ranks: rank 0's series once, rank 1's for every rank 1 to N-1 (ranks 2 and 3 dropped),
+   grpo_world_size set to N. It approximates the series set of an N-rank job; ranks of a real
+   job differ in their values (and the rules' outputs with them).
 3. A local HTTP server serves the body at /metrics; the real `prometheus` runs the committed
    prometheus.yml of --prometheus-dir (its rule files; scrape and evaluation --interval; the
    Alertmanager target a closed port) against it. Once Prometheus holds every rank's grpo_step,
@@ -60,22 +63,27 @@ _RANK = re.compile(r'rank="(\d+)"')
 _SAMPLE = re.compile(r'^prometheus_rule_group_(last_duration_seconds|iterations_total)\{rule_group="([^"]+)"\} (\S+)$')
 
 
-def job_exposition(steps: int) -> str:
-    """The exposition of a live, healthy TEMPLATE_RANKS-rank job of ``steps`` steps."""
+def job_exposition(ranks: int, steps: int, keep: Path | None = None) -> str:
+    """The exposition of a live, healthy ``ranks``-rank job of ``steps`` steps (kept in ``keep``
+    with the exporter's saved state, and read from there when it holds one already)."""
     with tempfile.TemporaryDirectory(prefix="grpo-rules-bench-") as tmp:
-        snapshots = Path(tmp)
-        writers = [SnapshotWriter(snapshots, RUN, rank=r, world_size=TEMPLATE_RANKS) for r in range(TEMPLATE_RANKS)]
-        start = time.time() - steps * STEP_SECONDS
-        written = simulate.write_steps(writers, simulate.generate("healthy", steps=steps, ranks=TEMPLATE_RANKS,
-                                                                  step_seconds=STEP_SECONDS, start_time=start))
-        for w in writers:
-            w.close(end=False)
-        records = sum(written.records.values())
-        with Exporter(ExporterConfig(snapshot_dir=snapshots, listen_address="127.0.0.1:0")) as exporter:
-            reg = exporter.health.registry
-            wait_for(lambda: exporter.watcher.ready.is_set() and (reg.get_sample_value(
-                "grpo_snapshots_ingested_total", {"shape": "native"}) or 0) >= records,
-                     timeout=600, interval=0.05, what="the template job replayed")
+        work = (keep or Path(tmp)) / f"{ranks}x{steps}"
+        snapshots, done = work / "snapshots", work / "written"
+        if not done.exists():
+            snapshots.mkdir(parents=True, exist_ok=True)
+            writers = [SnapshotWriter(snapshots, RUN, rank=r, world_size=ranks) for r in range(ranks)]
+            start = time.time() - steps * STEP_SECONDS
+            simulate.write_steps(writers, simulate.generate("healthy", steps=steps, ranks=ranks,
+                                                            step_seconds=STEP_SECONDS, start_time=start))
+            for w in writers:
+                w.close(end=False)
+            done.touch()
+        config = ExporterConfig(snapshot_dir=snapshots, listen_address="127.0.0.1:0", gpu_collector=False,
+                                storage_path=work / "state", storage_save_interval=1e9,
+                                run_timeout=30 * 86400)  # a kept job stays served, however old
+        with Exporter(config) as exporter:
+            wait_for(exporter.watcher.ready.is_set, timeout=3600, interval=0.05, what="the job read")
+            exporter.store.flush()
             return "".join(exporter.store.render())
 
 
@@ -175,21 +183,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=400, help="steps of the job (default 400)")
     ap.add_argument("-n", type=int, default=5, help="evaluations of each group measured (default 5)")
     ap.add_argument("--interval", default="5s", help="scrape and evaluation interval (default 5s)")
+    ap.add_argument("--job", choices=("real", "widened"), default="real",
+                    help="an N-rank job written and read (default), or a 4-rank one's exposition widened")
+    ap.add_argument("--keep", type=Path, help="keep the jobs and the exporter's saved state here, "
+                    "and use those already there")
     ap.add_argument("--prometheus-dir", type=Path, default=REPO / "prometheus",
                     help="the prometheus/ folder whose prometheus.yml and rules are measured")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
 
-    template = job_exposition(args.steps)
+    template = job_exposition(TEMPLATE_RANKS, args.steps) if args.job == "widened" else ""
     sizes = []
     for ranks in (int(r) for r in args.ranks.split(",")):
-        result = measure(widen(template, ranks), ranks, args.prometheus_dir.resolve(), args.interval, args.n)
+        body = widen(template, ranks) if args.job == "widened" else job_exposition(ranks, args.steps, args.keep)
+        result = measure(body, ranks, args.prometheus_dir.resolve(), args.interval, args.n)
         sizes.append(result)
         slowest = sorted(result["group_median_ms"].items(), key=lambda kv: -kv[1])[:3]
         print(f"{ranks:>5} ranks: {result['series']:>7} series, {result['body_mib']:>5} MiB; all groups "
               f"{result['all_groups_ms']} ms (slowest: {', '.join(f'{g} {ms} ms' for g, ms in slowest)})",
               flush=True)
-    write_result(args.out, {"source": "bench/bench_rules.py", "steps": args.steps, "interval": args.interval,
+    write_result(args.out, {"source": "bench/bench_rules.py", "job": args.job, "steps": args.steps,
+                            "interval": args.interval,
                             "evaluations": args.n, "prometheus_dir": str(args.prometheus_dir),
                             "sizes": sizes, "machine": machine()})
     return 0

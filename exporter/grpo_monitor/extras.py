@@ -26,7 +26,7 @@ _DISTRIBUTION = {"yaml": "pyyaml"}
 # one then says so in one line. A test keeps this in step with pyproject.toml.
 DEPENDENCY_MODULES = {"prometheus_client": "prometheus-client", "watchdog": "watchdog",
                       "pydantic": "pydantic", "pydantic_core": "pydantic", "pynvml": "nvidia-ml-py",
-                      "requests": "requests", "orjson": "orjson", "yaml": "pyyaml",
+                      "requests": "requests", "orjson": "orjson", "msgpack": "msgpack", "yaml": "pyyaml",
                       "tomli": "tomli", "bcrypt": "bcrypt"}
 
 

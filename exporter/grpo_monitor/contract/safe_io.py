@@ -33,7 +33,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -180,9 +180,10 @@ def read_regular(root: str | os.PathLike[str], path: str | os.PathLike[str], lim
         return fh.read(limit + 1)
 
 
-def replace_file(root: str | os.PathLike[str], path: str | os.PathLike[str], data: bytes,
-                 mode: int = 0o644) -> None:
-    """Replace ``path`` (below ``root``) with ``data`` atomically: a reader sees the old content
+def replace_file(root: str | os.PathLike[str], path: str | os.PathLike[str],
+                 data: bytes | Iterable[bytes], mode: int = 0o644) -> None:
+    """Replace ``path`` (below ``root``) with ``data`` (bytes, or chunks of bytes written in
+    turn, as a large file need not be joined in memory first) atomically: a reader sees the old content
     or the new, never half of one; whatever was there (a link, a FIFO) is replaced, not written
     through. The temporary file lies in the same folder (the rename stays on one file system),
     is a dotfile ending in ``.tmp`` (never a snapshot) of its own random name (two writers never
@@ -207,7 +208,8 @@ def replace_file(root: str | os.PathLike[str], path: str | os.PathLike[str], dat
             raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                for chunk in (data,) if isinstance(data, bytes) else data:
+                    fh.write(chunk)
                 fh.flush()
                 os.fchmod(fh.fileno(), mode)
                 os.fsync(fh.fileno())

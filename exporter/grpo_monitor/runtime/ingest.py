@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -22,7 +23,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from grpo_monitor.contract.run_layout import (
     MAX_CONTROL_BYTES,
@@ -42,9 +43,11 @@ from grpo_monitor.contract.snapshot import (
     parse_record,
 )
 from grpo_monitor.contract.key_map import KEY_MAP_FILE, MAX_KEY_MAP_BYTES, KeyMap, KeyMapError
-from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.rebaseline import RebaselineRequest
 from grpo_monitor.runtime.store import RunStore
+
+if TYPE_CHECKING:
+    from grpo_monitor.runtime.health import ExporterHealth
 
 log = logging.getLogger("grpo_monitor.runtime.ingest")
 
@@ -105,6 +108,22 @@ class FileState:
     folder_inode: int = 0
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _run_folder_of(path: Path, root: Path) -> str | None:
+    """Cached: asked for every record (its run's key map), and pathlib's relative_to was a tenth
+    of a start-up's time at 2,048 ranks."""
+    parts = path.relative_to(root).parts
+    return parts[0] if len(parts) > 1 else None
+
+
+@dataclass
+class FolderListing:
+    """One listing of a run folder, for catching up rotations (Ingestor._catch_up)."""
+
+    segments: dict[str, list[tuple[int, str, int]]]  # base -> (seq, path, inode) of <base>.<seq>.jsonl
+    files: dict[int, str]  # inode -> path of each regular file that is no segment
+
+
 def _under(path: Path, folders: set[Path]) -> bool:
     """Whether ``path`` is one of ``folders`` or lies in one (a few parents, set lookups)."""
     return path in folders or any(parent in folders for parent in path.parents)
@@ -155,6 +174,8 @@ class Ingestor:
         # as a missed rotation (_missed_rotations), however soon after the next one comes.
         self._finished: set[int] = set()
         self._unreadable: set[Path] = set()  # folders the last scan could not list
+        # Run folder -> its listing, kept for the length of one rescan (_listing).
+        self._listings: dict[Path, FolderListing] | None = None
         self._listed_ns = 0  # when the last scan began (our clock)
         # Snapshot files whose last read failed: counted once, not at each of the events a
         # writer keeps making, until a read succeeds again.
@@ -422,15 +443,11 @@ class Ingestor:
         for folder in self._run_folders_gone() if self.root.is_dir() else ():
             self.run_folder_gone(folder)  # deleted or renamed, unseen by the watcher
         detached_before = list(self._detached)
-        for path, st in self.scan():
-            sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()
-            current[path] = sig
-            if self._seen.get(path) != sig:
-                # Oldest first, the scan reads each name's history in order. A file renamed
-                # since it was listed (a rotation during a long replay) is found by its inode
-                # and finished before what took its name; so is one gone before it was looked at.
-                self.process(path, st.st_ino if st is not None else None, history=st is None,
-                             budget=None)
+        self._listings = {}
+        try:
+            self._scan_all(current)
+        finally:
+            self._listings = None
         gone: set[Path] = set()
         for path in self._seen.keys() - current.keys():
             if _under(path, self._unreadable):
@@ -449,6 +466,17 @@ class Ingestor:
         self._finished.clear()
         self._vacated &= current.keys()
         self._seen = current
+
+    def _scan_all(self, current: dict[Path, tuple[int, ...]]) -> None:
+        for path, st in self.scan():
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()
+            current[path] = sig
+            if self._seen.get(path) != sig:
+                # Oldest first, the scan reads each name's history in order. A file renamed
+                # since it was listed (a rotation during a long replay) is found by its inode
+                # and finished before what took its name; so is one gone before it was looked at.
+                self.process(path, st.st_ino if st is not None else None, history=st is None,
+                             budget=None)
 
     def scan_folder(self, folder: Path) -> set[Path]:
         """A folder that appeared (made, or moved in): read the files it holds, which may have
@@ -619,35 +647,24 @@ class Ingestor:
             previous = retired[1]
             self._finish(*retired)
         base, seq = rotation_of(name.name)
-        for _ in range(CATCH_UP_LISTINGS):
+        for attempt in range(CATCH_UP_LISTINGS):
             unseen: list[tuple[int, Path, int]] = []
-            renamed: list[tuple[Path, int]] = []
             try:
-                with os.scandir(name.parent) as entries:
-                    for entry in entries:
-                        candidate = Path(entry.path)
-                        other_base, other_seq = rotation_of(entry.name)
-                        segment = other_base == base and other_seq is not None
-                        try:
-                            candidate_inode = entry.inode()
-                            if segment or not entry.is_file(follow_symlinks=False):
-                                pass
-                            elif candidate_inode in self._detached:
-                                renamed.append((candidate, candidate_inode))
-                                continue
-                        except OSError:
-                            continue
-                        if not segment or (seq is not None and other_seq >= seq):  # type: ignore[operator]
-                            continue
-                        if candidate in self.files:
-                            if candidate in self.unfinished:  # history is read whole, in order
-                                unseen.append((other_seq, candidate, candidate_inode))  # type: ignore[arg-type]
-                            continue
-                        if candidate in self._vacated or not is_snapshot_path(candidate, self.root):
-                            continue
-                        unseen.append((other_seq, candidate, candidate_inode))  # type: ignore[arg-type]
+                listing = self._listing(name.parent, fresh=attempt > 0)
             except OSError:
                 return
+            renamed = [(Path(where), i) for i in list(self._detached) if (where := listing.files.get(i))]
+            for other_seq, where, candidate_inode in listing.segments.get(base, ()):
+                if seq is not None and other_seq >= seq:
+                    continue
+                candidate = Path(where)
+                if candidate in self.files:
+                    if candidate in self.unfinished:  # history is read whole, in order
+                        unseen.append((other_seq, candidate, candidate_inode))
+                    continue
+                if candidate in self._vacated or not is_snapshot_path(candidate, self.root):
+                    continue
+                unseen.append((other_seq, candidate, candidate_inode))
             for candidate, candidate_inode in renamed:
                 if is_snapshot_path(candidate, self.root):
                     self.process(candidate, candidate_inode, history=False, budget=None)
@@ -666,6 +683,29 @@ class Ingestor:
             for _, candidate, candidate_inode in unseen:
                 self.process(candidate, candidate_inode, history=False, budget=None)
             return
+
+    def _listing(self, folder: Path, fresh: bool) -> FolderListing:
+        """``folder``'s files by rotation and by inode: listed once per rescan (a rescan catches
+        up every file of a folder, and listing a folder of 4,096 ranks' files for each of them
+        would cost the square of their count), or now when ``fresh`` or outside a rescan."""
+        cache = self._listings
+        if cache is not None and not fresh and (kept := cache.get(folder)) is not None:
+            return kept
+        listing = FolderListing({}, {})
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    inode = entry.inode()
+                    base, seq = rotation_of(entry.name)
+                    if seq is not None:
+                        listing.segments.setdefault(base, []).append((seq, entry.path, inode))
+                    elif entry.is_file(follow_symlinks=False):
+                        listing.files[inode] = entry.path
+                except OSError:
+                    continue
+        if cache is not None:
+            cache[folder] = listing
+        return listing
 
     def _missed_rotations(self, name: Path, since_ns: int, skip: set[int]) -> None:
         """Read whole, oldest first, the files rotated logrotate's way from ``name``
@@ -815,8 +855,7 @@ class Ingestor:
 
     def _run_folder(self, path: Path) -> str | None:
         """The name of the run folder ``path`` lies in; None for a file at the root."""
-        parts = path.relative_to(self.root).parts
-        return parts[0] if len(parts) > 1 else None
+        return _run_folder_of(path, self.root)
 
     def key_map_for(self, path: Path) -> KeyMap | None:
         """The key map of the run ``path`` belongs to: its folder's .grpo-keys.toml over the

@@ -133,9 +133,12 @@ class StepLog:
     logged steps stand without keeping each."""
 
     __slots__ = ("runs", "count")
+    # Declared for the saved state, which decodes each field by its type (state_codec.py).
+    runs: list[list[int]]
+    count: int
 
     def __init__(self) -> None:
-        self.runs: list[list[int]] = []
+        self.runs = []
         self.count = 0
 
     def first(self) -> int | None:
@@ -575,14 +578,26 @@ class HeldOutTracker:
 class RankSignals:
     """The step history of one (run, rank) and the features derived from it."""
 
+    # Declared for the saved state, which decodes each field by its type (state_codec.py).
+    configured_baseline_steps: int
+    baseline_steps: int
+    initial_steps: int
+    first_step: int | None
+    baseline_from: int | None  # first step of the current baseline period
+    rebased_at: int | None  # the step at which a re-baseline was applied
+    step: int
+    keys: dict[str, KeyHistory]
+    law: LawTracker
+    heldout: HeldOutTracker
+
     def __init__(self, baseline_steps: int, initial_steps: int = INITIAL_STEPS) -> None:
         self.configured_baseline_steps = self.baseline_steps = baseline_steps
         self.initial_steps = initial_steps
-        self.first_step: int | None = None
-        self.baseline_from: int | None = None  # first step of the current baseline period
-        self.rebased_at: int | None = None  # the step at which a re-baseline was applied
+        self.first_step = None
+        self.baseline_from = None
+        self.rebased_at = None
         self.step = 0
-        self.keys: dict[str, KeyHistory] = {}
+        self.keys = {}
         self.law = LawTracker()
         self.heldout = HeldOutTracker()
 
@@ -781,10 +796,15 @@ class PromptTypeSignals:
     initial mean, and nothing else (a rank keeps up to max_prompt_types of these; the full
     RankSignals feature set per type would be computed for every render and never published)."""
 
+    # Declared for the saved state, which decodes each field by its type (state_codec.py).
+    initial_steps: int
+    step: int
+    keys: dict[str, KeyHistory]
+
     def __init__(self, initial_steps: int = INITIAL_STEPS) -> None:
         self.initial_steps = initial_steps
         self.step = 0
-        self.keys: dict[str, KeyHistory] = {}
+        self.keys = {}
 
     def add(self, step: int, values: dict[str, float]) -> None:
         if self.keys and step < self.step:  # went back: the steps from this one on are undone

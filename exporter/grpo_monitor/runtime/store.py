@@ -425,6 +425,9 @@ class RunStore:
         self.limits = limits or Limits()
         self._runs: dict[str, RunState] = {}
         self._dirty: set[tuple[str, int]] = set()
+        # Ranks changed since the last saved state, which encodes only these again: the dirty
+        # ranks of every flush since (saved_state.py). None while nothing saves the store.
+        self._unsaved: set[tuple[str, int]] | None = None
         self._lock = threading.Lock()
         # Bumped by every change (on the ingest thread): a saved state of the same generation
         # need not be written again (an idle exporter writes nothing).
@@ -436,19 +439,29 @@ class RunStore:
         with self._lock:
             yield
 
-    def saved_runs(self) -> tuple[dict[str, RunState], set[tuple[str, int]]]:
-        """The runs and the ranks whose series are not rendered yet, for a saved state
-        (saved_state.py). Only the ingest thread changes the store, and it is the one that
-        saves: what this returns holds still while it is pickled, without the lock, so a scrape
-        never waits for a save."""
-        return self._runs, self._dirty
+    def saved_runs(self) -> dict[str, RunState]:
+        """The runs, for a saved state (saved_state.py). Only the ingest thread changes the store,
+        and it is the one that saves: what this returns holds still while it is encoded, without
+        the lock, so a scrape never waits for a save."""
+        return self._runs
 
-    def restore(self, runs: dict[str, RunState], dirty: set[tuple[str, int]]) -> None:
-        """The runs of a saved state: their series as rendered when it was saved, and the ranks
-        changed since rendered at the next flush."""
+    def take_unsaved(self) -> set[tuple[str, int]]:
+        """The ranks changed since the last save (rendered since, or waiting to be), now taken
+        as saved; ingest thread only."""
+        taken, self._unsaved = (self._unsaved or set()) | self._dirty, set()
+        return taken
+
+    def untake_unsaved(self, ranks: set[tuple[str, int]]) -> None:
+        """A save of ``ranks`` failed: they are unsaved again."""
+        self._unsaved = (self._unsaved or set()) | ranks
+
+    def restore(self, runs: dict[str, RunState]) -> None:
+        """The runs of a saved state: every rank's series rendered at the next flush, by this
+        code (a saved state holds no rendered series)."""
         with self._lock:
             self._runs = dict(runs)
-            self._dirty = set(dirty)
+            self._dirty = {(name, rank) for name, run in runs.items() for rank in run.ranks}
+            self._unsaved = set(self._dirty)
             self.generation += 1
 
     def apply(self, snap: Snapshot, wrote_at: float) -> bool:
@@ -571,6 +584,8 @@ class RunStore:
         """Render the ranks (and their runs) changed since the last flush."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+            if self._unsaved is not None:
+                self._unsaved |= dirty
             self.generation += bool(dirty)
             runs: dict[str, RunState] = {}
             for run_name, rank_id in dirty:
@@ -607,6 +622,8 @@ class RunStore:
                     self._dirty.add((run_name, rank.rank))
                 else:
                     rank.pending_rebaseline = (at_step, steps)
+                    if self._unsaved is not None:
+                        self._unsaved.add((run_name, rank.rank))
         return True
 
     @staticmethod

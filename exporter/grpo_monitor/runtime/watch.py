@@ -181,7 +181,7 @@ class SnapshotWatcher:
         result, saved = self.state.load()
         self.ingestor.health.state_restores.labels(result).inc()
         if saved is not None:
-            self.ingestor.store.restore(saved.runs, saved.dirty)
+            self.ingestor.store.restore(saved.runs)
             self.ingestor.restore(saved.files, saved.controls)
 
     def _save(self) -> None:
