@@ -55,7 +55,7 @@ SCHEMA = 1
 # that changed between the two (the others' fields pass unchanged).
 MIGRATIONS: dict[int, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
 
-EXT_OBJECT, EXT_PATH, EXT_ARRAY = 1, 6, 7
+EXT_OBJECT, EXT_PATH, EXT_ARRAY = 1, 6, 7  # codes 2 to 5 are not assigned
 ARRAY_TYPES = ("q", "d")  # 8-byte signed integers, 8-byte floats
 UNICODE_ERRORS = "surrogatepass"
 
