@@ -215,10 +215,28 @@ def test_a_file_rewritten_during_the_backfill(source: Path, tmp_path: Path,
     with caplog.at_level(logging.WARNING, "grpo_monitor.runtime.backfill"):
         finish(quick)
     assert "cannot follow a file" in caplog.text
-    assert quick.partial_runs() == set()
+    assert quick.backfill is None and quick.partial_runs() == {"job"}
     served = {family(line) for line in series(quick)}
     assert not served & ex.WHOLE_HISTORY, served & ex.WHOLE_HISTORY
     assert "grpo_window_mean" in served
+    # Nor saved as if whole: a restart reads the run again.
+    state = StateFile(tmp_path / "state", snapshots)
+    state.save(quick.store, quick)
+    assert state.load()[1].runs == {}  # type: ignore[union-attr]
+
+
+def test_a_run_folder_deleted_during_the_backfill(source: Path, tmp_path: Path) -> None:
+    """A run whose folder goes while the backfill reads it is forgotten by both; a folder made
+    again under its name is a new run, read as it comes, not swapped for the old one's."""
+    snapshots = tmp_path / "snapshots"
+    write_job(source, snapshots)
+    quick, _ = read(snapshots, ABOVE_BYTES)
+    for path in (snapshots / "job").iterdir():
+        path.unlink()
+    (snapshots / "job").rmdir()
+    quick.run_folder_gone(snapshots / "job")
+    assert quick.backfill is not None and quick.backfill.run_names() == set()
+    assert quick.partial_runs() == set() and series(quick) == []
 
 
 def test_short_files_are_read_whole(source: Path, tmp_path: Path) -> None:

@@ -107,6 +107,10 @@ class Backfill:
         if fb.caught_up:
             run.store.apply(snap, wrote_at=wrote_at)
 
+    def forget(self, run_name: str) -> None:
+        """The run's folder was deleted or renamed: what is read of it now is a new run."""
+        self.runs.pop(run_name, None)
+
     def rebaselined(self, run_name: str, at_step: int, steps: int) -> None:
         if (run := self.runs.get(run_name)) is not None:
             run.store.rebaseline(run_name, at_step, steps)
@@ -126,8 +130,8 @@ class Backfill:
                 self._swap(run)
             elif not self._read(run, pending, deadline):
                 log.warning("run %s: the backfill cannot follow a file any more (gone, truncated or "
-                            "rewritten); the run stays as its files' heads and tails gave it until "
-                            "the next start-up reads it whole", run.name)
+                            "rewritten); the run stays as its files' heads and tails gave it, without "
+                            "the series that need every record, until the next start-up", run.name)
                 del self.runs[run.name]
         return bool(self.runs)
 

@@ -21,9 +21,9 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
 from grpo_monitor.contract.run_layout import (
@@ -226,9 +226,10 @@ class Ingestor:
         return self._controls
 
     def partial_runs(self) -> set[str]:
-        """Runs served from their files' heads and tails while the backfill reads the rest: a
-        saved state leaves them and their files out, so that a restart reads them again."""
-        return self.backfill.run_names() if self.backfill is not None else set()
+        """Runs served from their files' heads and tails (while the backfill reads the rest, or
+        after it gave up on one): a saved state leaves them and their files out, so that a
+        restart reads them again."""
+        return self.store.partial_runs()
 
     def saved_files(self) -> dict[Path, FileState]:
         """The files a saved state keeps: every file followed but those of partial runs."""
@@ -343,6 +344,8 @@ class Ingestor:
         self._seen = {p: sig for p, sig in self._seen.items() if not _under(p, gone)}
         run = run_label(folder.name)
         self._run_key_maps.pop(run, None)
+        if self.backfill is not None:
+            self.backfill.forget(run)
         if self.store.forget_run(run):
             log.info("run %s: its folder was deleted or renamed; a folder of that name is read "
                      "again as a new run", run)
@@ -814,7 +817,9 @@ class Ingestor:
         """Read on from the file's offset: to its end, or ``budget`` bytes, or up to the record
         after which ``stop()`` says enough (a first start's head, _skip_middle)."""
         if (budget is None and stop is None and self.skip_middles and state.offset == 0
-                and st.st_size > MIN_MIDDLE_BYTES):
+                and st.st_size > MIN_MIDDLE_BYTES and self.files.get(path) is state):
+            # (A file followed under its name: the backfill reads those; not one being finished
+            # under a name that is no snapshot.)
             self._skip_middle(path, state, st, fh)
             return
         if st.st_size < state.offset or not self._same_prefix(fh, state):

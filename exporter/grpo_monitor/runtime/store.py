@@ -474,6 +474,10 @@ class RunStore:
         with self._lock:
             self._partial |= run_names
 
+    def partial_runs(self) -> set[str]:
+        with self._lock:
+            return set(self._partial)
+
     def adopt(self, run: RunState) -> bool:
         """Serve ``run`` in place of the run of its name, which a first start read from its
         files' heads and tails (ingest.py): the same run, read whole (backfill.py). Every rank
