@@ -10,7 +10,7 @@ Method. For each job RANKSxSTEPS:
 2. An Exporter with --storage.path on an empty state folder starts (no saved state: it reads
    each file's head and tail, and the middles after ready: the backfill). ``first_start_s``:
    perf_counter() from start() to the watcher's ready event (/-/ready turns 200 then);
-   ``history_s``: from start() to the backfill's end (grpo_exporter_backfill_runs 0), when every
+   ``history_s``: from start() to the backfill's end (grpo_exporter_partial_runs 0), when every
    series is the whole read's. With --whole, an exporter that reads every file before ready
    (--snapshot.backfill-above-bytes 0) starts too: ``whole_start_s``, and its run series compared
    with the first's once that one's backfill is done: ``same_as_whole``.
@@ -77,7 +77,7 @@ def timed_start(config: ExporterConfig) -> tuple[Exporter, float]:
 def history_read(exporter: Exporter, deadline_s: float = 4 * 3600) -> None:
     """Wait until the exporter's backfill has read every run whole."""
     deadline = time.monotonic() + deadline_s
-    while exporter.health.registry.get_sample_value("grpo_exporter_backfill_runs") != 0:
+    while exporter.health.registry.get_sample_value("grpo_exporter_partial_runs") != 0:
         if time.monotonic() > deadline:
             raise RuntimeError("backfill not done")
         time.sleep(0.05)

@@ -260,7 +260,7 @@ def test_the_exporter_is_ready_before_the_history_is_read(
     settings = {"gpu_collector": False, "run_timeout": 10 * 365 * 86400.0}  # the job is old
     with caplog.at_level(logging.INFO, "grpo_monitor.runtime.backfill"):
         quick = start_exporter(backfill_above_bytes=ABOVE_BYTES, **settings)
-        quick.wait_value("grpo_exporter_backfill_runs", 0, timeout=60)
+        quick.wait_value("grpo_exporter_partial_runs", 0, timeout=60)
         assert value(quick.scrape(), "grpo_exporter_backfill_bytes") == 0
     assert "run job: its history is read whole" in caplog.text
     whole = start_exporter(backfill_above_bytes=0, **settings)

@@ -243,7 +243,7 @@ def _serve_flags() -> list[Flag]:
              "more than this to read without a saved state reads each long *.jsonl file at its "
              "head (the baseline) and tail (the windows), and is ready then; it reads the middles "
              "after, and the families that need every record are published once "
-             "grpo_exporter_backfill_runs is 0 (docs/scaling.md#first-start). 0: every file whole "
+             "grpo_exporter_partial_runs is 0 (docs/scaling.md#first-start). 0: every file whole "
              "before ready."),
         Flag("--snapshot.key-map", "key_map_file", "TOML file mapping the names runs log onto "
              "the canonical keys, for every run (a run folder's own .grpo-keys.toml goes on top; "

@@ -116,11 +116,11 @@ class ExporterHealth:
             "grpo_exporter_state_last_save_duration_seconds", "Time the last save took, its encoding "
             "included.", registry=self.registry)
         # A first start's backfill (backfill.py): the runs read at their files' heads and tails.
-        self.backfill_runs = Gauge(
-            "grpo_exporter_backfill_runs", "Runs served from their files' heads and tails while the "
-            "exporter reads the rest of their history (a first start without a saved state, "
-            "--snapshot.backfill-above-bytes); their counters, ranges and held-out best are exact "
-            "once this is 0.", registry=self.registry)
+        self.partial_runs = Gauge(
+            "grpo_exporter_partial_runs", "Runs served from their files' heads and tails (a first "
+            "start without a saved state, --snapshot.backfill-above-bytes): the series that need "
+            "every record are published for a run once the backfill has read it whole.",
+            registry=self.registry)
         self.backfill_bytes = Gauge(
             "grpo_exporter_backfill_bytes", "Bytes of history the backfill has yet to read.",
             registry=self.registry)

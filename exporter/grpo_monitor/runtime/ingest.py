@@ -86,8 +86,9 @@ CATCH_UP_LISTINGS = 3
 # series is whole from ready.
 DEFAULT_BACKFILL_ABOVE_BYTES = 64 << 20
 # The least middle of a file worth skipping: small, since a start-up reads up to this much more
-# of every file (64 KiB of perf records: ~20 ms; 1,024 ranks: ~20 s).
-MIN_MIDDLE_BYTES = 64 << 10
+# of every file (16 KiB of perf records: ~5 ms; 1,024 ranks: ~5 s); a perf rank's file has one
+# from ~300 steps on, rank 0's (every training key) from ~610.
+MIN_MIDDLE_BYTES = 16 << 10
 # The head of a file read at a first start ends once its rank's baseline is complete, or after
 # this many times the baseline's steps in records (a rank whose records never complete one: the
 # file is then read whole).

@@ -204,7 +204,7 @@ class SnapshotWatcher:
 
     def _note_backfill(self) -> None:
         filling, health = self.ingestor.backfill, self.ingestor.health
-        health.backfill_runs.set(len(filling.runs) if filling is not None else 0)
+        health.partial_runs.set(len(self.ingestor.partial_runs()))
         health.backfill_bytes.set(filling.backlog_bytes() if filling is not None else 0)
 
     def _restore(self) -> None:

@@ -171,7 +171,7 @@ EXPORTER = """
 | `grpo_exporter_state_restores_total` | counter | result | start-ups by what became of the saved state (`--storage.path`, [scaling.md](scaling.md#a-restart-that-does-not-re-read-the-history)): `restored`, or `missing`, `stale` (another version or snapshot folder), `corrupt`, `refused` (not a regular file of the exporter's user, writable by no one else) and every file read instead |
 | `grpo_exporter_state_saves_total`, `grpo_exporter_state_save_errors_total` | counter | | saved states written, and those that could not be (logged; the previous one stays) |
 | `grpo_exporter_state_bytes`, `grpo_exporter_state_last_save_duration_seconds` | gauge | | size of the last saved state, and the time its save took |
-| `grpo_exporter_backfill_runs`, `grpo_exporter_backfill_bytes` | gauge | | runs a first start serves from their files' heads and tails while it reads the rest of their history, and the bytes it has yet to read (`--snapshot.backfill-above-bytes`, [scaling.md](scaling.md#first-start)); see below for what waits |
+| `grpo_exporter_partial_runs`, `grpo_exporter_backfill_bytes` | gauge | | runs a first start serves from their files' heads and tails until it has read the rest of their history, and the bytes it has yet to read (`--snapshot.backfill-above-bytes`, [scaling.md](scaling.md#first-start)); see below for what waits |
 | `grpo_exporter_build_info` | gauge | version | constant 1 |
 | `process_*`, `python_*` | | | prometheus-client's process and platform collectors |
 
