@@ -475,8 +475,9 @@ class RunStore:
             self._partial |= run_names
 
     def partial_runs(self) -> set[str]:
-        with self._lock:
-            return set(self._partial)
+        """The runs marked partial; ingest thread only, which alone changes them: without the
+        lock, so a save never waits for a scrape."""
+        return set(self._partial)
 
     def adopt(self, run: RunState) -> bool:
         """Serve ``run`` in place of the run of its name, which a first start read from its
