@@ -8,8 +8,12 @@ Method. For each job RANKSxSTEPS:
    SnapshotWriter, live (no run end): rank 0 logs every training key, every rank its perf keys
    (``disk_mib``: its files' size). --keep DIR keeps the jobs there and reuses those written.
 2. An Exporter with --storage.path on an empty state folder starts (no saved state: it reads
-   every record). ``first_start_s``: perf_counter() from start() to the watcher's ready event
-   (/-/ready turns 200 then).
+   each file's head and tail, and the middles after ready: the backfill). ``first_start_s``:
+   perf_counter() from start() to the watcher's ready event (/-/ready turns 200 then);
+   ``history_s``: from start() to the backfill's end (grpo_exporter_partial_runs 0), when every
+   series is the whole read's. With --whole, an exporter that reads every file before ready
+   (--snapshot.backfill-above-bytes 0) starts too: ``whole_start_s``, and its run series compared
+   with the first's once that one's backfill is done: ``same_as_whole``.
 3. A clean stop saves the state: ``save_s`` (the save alone, the exporter's
    grpo_exporter_state_last_save_duration_seconds) and ``state_mib``.
 4. A second Exporter on the same folders starts: ``restart_s``, start() to ready. Its run
@@ -26,6 +30,7 @@ key, the baseline, counters): flat in steps, linear in ranks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import shutil
@@ -67,6 +72,15 @@ def timed_start(config: ExporterConfig) -> tuple[Exporter, float]:
     if not exporter.watcher.ready.wait(3600):
         raise RuntimeError("exporter not ready after an hour")
     return exporter, time.perf_counter() - t0
+
+
+def history_read(exporter: Exporter, deadline_s: float = 4 * 3600) -> None:
+    """Wait until the exporter's backfill has read every run whole."""
+    deadline = time.monotonic() + deadline_s
+    while exporter.health.registry.get_sample_value("grpo_exporter_partial_runs") != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("backfill not done")
+        time.sleep(0.05)
 
 
 # The next release's start, in its own process: its package first on the path.
@@ -121,7 +135,7 @@ def disk_mib(folder: Path) -> float:
     return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
 
 
-def measure(ranks: int, steps: int, keep: Path | None) -> dict[str, object]:
+def measure(ranks: int, steps: int, keep: Path | None, whole: bool) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="grpo-restart-bench-") as tmp:
         job = (keep or Path(tmp)) / f"{ranks}x{steps}"
         snapshots, written, state = job / "snapshots", job / "records", Path(tmp) / "state"
@@ -131,9 +145,19 @@ def measure(ranks: int, steps: int, keep: Path | None) -> dict[str, object]:
         records = int(written.read_text())
         config = ExporterConfig(snapshot_dir=snapshots, listen_address="127.0.0.1:0", storage_path=state,
                                 gpu_collector=False, storage_save_interval=1e9, run_timeout=30 * 86400)
+        t0 = time.perf_counter()
         first, first_start_s = timed_start(config)
+        history_read(first)
+        history_s = time.perf_counter() - t0
         before = run_series(first)
         first.stop()
+        compared: dict[str, object] = {}
+        if whole:
+            reader, whole_start_s = timed_start(dataclasses.replace(config, storage_path=None,
+                                                                    backfill_above_bytes=0))
+            compared = {"whole_start_s": round(whole_start_s, 2), "same_as_whole": run_series(reader) == before}
+            reader.stop()
+            del reader
         reg = first.health.registry
         save_s = reg.get_sample_value("grpo_exporter_state_last_save_duration_seconds")
         state_bytes = reg.get_sample_value("grpo_exporter_state_bytes")
@@ -147,7 +171,8 @@ def measure(ranks: int, steps: int, keep: Path | None) -> dict[str, object]:
         upgraded = upgraded_start(snapshots, state, Path(tmp))
         disk = disk_mib(snapshots)
     return {"ranks": ranks, "steps": steps, "records": records, "disk_mib": disk,
-            "series": len(before), "first_start_s": round(first_start_s, 2), "restart_s": round(restart_s, 2),
+            "series": len(before), "first_start_s": round(first_start_s, 2), "history_s": round(history_s, 1),
+            **compared, "restart_s": round(restart_s, 2),
             "upgrade_restart_s": round(float(upgraded["ready_s"]), 2),  # type: ignore[arg-type]
             "save_s": round(save_s or 0.0, 3), "state_mib": round((state_bytes or 0) / 2**20, 1),
             "restored": restored == 1 and upgraded["restored"] == 1, "same_exposition": before == after,
@@ -160,20 +185,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated RANKSxSTEPS (default 64x400,64x4000, what make bench runs; "
                          "the docs' table: 64x400,1024x400,4096x400,64x20000,1024x20000)")
     ap.add_argument("--keep", type=Path, help="keep the jobs here, and reuse those written")
+    ap.add_argument("--whole", action="store_true",
+                    help="also time a start-up that reads every file before ready, and compare")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     results = []
     for job in args.jobs.split(","):
         ranks, steps = (int(x) for x in job.split("x"))
-        r = measure(ranks, steps, args.keep)
+        r = measure(ranks, steps, args.keep, args.whole)
         results.append(r)
         print(f"{ranks:>5} ranks x {steps:>6} steps ({r['records']:>9,} records, {r['disk_mib']} MiB, "
-              f"{r['series']:>7,} series): first start {r['first_start_s']} s, restart {r['restart_s']} s, "
+              f"{r['series']:>7,} series): first start {r['first_start_s']} s (history read {r['history_s']} s"
+              + (f", every file before ready {r['whole_start_s']} s, same: {r['same_as_whole']}" if args.whole else "")
+              + f"), restart {r['restart_s']} s, "
               f"after an upgrade {r['upgrade_restart_s']} s (save {r['save_s']} s, {r['state_mib']} MiB), "
               f"same exposition: {r['same_exposition']}, {r['upgrade_same_exposition']}", flush=True)
     write_result(args.out, {"source": "bench/bench_restart.py", "jobs": results, "machine": machine()})
     return 0 if all(r["restored"] and r["same_exposition"] and r["upgrade_same_exposition"]
-                    for r in results) else 1
+                    and r.get("same_as_whole", True) for r in results) else 1
 
 
 if __name__ == "__main__":

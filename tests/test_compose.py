@@ -437,6 +437,8 @@ def _series_by_rank(tmp: Path) -> dict[str, int]:
     with exporter:
         wait_for(exporter.watcher.ready.is_set, 60, what="exporter ready")
         text = exporter.metrics().decode()
+        assert "grpo_exporter_partial_runs 0.0" in text, "a first read this small is whole"
+
     counts: dict[str, int] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):

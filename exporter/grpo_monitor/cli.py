@@ -239,6 +239,12 @@ def _serve_flags() -> list[Flag]:
         size("--snapshot.max-file-bytes", "max_file_bytes",
              "Largest *.json snapshot read; larger ones are counted as oversized."),
         size("--snapshot.max-line-bytes", "max_line_bytes", "Longest *.jsonl line read."),
+        size("--snapshot.backfill-above-bytes", "backfill_above_bytes", "A start-up that finds "
+             "more than this to read without a saved state reads each long *.jsonl file at its "
+             "head (the baseline) and tail (the windows), and is ready then; it reads the middles "
+             "after, and the families that need every record are published once "
+             "grpo_exporter_partial_runs is 0 (docs/scaling.md#first-start). 0: every file whole "
+             "before ready."),
         Flag("--snapshot.key-map", "key_map_file", "TOML file mapping the names runs log onto "
              "the canonical keys, for every run (a run folder's own .grpo-keys.toml goes on top; "
              "grpo-monitor check prints the lines to paste; docs/snapshot-format.md).",

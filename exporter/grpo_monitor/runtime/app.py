@@ -42,7 +42,7 @@ class Exporter:
         self.ingestor = Ingestor(
             root, self.store, self.health,
             max_file_bytes=config.max_file_bytes, max_line_bytes=config.max_line_bytes,
-            key_map=key_map)
+            key_map=key_map, backfill_above_bytes=config.backfill_above_bytes)
         self.watcher = SnapshotWatcher(
             self.ingestor, poll=config.poll, poll_interval=config.poll_interval,
             rescan_interval=config.rescan_interval, run_timeout=config.run_timeout,

@@ -13,7 +13,11 @@ from typing import Any
 
 from grpo_monitor.runtime import runbook
 from grpo_monitor.runtime.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT
-from grpo_monitor.runtime.ingest import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_LINE_BYTES
+from grpo_monitor.runtime.ingest import (
+    DEFAULT_BACKFILL_ABOVE_BYTES,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_LINE_BYTES,
+)
 from grpo_monitor.runtime.store import Limits
 
 # The exporter's port when none is given, for serve's --web.listen-address and the native
@@ -91,6 +95,9 @@ class ExporterConfig:
     run_timeout: float = 3600.0
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    # A first start with more than this to read reads each long file at its head and tail, and
+    # the middles after /-/ready (backfill.py); 0: every file whole before ready.
+    backfill_above_bytes: int = DEFAULT_BACKFILL_ABOVE_BYTES
     # The user's names for the canonical keys, for every run (contract/key_map.py); None: none.
     key_map_file: Path | None = None
     limits: Limits = field(default_factory=Limits)

@@ -229,3 +229,13 @@ for _s in SIGNALS:
 RANK_FAMILIES: tuple[Family, ...] = (
     STEP, LAST_SNAPSHOT, WORLD_SIZE, RANK_INFO, *SIGNAL_FAMILIES.values(), UNKNOWN_VALUE, NONFINITE, EVENTS,
     *FEATURE_FAMILIES)
+
+# The families that need every record of a run, not only its first and last steps. A first start
+# that read long files at their head and tail (backfill.py) publishes them for a run once its
+# history is read whole: hidden until then rather than approximate, since a counter that jumped
+# at that moment would look like new NaNs and events to increase(), and a range, a streak, a
+# held-out best or a law fitted on part of a run could fire a card the whole run would not.
+WHOLE_HISTORY: frozenset[str] = frozenset(f.name for f in (
+    NONFINITE, EVENTS, CARDINALITY_DROPPED, RUN_LOGGED_STEPS, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN,
+    RISING, HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST,
+    FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2, FORECAST_POINTS))

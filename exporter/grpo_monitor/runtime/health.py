@@ -113,8 +113,17 @@ class ExporterHealth:
         self.state_bytes = Gauge(
             "grpo_exporter_state_bytes", "Size of the last saved state.", registry=self.registry)
         self.state_save_seconds = Gauge(
-            "grpo_exporter_state_last_save_duration_seconds", "Time the last save took, its pickling "
-            "under the store's lock included.", registry=self.registry)
+            "grpo_exporter_state_last_save_duration_seconds", "Time the last save took, its encoding "
+            "included.", registry=self.registry)
+        # A first start's backfill (backfill.py): the runs read at their files' heads and tails.
+        self.partial_runs = Gauge(
+            "grpo_exporter_partial_runs", "Runs served from their files' heads and tails (a first "
+            "start without a saved state, --snapshot.backfill-above-bytes): the series that need "
+            "every record are published for a run once the backfill has read it whole.",
+            registry=self.registry)
+        self.backfill_bytes = Gauge(
+            "grpo_exporter_backfill_bytes", "Bytes of history the backfill has yet to read.",
+            registry=self.registry)
         # Each red card's pause of one run (card_pause.py), whichever way it came (the webhook,
         # the Alertmanager poll): one run's failure never stops another's.
         self.pauses = Counter(

@@ -21,6 +21,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -38,6 +39,7 @@ from grpo_monitor.contract.run_layout import (
 from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, read_regular, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
+    Snapshot,
     decode_record,
     identity_from_path,
     parse_record,
@@ -47,6 +49,7 @@ from grpo_monitor.runtime.rebaseline import RebaselineRequest
 from grpo_monitor.runtime.store import RunStore
 
 if TYPE_CHECKING:
+    from grpo_monitor.runtime.backfill import Backfill
     from grpo_monitor.runtime.health import ExporterHealth
 
 log = logging.getLogger("grpo_monitor.runtime.ingest")
@@ -77,6 +80,23 @@ JSON_WHITESPACE = b" \t\r"
 CLOCK_SLACK_NS = 2_000_000_000
 # Listings of a folder while its writers rotate, to find where a rotated file went (_catch_up).
 CATCH_UP_LISTINGS = 3
+# A first start that finds more than this to read (--snapshot.backfill-above-bytes) reads each
+# long file at its head and tail and leaves its middle to the backfill (_skip_middle): below it,
+# a whole read costs seconds (64 MiB: 5 to 25 s on one core, by the records' size), and every
+# series is whole from ready.
+DEFAULT_BACKFILL_ABOVE_BYTES = 64 << 20
+# The least middle of a file worth skipping: small, since a start-up reads up to this much more
+# of every file (16 KiB of perf records: ~5 ms; 1,024 ranks: ~5 s); a perf rank's file has one
+# from ~300 steps on, rank 0's (every training key) from ~610.
+MIN_MIDDLE_BYTES = 16 << 10
+# The head of a file read at a first start ends once its rank's baseline is complete, or after
+# this many times the baseline's steps in records (a rank whose records never complete one: the
+# file is then read whole).
+HEAD_RECORDS_PER_BASELINE_STEP = 4
+# Bytes read at a guessed start of a file's tail to find the first whole line there (more for a
+# longer line), and how close to the last line that reaches back far enough the tail starts: a
+# dozen perf records.
+PROBE_BYTES = 4 << 10
 # Hidden files the scan hands to process(): a run's re-baseline request and key map.
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
 
@@ -109,7 +129,7 @@ class FileState:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _run_folder_of(path: Path, root: Path) -> str | None:
+def run_folder_of(path: Path, root: Path) -> str | None:
     """Cached: asked for every record (its run's key map), and pathlib's relative_to was a tenth
     of a start-up's time at 2,048 ranks."""
     parts = path.relative_to(root).parts
@@ -139,6 +159,7 @@ class Ingestor:
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         key_map: KeyMap | None = None,
+        backfill_above_bytes: int = 0,
     ) -> None:
         self.root = root
         # --snapshot.key-map's names, for every run; a run folder's .grpo-keys.toml goes on top.
@@ -185,11 +206,43 @@ class Ingestor:
         self._refused: dict[Path, str] = {}
         # Files whose READ_BUDGET ran out with bytes left: the watcher reads them on next turn.
         self.unfinished: dict[Path, None] = {}
+        # A start-up replay (start_up, set by the watcher) that finds more than this many bytes
+        # of runs no saved state holds reads their long files at their head and tail only
+        # (skip_middles, _skip_middle); 0: every file whole.
+        self.backfill_above_bytes = backfill_above_bytes
+        self.start_up = False
+        self.skip_middles = False
+        # The runs a saved state held files of: read whole from where it left them, since a
+        # backfill of one would lack what the state holds of segments deleted since.
+        self.restored_runs: set[str] = set()
+        # inode -> (start, end): the bytes of a file the start-up replay skipped, for the backfill.
+        self.gaps: dict[int, tuple[int, int]] = {}
+        # The run-by-run read of those middles (backfill.py), once the replay is done; None when
+        # nothing is left to read.
+        self.backfill: Backfill | None = None
 
     # -- a saved state (saved_state.py) ------------------------------------------------------
 
     def saved_controls(self) -> dict[Path, bytes]:
         return self._controls
+
+    def partial_runs(self) -> set[str]:
+        """Runs served from their files' heads and tails (while the backfill reads the rest, or
+        after it gave up on one): a saved state leaves them and their files out, so that a
+        restart reads them again."""
+        return self.store.partial_runs()
+
+    def saved_files(self) -> dict[Path, FileState]:
+        """The files a saved state keeps: every file followed but those of partial runs."""
+        partial = self.partial_runs()
+        if not partial:
+            return self.files
+        return {path: state for path, state in self.files.items()
+                if identity_from_path(path, self.root)[0] not in partial}
+
+    def path_of(self, inode: int) -> Path | None:
+        """The name the file ``inode`` is followed under now (a rotation renames it)."""
+        return self._inodes.get(inode)
 
     def saved_mark(self) -> int:
         """A hash of what a saved state keeps of the ingest (each file's place, the control
@@ -203,6 +256,7 @@ class Ingestor:
         its offset (a file that changed hands since is found by its inode, as after a lag), and
         forgets those gone."""
         self.files = dict(files)
+        self.restored_runs = {identity_from_path(path, self.root)[0] for path in self.files}
         self._inodes = {state.inode: path for path, state in self.files.items()}
         self._controls = dict(controls)
         self._seen = {path: () for path in self.files}  # unlike any listing: each is looked at
@@ -291,6 +345,8 @@ class Ingestor:
         self._seen = {p: sig for p, sig in self._seen.items() if not _under(p, gone)}
         run = run_label(folder.name)
         self._run_key_maps.pop(run, None)
+        if self.backfill is not None:
+            self.backfill.forget(run)
         if self.store.forget_run(run):
             log.info("run %s: its folder was deleted or renamed; a folder of that name is read "
                      "again as a new run", run)
@@ -468,7 +524,13 @@ class Ingestor:
         self._seen = current
 
     def _scan_all(self, current: dict[Path, tuple[int, ...]]) -> None:
-        for path, st in self.scan():
+        listed = self.scan()
+        if self.start_up:
+            # A first start of more than --snapshot.backfill-above-bytes: heads and tails first.
+            unread = sum(st.st_size for path, st in listed if st is not None and path not in self.files
+                         and identity_from_path(path, self.root)[0] not in self.restored_runs)
+            self.skip_middles = 0 < self.backfill_above_bytes < unread
+        for path, st in listed:
             sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()
             current[path] = sig
             if self._seen.get(path) != sig:
@@ -603,6 +665,8 @@ class Ingestor:
         if self.store.rebaseline(run, req.at_step, req.steps) is False:
             self.error(path, "run_limit", self._run_limit())
             return
+        if self.backfill is not None:
+            self.backfill.rebaselined(run, req.at_step, req.steps)
         log.info("run %s: re-baseline on the %d steps up to step %d", run, req.steps, req.at_step)
 
     def _run_limit(self) -> str:
@@ -750,7 +814,15 @@ class Ingestor:
             return
 
     def _tail(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO,
-              budget: int | None) -> None:
+              budget: int | None, stop: Callable[[], bool] | None = None) -> None:
+        """Read on from the file's offset: to its end, or ``budget`` bytes, or up to the record
+        after which ``stop()`` says enough (a first start's head, _skip_middle)."""
+        if (budget is None and stop is None and self.skip_middles and state.offset == 0
+                and st.st_size > MIN_MIDDLE_BYTES and self.files.get(path) is state):
+            # (A file followed under its name: the backfill reads those; not one being finished
+            # under a name that is no snapshot.)
+            self._skip_middle(path, state, st, fh)
+            return
         if st.st_size < state.offset or not self._same_prefix(fh, state):
             # Truncated or rewritten in place (size alone cannot tell a rewrite to the same
             # length): start again from the top. Or a new file that took a deleted one's inode
@@ -782,10 +854,11 @@ class Ingestor:
                 # A record without a time of its own takes the file's mtime once its bytes are
                 # read: a write can land between the look at the file and the read.
                 mtime = _dated(os.fstat(fh.fileno()).st_mtime, written_after)
-                done = self._lines(path, state, data[: end - 1], mtime, deadline)
+                done = self._lines(path, state, data[: end - 1], mtime, deadline, stop)
                 self._consume(state, data[:done])
                 if done < end:  # its time is up: the rest is read at its next turn
-                    self.unfinished[path] = None
+                    if stop is None:
+                        self.unfinished[path] = None
                     return
             if len(unfinished) > self.max_line_bytes:
                 if not state.skipping:
@@ -813,9 +886,10 @@ class Ingestor:
         return fh.read(len(state.tail)) == state.tail
 
     def _lines(self, path: Path, state: FileState, lines: bytes, mtime: float,
-               deadline: float | None = None) -> int:
+               deadline: float | None = None, stop: Callable[[], bool] | None = None) -> int:
         """Whole lines, without the last one's newline; the bytes handled, newlines included:
-        all of them, or those up to the line after which ``deadline`` (monotonic) passed."""
+        all of them, or those up to the line after which ``deadline`` (monotonic) passed or
+        ``stop()`` said enough."""
         pos, size = 0, len(lines)
         while True:
             nl = lines.find(b"\n", pos)
@@ -827,10 +901,12 @@ class Ingestor:
             elif len(line) > self.max_line_bytes:
                 self.error(path, "oversized", f"line of {len(line)} bytes > {self.max_line_bytes}")
             elif line.strip(JSON_WHITESPACE):
-                self._record(path, line, mtime)
+                self._record(path, line, mtime, inode=state.inode)
             if nl < 0:
                 return pos
             if deadline is not None and time.monotonic() > deadline:
+                return pos
+            if stop is not None and stop():
                 return pos
 
     def _reread(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO) -> None:
@@ -851,11 +927,12 @@ class Ingestor:
         state.digest = digest
         # A *.json file that stops mid-document is most likely still being written: counted as
         # incomplete, and read again on its next change.
-        self._record(path, data, _dated(st.st_mtime, written_after), whole_file=True)
+        self._record(path, data, _dated(st.st_mtime, written_after), whole_file=True,
+                     inode=state.inode)
 
     def _run_folder(self, path: Path) -> str | None:
         """The name of the run folder ``path`` lies in; None for a file at the root."""
-        return _run_folder_of(path, self.root)
+        return run_folder_of(path, self.root)
 
     def key_map_for(self, path: Path) -> KeyMap | None:
         """The key map of the run ``path`` belongs to: its folder's .grpo-keys.toml over the
@@ -885,21 +962,130 @@ class Ingestor:
         self._run_key_maps[folder] = found
         return found
 
-    def _record(self, path: Path, raw: bytes, mtime: float, whole_file: bool = False) -> bool:
+    def parse(self, path: Path, raw: bytes, mtime: float, whole_file: bool = False,
+              count: bool = True) -> Snapshot | None:
+        """One record of ``path`` as the run it belongs to; None when it is none. ``count``:
+        count its problems (the backfill counts only those of the bytes the start-up skipped)."""
         run, rank = identity_from_path(path, self.root)
         try:
             snap = parse_record(decode_record(raw, whole_file=whole_file), run=run, rank=rank,
                                 mtime=mtime, key_map=self.key_map_for(path))
         except RecordError as exc:
-            self.error(path, exc.reason, str(exc))
-            return False
-        for reason, detail in snap.problems:
+            if count:
+                self.error(path, exc.reason, str(exc))
+            return None
+        for reason, detail in snap.problems if count else ():
             self.error(path, reason, detail)
         if snap.run != run and path.parent != self.root:
             # A run is its folder (where its pause record goes): a renamed folder is the new name.
             snap.run = run
+        return snap
+
+    def _record(self, path: Path, raw: bytes, mtime: float, whole_file: bool = False,
+                inode: int | None = None) -> bool:
+        snap = self.parse(path, raw, mtime, whole_file)
+        if snap is None:
+            return False
         if self.store.apply(snap, wrote_at=mtime) is False:
             self.error(path, "run_limit", self._run_limit())
             return False
         self.health.ingested_by_shape[snap.shape].inc()
+        if self.backfill is not None and inode is not None:
+            self.backfill.tee(inode, path, snap, mtime)
         return True
+
+    # -- a first start: a long file's head and tail (the backfill reads its middle) ----------
+
+    def _skip_middle(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO) -> None:
+        """Read a file new to a first start at its head and its tail, and leave the bytes
+        between to the backfill (backfill.py), which reads them after /-/ready: a start-up's
+        time then follows the ranks, not the steps run (docs/scaling.md#first-start).
+
+        The head: the records up to the end of the rank's baseline period (its baseline and
+        initial values, as a whole read has them). The tail: the records of the last steps
+        its series read (RankSignals.reach: every window, the levels), found by the step of a
+        few lines decoded at guessed places. A middle of fewer than MIN_MIDDLE_BYTES is read at
+        once instead, as is every file outside a run folder (whose records may name
+        any run) and every file of a run a saved state holds."""
+        whole = lambda: False  # noqa: E731 - a stop that never stops: no middle skipped again
+        run, rank = identity_from_path(path, self.root)
+        if run_folder_of(path, self.root) is None or run in self.restored_runs:
+            self._tail(path, state, st, fh, None, stop=whole)
+            return
+        most = HEAD_RECORDS_PER_BASELINE_STEP * self.store.limits.baseline_steps
+        seen = [0]
+
+        def head_read() -> bool:
+            seen[0] += 1
+            return seen[0] >= most or self.store.baseline_read(run, rank)
+
+        read_ns = state.read_ns  # the tail's bytes are as old as the head's: dated alike (_dated)
+        self._tail(path, state, st, fh, None, stop=head_read)
+        head_end, state.read_ns = state.offset, read_ns
+        if self.store.baseline_read(run, rank) and not state.skipping:
+            start = self._tail_start(path, fh, st.st_size, head_end, self.store.reach(run, rank))
+            if start - head_end >= MIN_MIDDLE_BYTES:
+                fh.seek(start - TAIL_CHECK)
+                state.tail = fh.read(TAIL_CHECK)
+                state.offset = start
+                self.gaps[state.inode] = (head_end, start)
+        self._tail(path, state, st, fh, None, stop=whole)
+
+    def _tail_start(self, path: Path, fh: BinaryIO, size: int, head_end: int, reach: int) -> int:
+        """Where the tail of the last ``reach`` steps begins: the start of a line whose step is
+        at least ``reach`` before the newest line's, within PROBE_BYTES of the last such line;
+        ``head_end`` when the tail reaches back to the head."""
+        newest = self._step_before(path, fh, size, head_end)
+        if newest is None:
+            return head_end
+        enough, back = head_end, PROBE_BYTES
+        while size - back > head_end:  # double the guess until it reaches back far enough
+            found = self._step_after(path, fh, size - back, size)
+            if found is not None and found[1] <= newest - reach:
+                enough = found[0]
+                break
+            back *= 2
+        if enough == head_end:
+            return head_end
+        # Then bisect between enough and the guess before, which was not back far enough.
+        late = size - back // 2 if back > PROBE_BYTES else size
+        while late - enough > PROBE_BYTES:
+            middle = (enough + late) // 2
+            found = self._step_after(path, fh, middle, size)
+            if found is not None and found[0] < late and found[1] <= newest - reach:
+                enough = found[0]
+            else:
+                late = middle
+        return enough
+
+    def _step_after(self, path: Path, fh: BinaryIO, pos: int, size: int) -> tuple[int, int] | None:
+        """(start, step) of the first whole line that starts after ``pos``; None when there is
+        none within a line's length or it holds no record."""
+        want = PROBE_BYTES
+        while True:
+            fh.seek(pos - 1)
+            data = fh.read(min(size - pos + 1, want))
+            first = data.find(b"\n") + 1
+            end = data.find(b"\n", first) if first else -1
+            if end >= 0:
+                snap = self.parse(path, data[first:end], 0.0, count=False)
+                return (pos - 1 + first, snap.step) if snap is not None else None
+            if len(data) < want or want > self.max_line_bytes:
+                return None
+            want *= 4
+
+    def _step_before(self, path: Path, fh: BinaryIO, size: int, head_end: int) -> int | None:
+        """The step of the file's last whole line (one still being written has no newline)."""
+        want = PROBE_BYTES
+        while True:
+            start = max(head_end, size - want)
+            fh.seek(start)
+            data = fh.read(size - start)
+            end = data.rfind(b"\n")
+            begin = data.rfind(b"\n", 0, max(end, 0)) + 1
+            if end >= 0 and (begin > 0 or start == head_end):
+                snap = self.parse(path, data[begin:end], 0.0, count=False)
+                return snap.step if snap is not None else None
+            if start == head_end or want > self.max_line_bytes:
+                return None
+            want *= 4

@@ -108,10 +108,14 @@ class StateFile:
 
     def _write(self, store: RunStore, ingestor: Ingestor, changed: set[tuple[str, int]]) -> int:
         pack = state_codec.pack
-        parts = [pack({"files": ingestor.files, "controls": ingestor.saved_controls()})]
+        parts = [pack({"files": ingestor.saved_files(), "controls": ingestor.saved_controls()})]
         encoded: dict[tuple[str, int], tuple[RankState, bytes]] = {}
         digest = hashlib.sha256(parts[0])
-        for name, run in store.saved_runs().items():
+        # A run read in part at a first start (backfill.py) is left out with its files: a
+        # restart reads it again, rather than keep its partial counters as if whole.
+        partial = ingestor.partial_runs()
+        runs = {name: run for name, run in store.saved_runs().items() if name not in partial}
+        for name, run in runs.items():
             parts.append(pack([run, len(run.ranks)]))
             digest.update(parts[-1])
             for rank_id, rank in run.ranks.items():
@@ -123,7 +127,7 @@ class StateFile:
                 parts.append(kept[1])
                 digest.update(kept[1])
         header = json.dumps({"format": FORMAT, "schema": state_codec.SCHEMA, "version": __version__,
-                             "root": self.root, "settings": self.settings, "runs": len(parts) - 1 - len(encoded),
+                             "root": self.root, "settings": self.settings, "runs": len(runs),
                              "ranks": len(encoded), "saved_at": time.time()}).encode()
         head = b"".join((MAGIC, header, b"\n", digest.hexdigest().encode(), b"\n"))
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -119,6 +119,10 @@ HISTORY = max(w + o for w, o in TRAINING_MEANS)  # the windows' reach: 400 steps
 # what a fresh read of the surviving records gives; a longer rewind leaves the windows that
 # reach further back unpublished until the run has logged that far again.
 REWIND_RECORDS = HISTORY
+# How far back from its newest step a performance signal's series read (its windows, its NaN
+# count); a training signal's read HISTORY steps. A first start that reads a long file's head and
+# tail (ingest.py) reads this much of its tail.
+PERF_REACH = max(max(w + o for w, o in PERF_MEANS), *PERF_EXTREMES, NONFINITE_WINDOW)
 KEEP_RECORDS = HISTORY + REWIND_RECORDS
 LAW_UNDO_BLOCKS = REWIND_RECORDS // BLOCK_STEPS + 1  # closed blocks of the law kept for a rewind
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
@@ -612,6 +616,11 @@ class RankSignals:
         if self.baseline_from is None:
             return self.baseline_steps
         return max(0, self.baseline_from + self.baseline_steps - self.step)
+
+    def reach(self) -> int:
+        """Steps back from the newest step that this rank's published windows read: HISTORY
+        once it logs a training signal, PERF_REACH while it logs performance signals only."""
+        return PERF_REACH if all(is_perf(key) for key in self.keys) else HISTORY
 
     def _history(self, key: str) -> KeyHistory:
         h = self.keys.get(key)

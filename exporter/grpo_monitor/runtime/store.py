@@ -33,6 +33,7 @@ from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.signals import (
     BASELINE_STEPS,
     GROWTH_WINDOW,
+    HISTORY,
     INITIAL_STEPS,
     NONFINITE_WINDOW,
     PROMPT_TYPE_KEYS,
@@ -429,6 +430,9 @@ class RunStore:
         # ranks of every flush since (saved_state.py). None while nothing saves the store.
         self._unsaved: set[tuple[str, int]] | None = None
         self._lock = threading.Lock()
+        # Runs a first start read at their files' heads and tails, until the backfill swaps in
+        # the run read whole (adopt): their ex.WHOLE_HISTORY families are not published.
+        self._partial: set[str] = set()
         # Bumped by every change (on the ingest thread): a saved state of the same generation
         # need not be written again (an idle exporter writes nothing).
         self.generation = 0
@@ -463,6 +467,48 @@ class RunStore:
             self._dirty = {(name, rank) for name, run in runs.items() for rank in run.ranks}
             self._unsaved = set(self._dirty)
             self.generation += 1
+
+    def mark_partial(self, run_names: set[str]) -> None:
+        """These runs were read at their files' heads and tails: their ex.WHOLE_HISTORY
+        families wait for adopt()."""
+        with self._lock:
+            self._partial |= run_names
+
+    def partial_runs(self) -> set[str]:
+        """The runs marked partial; ingest thread only, which alone changes them: without the
+        lock, so a save never waits for a scrape."""
+        return set(self._partial)
+
+    def adopt(self, run: RunState) -> bool:
+        """Serve ``run`` in place of the run of its name, which a first start read from its
+        files' heads and tails (ingest.py): the same run, read whole (backfill.py). Every rank
+        is rendered again at the next flush. False when the run is gone meanwhile."""
+        with self._lock:
+            self._partial.discard(run.name)
+            if run.name not in self._runs:
+                return False
+            self._runs[run.name] = run
+            self._dirty = {d for d in self._dirty if d[0] != run.name}
+            self._dirty |= {(run.name, rank) for rank in run.ranks}
+            self.generation += 1
+            return True
+
+    def run_state(self, run_name: str) -> RunState | None:
+        """The run of that name, if exported; ingest thread only (it alone changes the store)."""
+        return self._runs.get(run_name)
+
+    def baseline_read(self, run_name: str, rank_id: int) -> bool:
+        """Whether the rank's records so far hold its whole baseline period (so its initial
+        values too): what a first start reads of a long file's head. Ingest thread only."""
+        run = self._runs.get(run_name)
+        rank = run.ranks.get(rank_id) if run is not None else None
+        return rank is not None and rank.signals.ready
+
+    def reach(self, run_name: str, rank_id: int) -> int:
+        """Steps back from the rank's newest that its series read (RankSignals.reach)."""
+        run = self._runs.get(run_name)
+        rank = run.ranks.get(rank_id) if run is not None else None
+        return rank.signals.reach() if rank is not None else HISTORY
 
     def apply(self, snap: Snapshot, wrote_at: float) -> bool:
         """Merge one snapshot; ``wrote_at`` is the mtime of the file it came from. False when it
@@ -676,6 +722,7 @@ class RunStore:
             gone = [name for name, run in self._runs.items() if now - run.last_write > keep_for(run)]
             for name in gone:
                 del self._runs[name]
+                self._partial.discard(name)
             self.generation += bool(gone)
         return gone
 
@@ -685,6 +732,7 @@ class RunStore:
         with self._lock:
             self.generation += 1
             self._dirty = {d for d in self._dirty if d[0] != run_name}
+            self._partial.discard(run_name)
             return self._runs.pop(run_name, None) is not None
 
     def max_step(self, run_name: str) -> int | None:
@@ -711,9 +759,13 @@ class RunStore:
             # every rank for every family: a rank has about half of the ~80 families (the windows
             # come with steps), and 1024 ranks x 80 lookups were most of a scrape's time.
             by_family: dict[str, list[str]] = {}
+            partial = self._partial
             for run in self._runs.values():
+                hidden = ex.WHOLE_HISTORY if run.name in partial else ()
                 for r in run.ranks.values():
                     for name, block in r.blocks.items():
+                        if hidden and name in hidden:
+                            continue
                         if (blocks := by_family.get(name)) is None:
                             by_family[name] = [block]
                         else:
@@ -724,7 +776,9 @@ class RunStore:
                     chunks.extend(blocks)
             runs = list(self._runs.values())
             for fam in ex.RUN_FAMILIES:
-                blocks = [b for run in runs if (b := run.blocks.get(fam.name)) is not None]
+                shown = [run for run in runs if run.name not in partial] \
+                    if partial and fam.name in ex.WHOLE_HISTORY else runs
+                blocks = [b for run in shown if (b := run.blocks.get(fam.name)) is not None]
                 if blocks:
                     chunks.append(fam.header())
                     chunks.extend(blocks)

@@ -35,7 +35,8 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from grpo_monitor.contract.safe_io import printable
-from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime import backfill
+from grpo_monitor.runtime.ingest import READ_TURN_SECONDS, Ingestor
 from grpo_monitor.runtime.saved_state import StateFile
 
 log = logging.getLogger("grpo_monitor.runtime.watch")
@@ -141,7 +142,15 @@ class SnapshotWatcher:
         if self.state is not None:
             self._safe(self._restore)
         self._check_root()
-        self._safe(self.ingestor.rescan)  # replay what is already on disk (since the saved state)
+        # Replay what is already on disk (since the saved state): a large first read at each long
+        # file's head and tail, its middle after ready (backfill.py).
+        self.ingestor.start_up = True
+        try:
+            self._safe(self.ingestor.rescan)
+        finally:
+            self.ingestor.start_up = self.ingestor.skip_middles = False
+        self.ingestor.backfill = self._safe(backfill.start, self.ingestor)
+        self._note_backfill()
         self._safe(self.ingestor.store.flush)
         self.ingestor.health.ready.set(1)
         self.ready.set()
@@ -152,8 +161,9 @@ class SnapshotWatcher:
             # Reset each turn: a tick with no event must not handle the previous batch again.
             batch: list[tuple] = []
             unfinished = list(self.ingestor.unfinished)  # files whose turn ran out: read on
+            filling = self.ingestor.backfill is not None
             try:
-                batch.append(self._q.get(timeout=0 if unfinished else self.tick))
+                batch.append(self._q.get(timeout=0 if unfinished or filling else self.tick))
                 while True:  # drain: a burst of events for one file costs one read
                     batch.append(self._q.get_nowait())
             except queue.Empty:
@@ -162,6 +172,8 @@ class SnapshotWatcher:
                 self._handle(batch)
                 self._read_changed(dict.fromkeys(p for p in unfinished if p in self.ingestor.unfinished))
                 self._safe(self.ingestor.store.flush)
+            if filling:  # a turn of the backfill after each batch: new records are not held up
+                self._safe(self._backfill_turn)
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + self.tick
@@ -175,6 +187,25 @@ class SnapshotWatcher:
             if self.state is not None and now >= next_save:
                 next_save = now + self.save_interval
                 self._safe(self._save)
+
+    def _backfill_turn(self) -> None:
+        filling = self.ingestor.backfill
+        assert filling is not None
+        try:
+            more = filling.turn(READ_TURN_SECONDS)
+        except Exception:
+            more = False  # a bug: counted and logged by _safe, and not met again every turn
+            raise
+        finally:
+            if not more:
+                self.ingestor.backfill = None
+            self._note_backfill()
+        self.ingestor.store.flush()
+
+    def _note_backfill(self) -> None:
+        filling, health = self.ingestor.backfill, self.ingestor.health
+        health.partial_runs.set(len(self.ingestor.partial_runs()))
+        health.backfill_bytes.set(filling.backlog_bytes() if filling is not None else 0)
 
     def _restore(self) -> None:
         assert self.state is not None

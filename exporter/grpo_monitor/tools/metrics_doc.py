@@ -171,8 +171,15 @@ EXPORTER = """
 | `grpo_exporter_state_restores_total` | counter | result | start-ups by what became of the saved state (`--storage.path`, [scaling.md](scaling.md#a-restart-that-does-not-re-read-the-history)): `restored`, or `missing`, `stale` (another version or snapshot folder), `corrupt`, `refused` (not a regular file of the exporter's user, writable by no one else) and every file read instead |
 | `grpo_exporter_state_saves_total`, `grpo_exporter_state_save_errors_total` | counter | | saved states written, and those that could not be (logged; the previous one stays) |
 | `grpo_exporter_state_bytes`, `grpo_exporter_state_last_save_duration_seconds` | gauge | | size of the last saved state, and the time its save took |
+| `grpo_exporter_partial_runs`, `grpo_exporter_backfill_bytes` | gauge | | runs a first start serves from their files' heads and tails until it has read the rest of their history, and the bytes it has yet to read (`--snapshot.backfill-above-bytes`, [scaling.md](scaling.md#first-start)); see below for what waits |
 | `grpo_exporter_build_info` | gauge | version | constant 1 |
 | `process_*`, `python_*` | | | prometheus-client's process and platform collectors |
+
+A first start without a saved state reads a long `*.jsonl` file's head (its rank's baseline
+period) and tail (the steps its windows read), is ready, and reads the middle after. Until a
+run's history is read whole, every series of the run is what a whole read gives, except these,
+which need every record and are not published for the run until then (hidden, not approximate,
+so that no card judges part of a run as if whole, and no counter jumps): {whole_history}.
 
 Every error is logged once per file and reason, with the file's name; later ones are counted.
 
@@ -270,7 +277,7 @@ def render() -> str:
         min_blocks=forecast.MIN_BLOCKS, scale=ex.FORECAST_LAW_SCALE.name,
         offset=ex.FORECAST_LAW_OFFSET.name, ceiling=ex.FORECAST_CEILING.name,
         r2=ex.FORECAST_R2.name, points=ex.FORECAST_POINTS.name, spread=forecast.MIN_ENTROPY_SPREAD))
-    out.append(EXPORTER)
+    out.append(EXPORTER.format(whole_history=", ".join(f"`{name}`" for name in sorted(ex.WHOLE_HISTORY))))
     for reason, (what, kept) in ERROR_REASONS.items():
         out.append(f"| `{reason}` | {what} | {kept} |\n")
     out.append(GPU.format(interval=f"{ExporterConfig.gpu_interval:g}s", failures=gpu.FAILURES.name,
