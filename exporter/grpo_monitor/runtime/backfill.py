@@ -13,7 +13,8 @@ the live read takes after that is applied to both stores ("teed"). Problems of t
 are counted when the backfill reads them, those of the head and tail once, by the live read.
 
 A file the backfill cannot follow (gone, truncated, rewritten) leaves its run partial, with a
-log line: it is read whole at the next start-up without a saved state for it.
+log line, until the next start-up: a saved state leaves a partial run out, so that start-up reads
+it again.
 """
 
 from __future__ import annotations
