@@ -1,5 +1,7 @@
-"""The command line of a generated section in a hand-written doc (runbook_index, state_format_doc):
-print the section, or with ``--write`` rewrite the doc in place when the section changed."""
+"""The command line of a generated section of a hand-written doc: print it, or ``--write`` it.
+
+Shared by runbook_index and state_format_doc: ``--write`` rewrites the doc in place when the
+section changed; without it the section is printed."""
 
 from __future__ import annotations
 
