@@ -630,10 +630,12 @@ class Ingestor:
             self._vacated.discard(path)
             state = state or FileState(inode=st.st_ino)
             self._track(path, state)
-        if is_appended(path):
-            self._tail(path, state, st, fh, budget)
-        else:
+        if not is_appended(path):
             self._reread(path, state, st, fh)
+        elif budget is None and self._may_skip_middle(path, state, st):
+            self._skip_middle(path, state, st, fh)
+        else:
+            self._tail(path, state, st, fh, budget)
 
     def _control(self, path: Path) -> None:
         """A run's re-baseline request (grpo-monitor rebaseline)."""
@@ -817,12 +819,6 @@ class Ingestor:
               budget: int | None, stop: Callable[[], bool] | None = None) -> None:
         """Read on from the file's offset: to its end, or ``budget`` bytes, or up to the record
         after which ``stop()`` says enough (a first start's head, _skip_middle)."""
-        if (budget is None and stop is None and self.skip_middles and state.offset == 0
-                and st.st_size > MIN_MIDDLE_BYTES and self.files.get(path) is state):
-            # (A file followed under its name: the backfill reads those; not one being finished
-            # under a name that is no snapshot.)
-            self._skip_middle(path, state, st, fh)
-            return
         if st.st_size < state.offset or not self._same_prefix(fh, state):
             # Truncated or rewritten in place (size alone cannot tell a rewrite to the same
             # length): start again from the top. Or a new file that took a deleted one's inode
@@ -996,6 +992,16 @@ class Ingestor:
 
     # -- a first start: a long file's head and tail (the backfill reads its middle) ----------
 
+    def _may_skip_middle(self, path: Path, state: FileState, st: os.stat_result) -> bool:
+        """Whether a start-up replay may read this file at its head and tail: one of a run
+        folder, new to us, and long enough to have a middle. Not a file directly in the snapshot
+        folder (its records may name any run), nor one of a run a saved state holds (a whole
+        read of the run would lack what the state holds of segments deleted since)."""
+        if not (self.skip_middles and state.offset == 0 and st.st_size > MIN_MIDDLE_BYTES):
+            return False
+        return run_folder_of(path, self.root) is not None and \
+            identity_from_path(path, self.root)[0] not in self.restored_runs
+
     def _skip_middle(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO) -> None:
         """Read a file new to a first start at its head and its tail, and leave the bytes
         between to the backfill (backfill.py), which reads them after /-/ready: a start-up's
@@ -1005,13 +1011,8 @@ class Ingestor:
         initial values, as a whole read has them). The tail: the records of the last steps
         its series read (RankSignals.reach: every window, the levels), found by the step of a
         few lines decoded at guessed places. A middle of fewer than MIN_MIDDLE_BYTES is read at
-        once instead, as is every file outside a run folder (whose records may name
-        any run) and every file of a run a saved state holds."""
-        whole = lambda: False  # noqa: E731 - a stop that never stops: no middle skipped again
+        once instead (_may_skip_middle says which files may be read so)."""
         run, rank = identity_from_path(path, self.root)
-        if run_folder_of(path, self.root) is None or run in self.restored_runs:
-            self._tail(path, state, st, fh, None, stop=whole)
-            return
         most = HEAD_RECORDS_PER_BASELINE_STEP * self.store.limits.baseline_steps
         seen = [0]
 
@@ -1029,7 +1030,7 @@ class Ingestor:
                 state.tail = fh.read(TAIL_CHECK)
                 state.offset = start
                 self.gaps[state.inode] = (head_end, start)
-        self._tail(path, state, st, fh, None, stop=whole)
+        self._tail(path, state, st, fh, None)
 
     def _tail_start(self, path: Path, fh: BinaryIO, size: int, head_end: int, reach: int) -> int:
         """Where the tail of the last ``reach`` steps begins: the start of a line whose step is

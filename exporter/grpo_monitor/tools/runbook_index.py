@@ -12,13 +12,12 @@ yellow cards on the cluster and the exporter (prometheus/rules/grpo-cluster.yml)
 
 from __future__ import annotations
 
-import argparse
-import sys
 import textwrap
 from pathlib import Path
 
 from grpo_monitor.contract.cards import CARDS, CLUSTER, Card
 from grpo_monitor.runtime.runbook import slug
+from grpo_monitor.tools import doc_section
 
 TARGET = Path(__file__).resolve().parents[1] / "runtime" / "runbook.md"
 FIRST = "- Red cards:"
@@ -49,17 +48,7 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite docs/runbook.md in place")
-    args = parser.parse_args(argv)
-    text = TARGET.read_text(encoding="utf-8")
-    rendered = render(text)
-    if args.write:
-        if rendered != text:
-            TARGET.write_text(rendered, encoding="utf-8")
-    else:
-        sys.stdout.write("\n".join(index()) + "\n")
-    return 0
+    return doc_section.main(argv, __doc__.splitlines()[0], TARGET, render, index)
 
 
 if __name__ == "__main__":
