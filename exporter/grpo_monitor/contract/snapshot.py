@@ -400,7 +400,8 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float,
     """
     shape = detect_shape(obj)
     problems: list[tuple[str, str]] = []
-    bad_names = [] if _ascii_names(obj) else [k for k in obj if not (isinstance(k, str) and is_text(k))]
+    bad_names = [] if _ascii_names(obj) else \
+        [k for k in obj if not (isinstance(k, str) and is_text(k))]
     if bad_names:
         # A top-level name that is no text (a lone surrogate) costs itself: in a flat record it
         # is a metric's key, elsewhere an unknown field.
