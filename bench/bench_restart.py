@@ -1,7 +1,8 @@
 """A restart of the exporter with a saved state (--storage.path), and the first start of the next
 release on it, against a first start that reads every file.
 
-Usage: python bench/bench_restart.py [--jobs 64x400,64x4000] [--keep DIR] [--out PATH]
+Usage: python bench/bench_restart.py [--jobs 64x400,64x4000] [--keep DIR] [--whole]
+                                     [--first-start-only] [--out PATH]
 
 Method. For each job RANKSxSTEPS:
 1. A healthy simulated job (tools/simulate.py, seed 0) is written through the real
@@ -23,6 +24,8 @@ Method. For each job RANKSxSTEPS:
    state holds objects of and another version number, in a new process, starts on the same
    folders: ``upgrade_restart_s``, start() to ready (the process's own start-up not counted),
    and its run series compared with the first exporter's: ``upgrade_same_exposition``.
+With --first-start-only, step 2 ends at ready (``first_start_s``): no backfill, no restart
+(a 20,000-step job's backfill takes a whole read, 20 minutes at 1,024 ranks).
 A restart costs the saved state's size, which is bounded (800 to 1,200 values of history per
 key, the baseline, counters): flat in steps, linear in ranks.
 """
@@ -49,6 +52,7 @@ from grpo_monitor.sdk.writer import SnapshotWriter  # noqa: E402
 from grpo_monitor.tools import simulate  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "restart.json"
+FIRST_START_OUT = DEFAULT_OUT.with_name("first_start.json")  # --first-start-only
 
 
 def write_job(snapshots: Path, ranks: int, steps: int) -> int:
@@ -135,16 +139,36 @@ def disk_mib(folder: Path) -> float:
     return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
 
 
+def first_start(ranks: int, steps: int, keep: Path | None) -> dict[str, object]:
+    """Step 2 alone: start() to ready with no saved state, then a stop."""
+    with tempfile.TemporaryDirectory(prefix="grpo-restart-bench-") as tmp:
+        snapshots, records = written_job(keep or Path(tmp), ranks, steps)
+        exporter, first_start_s = timed_start(bench_config(snapshots, Path(tmp) / "state"))
+        exporter.stop()
+        return {"ranks": ranks, "steps": steps, "records": records, "disk_mib": disk_mib(snapshots),
+                "first_start_s": round(first_start_s, 2)}
+
+
+def written_job(folder: Path, ranks: int, steps: int) -> tuple[Path, int]:
+    """The job's snapshot folder and its records' count, written unless kept from before."""
+    job = folder / f"{ranks}x{steps}"
+    snapshots, written = job / "snapshots", job / "records"
+    if not written.exists():
+        snapshots.mkdir(parents=True, exist_ok=True)
+        written.write_text(str(write_job(snapshots, ranks, steps)))
+    return snapshots, int(written.read_text())
+
+
+def bench_config(snapshots: Path, state: Path) -> ExporterConfig:
+    return ExporterConfig(snapshot_dir=snapshots, listen_address="127.0.0.1:0", storage_path=state,
+                          gpu_collector=False, storage_save_interval=1e9, run_timeout=30 * 86400)
+
+
 def measure(ranks: int, steps: int, keep: Path | None, whole: bool) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="grpo-restart-bench-") as tmp:
-        job = (keep or Path(tmp)) / f"{ranks}x{steps}"
-        snapshots, written, state = job / "snapshots", job / "records", Path(tmp) / "state"
-        if not written.exists():
-            snapshots.mkdir(parents=True, exist_ok=True)
-            written.write_text(str(write_job(snapshots, ranks, steps)))
-        records = int(written.read_text())
-        config = ExporterConfig(snapshot_dir=snapshots, listen_address="127.0.0.1:0", storage_path=state,
-                                gpu_collector=False, storage_save_interval=1e9, run_timeout=30 * 86400)
+        snapshots, records = written_job(keep or Path(tmp), ranks, steps)
+        state = Path(tmp) / "state"
+        config = bench_config(snapshots, state)
         t0 = time.perf_counter()
         first, first_start_s = timed_start(config)
         history_read(first)
@@ -187,11 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="keep the jobs here, and reuse those written")
     ap.add_argument("--whole", action="store_true",
                     help="also time a start-up that reads every file before ready, and compare")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--first-start-only", action="store_true",
+                    help="time the first start alone, to ready (no backfill, no restart)")
+    ap.add_argument("--out", type=Path, help="where the results go (default results/restart.json, "
+                                             "or results/first_start.json with --first-start-only)")
     args = ap.parse_args(argv)
     results = []
     for job in args.jobs.split(","):
         ranks, steps = (int(x) for x in job.split("x"))
+        if args.first_start_only:
+            r = first_start(ranks, steps, args.keep)
+            results.append(r)
+            print(f"{ranks:>5} ranks x {steps:>6} steps ({r['records']:>9,} records, {r['disk_mib']} MiB): "
+                  f"first start {r['first_start_s']} s", flush=True)
+            continue
         r = measure(ranks, steps, args.keep, args.whole)
         results.append(r)
         print(f"{ranks:>5} ranks x {steps:>6} steps ({r['records']:>9,} records, {r['disk_mib']} MiB, "
@@ -200,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
               + f"), restart {r['restart_s']} s, "
               f"after an upgrade {r['upgrade_restart_s']} s (save {r['save_s']} s, {r['state_mib']} MiB), "
               f"same exposition: {r['same_exposition']}, {r['upgrade_same_exposition']}", flush=True)
-    write_result(args.out, {"source": "bench/bench_restart.py", "jobs": results, "machine": machine()})
-    return 0 if all(r["restored"] and r["same_exposition"] and r["upgrade_same_exposition"]
+    out = args.out or (FIRST_START_OUT if args.first_start_only else DEFAULT_OUT)
+    write_result(out, {"source": "bench/bench_restart.py", "jobs": results, "machine": machine()})
+    return 0 if args.first_start_only or all(r["restored"] and r["same_exposition"] and r["upgrade_same_exposition"]
                     and r.get("same_as_whole", True) for r in results) else 1
 
 

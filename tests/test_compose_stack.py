@@ -132,8 +132,15 @@ class Stack:
             # podman 4.3's API races with a container that exits at once (init): it may answer
             # "read /proc/PID/cgroup: no such process" while init has in fact run. `up` is
             # idempotent, so it is asked again (a bounded number of times); anything else fails.
-            if res.returncode == 0 or "no such process" not in res.stderr or attempt == 2:
+            # The host ports were free when picked, but another test's server may have taken
+            # one since (the suite runs in parallel): the stack is taken down and brought up
+            # on ports picked again.
+            busy = "address already in use" in res.stderr
+            if res.returncode == 0 or not (busy or "no such process" in res.stderr) or attempt == 2:
                 break
+            if busy:
+                self.compose("down", "--remove-orphans", check=False, timeout=300)
+                self.ports.update({name: free_port() for name in self.ports})
             self.timings["up retried"] = self.timings.get("up retried", 0) + 1
         assert res.returncode == 0, f"docker-compose up:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         self.timings["up" + ("+build" if "--build" in extra else "")] = time.monotonic() - t0

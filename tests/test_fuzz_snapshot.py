@@ -17,12 +17,19 @@ from pathlib import Path
 
 import pytest
 from conftest import Running, Samples, scrape, value
-from fuzz_strategies import fuzz, lines
+from fuzz_strategies import fuzz, json_text, lines
 from hypothesis import given
 from hypothesis import strategies as st
 from polling import wait_for
 
-from grpo_monitor.contract.snapshot import MAX_INT, RecordError, decode_record, is_text, parse_record
+from grpo_monitor.contract.snapshot import (
+    MAX_INT,
+    RecordError,
+    decode_exactly,
+    decode_record,
+    is_text,
+    parse_record,
+)
 from grpo_monitor.runtime.app import Exporter
 from grpo_monitor.runtime.config import ExporterConfig
 from grpo_monitor.runtime.health import ERROR_REASONS, SHAPES
@@ -70,6 +77,29 @@ def check_snapshot(raw: bytes) -> None:
 @given(raw=lines)
 def test_a_line_parses_to_a_record_or_a_counted_reason(raw: bytes) -> None:
     check_snapshot(raw)
+
+
+@fuzz(1000)
+@given(raw=st.one_of(lines, json_text.map(lambda text: text.encode("utf-8", "surrogatepass"))))
+def test_a_line_decodes_alike_whichever_json_decoder_reads_it(raw: bytes) -> None:
+    """decode_record tries orjson first, and Python's json for what orjson refuses or may read
+    otherwise: the same values of the same types, or a rejection either way."""
+    try:
+        expected = repr(decode_exactly(raw))
+    except RecordError:
+        with pytest.raises(RecordError):
+            decode_record(raw)
+        return
+    assert repr(decode_record(raw)) == expected
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"step": 123456789012345678901234567890}', b'[-9223372036854775809, 18446744073709551616]',
+    b'{"v": NaN, "w": -Infinity}', b'{"v": 1e400}', b'{"k\\ud800": 1}', b'\xef\xbb\xbf{"v": 1}',
+    '{"v": 1}'.encode("utf-16"), b'{"to_step": 123456789012345678901234567890}',
+])
+def test_what_orjson_reads_otherwise_is_read_as_the_standard_library_reads_it(raw: bytes) -> None:
+    assert repr(decode_record(raw)) == repr(decode_exactly(raw)) == repr(json.loads(raw))
 
 
 # -- through the exporter's ingest ---------------------------------------------------------------

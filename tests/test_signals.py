@@ -93,6 +93,19 @@ def test_going_back_in_steps_undoes_the_steps_after_it() -> None:
     assert f.baseline["loss"] == (1.0, 0.0)
 
 
+def test_a_baseline_mean_is_published_only_while_the_baseline_is_ready() -> None:
+    """GRPOStepTimeDrift and GRPOThroughputDrop wait for the baseline by reading
+    grpo_baseline_mean alone (prometheus/rules/grpo-alerts.yml): no rank may publish one before
+    its baseline is ready, nor after going back into it."""
+    sig = RankSignals(baseline_steps=100)
+    feed(sig, range(1, 100), lambda s: {"perf/step_time_s": 10.0, "perf/samples_per_s": 2.0})
+    assert not sig.ready and sig.features().baseline == {}
+    feed(sig, range(100, 102), lambda s: {"perf/step_time_s": 10.0, "perf/samples_per_s": 2.0})
+    assert sig.ready and set(sig.features().baseline) == {"perf/step_time_s", "perf/samples_per_s"}
+    feed(sig, range(60, 70), lambda s: {"perf/step_time_s": 15.0})  # resumed inside the baseline
+    assert not sig.ready and sig.features().baseline == {}
+
+
 def test_rebaseline_takes_the_last_steps() -> None:
     sig = RankSignals(baseline_steps=100)
     feed(sig, range(1, 401), lambda s: {"kl/mean": 1.0 if s <= 200 else 3.0})

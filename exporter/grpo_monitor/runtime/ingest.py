@@ -93,6 +93,9 @@ MIN_MIDDLE_BYTES = 16 << 10
 # this many times the baseline's steps in records (a rank whose records never complete one: the
 # file is then read whole).
 HEAD_RECORDS_PER_BASELINE_STEP = 4
+# The first read of a file's head, doubled at each read after it up to READ_CHUNK: a 200-step
+# baseline of perf records is ~60 KiB, of every training key ~350 KiB.
+HEAD_CHUNK = 64 << 10
 # Bytes read at a guessed start of a file's tail to find the first whole line there (more for a
 # longer line), and how close to the last line that reaches back far enough the tail starts: a
 # dozen perf records.
@@ -834,10 +837,15 @@ class Ingestor:
         state.read_ns = time.time_ns()
         unfinished = b""  # after the last newline: read again next time, never consumed
         left = budget
+        # A head (``stop``) is a few hundred lines of a file that may be gigabytes: read in
+        # chunks that start small and double, not in READ_CHUNKs of which most would be copied
+        # twice and dropped (at 1,024 ranks, 4 GiB read for 60 MiB of heads).
+        chunk_size = HEAD_CHUNK if stop is not None else READ_CHUNK
         while True:
             # What the file holds past the offset, and some: a read of READ_CHUNK would allocate
             # that much for a file's one new line.
-            want = max(min(READ_CHUNK, st.st_size - fh.tell() + (64 << 10)), 64 << 10)
+            want = max(min(chunk_size, st.st_size - fh.tell() + (64 << 10)), 64 << 10)
+            chunk_size = min(2 * chunk_size, READ_CHUNK)
             if left is not None:
                 want = min(want, left)
             chunk = fh.read(want)
