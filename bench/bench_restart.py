@@ -25,7 +25,7 @@ Method. For each job RANKSxSTEPS:
    folders: ``upgrade_restart_s``, start() to ready (the process's own start-up not counted),
    and its run series compared with the first exporter's: ``upgrade_same_exposition``.
 With --first-start-only, step 2 ends at ready (``first_start_s``): no backfill, no restart
-(a 20,000-step job's backfill takes a whole read, 20 minutes at 1,024 ranks).
+(a 20,000-step job's backfill takes a whole read: 7 to 20 minutes at 1,024 ranks, by machine).
 A restart costs the saved state's size, which is bounded (800 to 1,200 values of history per
 key, the baseline, counters): flat in steps, linear in ranks.
 """

@@ -133,17 +133,15 @@ def is_run_label(label: object) -> bool:
 
 def check_run_name(run: object) -> str:
     """``run`` itself when it may name a run; ValueError saying why not otherwise."""
-    if isinstance(run, str) and _is_checked_run_name(run):  # every record names its run again
-        return run
-    problem = run_name_problem(run)
+    # Every record names its run again: a name's verdict is kept (a name that is no str may not
+    # be hashable, and is rare).
+    problem = _name_problem(run) if isinstance(run, str) else run_name_problem(run)
     if problem is not None:
         raise ValueError(f"run must be a plain folder name ({problem}), got {run!r}")
     return run  # type: ignore[return-value]  # run_name_problem checked it is a str
 
 
-@lru_cache(maxsize=1024)
-def _is_checked_run_name(run: str) -> bool:
-    return run_name_problem(run) is None
+_name_problem = lru_cache(maxsize=1024)(run_name_problem)
 
 
 def run_name_from(text: str) -> str:

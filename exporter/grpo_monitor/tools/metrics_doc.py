@@ -111,7 +111,7 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 |---|---|---|
 | `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default {baseline}) |
 | `{remaining}` | run, rank | steps until the baseline is ready and the cards that wait for it can fire; 0 once they can |
-| `{bmean}` | run, rank, key | mean over the baseline period (present once ready) |
+| `{bmean}` | run, rank, key | mean over the baseline period, present only while the baseline is ready (the step-time and throughput cards wait for the baseline through it) |
 | `{bstd}` | run, rank, key | sample standard deviation over the baseline period |
 | `{imean}` | run, rank, key | mean over the key's first {init} steps (`--signals.initial-steps`): its initial value, present once those steps are past (training keys) |
 | `{wmean}` | run, rank, key, window_steps, offset_steps | mean of the last `window_steps` values, shifted back by `offset_steps`; training keys: {train_means}; `perf/*`: {perf_means} |
