@@ -94,6 +94,10 @@ DIVERGENCE = frozenset({"GRPOKLGrowthAccelerating", "GRPOKLTailOutliers",
                         "GRPOResponseLengthShift", "GRPOCompletionsTruncated",
                         "GRPOGradNormSpike", "GRPORewardHackingSuspected",
                         "GRPORewardOverOptimization"})
+# The reward paying for the wrong thing: reward up while length, the held-out or gold metric, or
+# KL to the reference move the wrong way.
+REWARD_HACKING = frozenset({"GRPORewardHackingSuspected", "GRPORewardOverOptimization",
+                            "GRPOKLGrowthAccelerating", "GRPOKLTailOutliers"})
 NONE: frozenset[str] = frozenset()
 
 
@@ -143,6 +147,91 @@ LABELS: dict[str, Label] = {
         "sick", 1, DEAD_SIGNAL,
         "stalled by its authors' own criterion (zero reward spread from step 1); onset: the "
         "first logged step"),
+    # The twenty-five runs that joined the collection later.
+    "nipsgrpo-qwen25-7b-rho1-seed42-collapse": Label(
+        "sick", 135, COLLAPSE | {"GRPORolloutMismatch"},
+        "collapsed by its authors (GSM8K 0.005 after training); the data first move at step 135 "
+        "(reward 0.38, importance weight 0.28, grad norm above all earlier values); a recovered "
+        "excursion of the same shape at steps 40-50 comes before it"),
+    "nipsgrpo-qwen25-7b-rho1-seed43-collapse": Label(
+        "sick", 25, COLLAPSE | {"GRPORolloutMismatch"},
+        "collapsed by its authors (GSM8K 0.0); at step 25 entropy jumps to 1.5 from about 0.2 "
+        "and the importance weight to 0.18, and from step 30 reward is near 0 at the length cap"),
+    "nipsgrpo-qwen25-7b-rho1-seed44-healthy": healthy(
+        "healthy by its authors (GSM8K 0.89) under the same config as two collapsed seeds; "
+        "a spell at the length cap (steps 95-125) passes without reward loss"),
+    "nipsgrpo-qwen25-7b-rho03-seed42-collapse": Label(
+        "sick", 20, COLLAPSE | {"GRPORolloutMismatch"},
+        "collapsed by its authors (GSM8K 0.0); at step 20 reward drops to 0.18 as entropy jumps "
+        "to 2.8 and 70% of completions hit the cap; from step 115 entropy locks at ~1e-12"),
+    "nipsgrpo-qwen25-7b-rho05-seed43-shortcollapse": Label(
+        "sick", 35, COLLAPSE | {"GRPOGradNormSpike"},
+        "collapsed by its authors (GSM8K 0.015); grad norm jumps to 3.6 at step 35, and from "
+        "step 45 answers are 2-18 tokens long with reward near 0"),
+    "nipsgrpo-qwen25-7b-rho3-seed42-healthy": healthy(
+        "healthy by its authors (GSM8K 0.85) with entropy 0.04-0.09 and length halving"),
+    "nipsgrpo-qwen35-9b-rho07-seed44-collapse": Label(
+        "sick", 155, COLLAPSE,
+        "collapsed late by its authors' training-reward verdict (final reward 0.01); at step 155 "
+        "reward halves to 0.41 and entropy reaches 0.9, at 175 entropy is 6.4 with reward 0"),
+    "nipsgrpo-qwen35-9b-rho07-seed42-healthy": healthy(
+        "healthy by its authors' training-reward verdict (0.90) under the config of a collapsed "
+        "seed; length leaves the cap by step 35"),
+    "chaos-economy-llama32-grpo-curriculum": healthy(
+        "healthy by its authors, its reward swings by design; completions sit at the 512-token "
+        "cap from step 65"),
+    "rlvr-experiments-qwen3-1.7b-gsm8k-sweep": healthy(
+        "a healthy sweep by its authors (14 runs in one file, split by `run`); at lr 1e-5 entropy "
+        "falls about 80% while GSM8K accuracy keeps rising"),
+    "verl-ppo-gemma2-2b-gsm8k": healthy(
+        "healthy reference run by its authors (test 0.64); validation sags 3% after its peak"),
+    "verl-grpo-qwen2-7b-gsm8k-fsdp-offpolicy": healthy(
+        "healthy by its authors (GSM8K about 89%); step time doubles at each validation step"),
+    "tinker-rh-llama32-1b-leetcode-proxy": Label(
+        "sick", 9, REWARD_HACKING,
+        "reward hacking by construction: the compile-only proxy climbs from step 9 (0.26 to 0.74) "
+        "while correctness stays below 0.01"),
+    "rhdemo-qwen25-05b-imdb-sentiment-nokl-rewardhack": Label(
+        "sick", 20, REWARD_HACKING,
+        "reward hacking by its authors: from step 20 the proxy sits at 0.99 with no spread "
+        "while held-out perplexity climbs from 4.5 to 18 and KL to the base grows to about 1"),
+    "rhdemo-qwen25-05b-imdb-sentiment-kl01-healthy": healthy(
+        "healthy by its authors (the KL-penalty fix); held-out perplexity still drifts 4.5 to 6.3 "
+        "and levels off"),
+    "rhdemo-qwen25-05b-imdb-sentiment-cap09-healthy": healthy(
+        "healthy by its authors (the reward-cap fix); 39 steps have zero gradient by design and "
+        "held-out perplexity drifts 4.4 to 8.4"),
+    "rmoveropt-qwen25-05b-gsm8k-proxyrm-goodhart": Label(
+        "sick", 210, REWARD_HACKING,
+        "over-optimised by its authors: the proxy reward keeps climbing while gold accuracy peaks "
+        "at step 200 and falls back to its starting level; KL to the reference grows 27x"),
+    "scratchgrpo-qwen25math-15b-lr1e-4-entropy-collapse": Label(
+        "sick", 4, COLLAPSE,
+        "collapsed by its author at lr 1e-4: at step 4 entropy falls to 0.1 and length jumps to "
+        "the 1024 cap, and held-out accuracy is 0 from step 3"),
+    "scratchgrpo-qwen25math-15b-nobaseline-length-collapse": Label(
+        "sick", 16, COLLAPSE | {"GRPOGradNormSpike"},
+        "collapsed by its author (no baseline): from step 16 grad norm runs above 1 and length "
+        "shrinks from 100 to 15-20 tokens while held-out accuracy halves from its step-7 peak"),
+    "scratchgrpo-qwen25math-15b-lr3e-5-healthy": healthy(
+        "healthy by its author (the chosen learning rate); entropy falls 93% while held-out "
+        "accuracy rises to 0.72"),
+    "scratchgrpo-qwen25math-15b-reinforce-baseline-healthy": healthy(
+        "healthy by its author (the baseline control); early length and grad-norm transients "
+        "settle by step 10"),
+    "openrlhf-gptoss120b-aime-grpo-a24-truncation-collapse": Label(
+        "sick", 16, frozenset({"GRPOCompletionsTruncated", "GRPOResponseLengthShift"}),
+        "crashed by its authors at steps 16-17: 86% of answers truncated near the 3072 cap and "
+        "reward at its run low, as the learning rate reached its peak"),
+    "verl-qwen3-8b-dapomath-grpo-r1-healthy": healthy(
+        "healthy control by its authors; its own detector flagged one-update length and "
+        "grad-norm excursions that they judged transient"),
+    "trl-qwen25-15b-math-grpo-seed42-healthy": healthy(
+        "healthy by its authors; tiny batches make reward and zero-advantage groups swing between "
+        "updates"),
+    "tinker-qwen3-4b-code-rl-binary-flat-healthy": healthy(
+        "healthy but flat by its author (held-out pass@1 0.25-0.35 throughout); a single "
+        "11-orders loss spike at step 92 recovers at once"),
 }
 
 

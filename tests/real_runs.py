@@ -16,6 +16,7 @@ The data is never copied into the repository; a missing collection is an error, 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import sys
@@ -133,27 +134,44 @@ def write_snapshots(records: Iterable[dict[str, Any]], root: Path, run: str, eve
     return path
 
 
+def split_runs(records: list[dict[str, Any]], run: str) -> dict[str, list[dict[str, Any]]]:
+    """The run folders a log's records belong in: one, named ``run``, unless the records carry a
+    ``run`` field with several values (a sweep logged to one file): then one folder per value,
+    ``<run>-<value>``, each with its records in the file's order."""
+    names = {r.get("run") for r in records}
+    if len(names) < 2:
+        return {run: records}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        out.setdefault(f"{run}-{r['run']}", []).append(r)
+    return out
+
+
 def play_real(name_or_path: str | Path, *, scrape_every_steps: int = 1, every: int = 1) -> Played:
     """Write the run step by step and scrape the exporter's store as the run goes.
 
     A scrape is taken after the last logged record of each block of ``scrape_every_steps``
     steps (with the default, after every logged record), so promtool, one minute per scrape,
-    sees the run step by step; ``every`` thins the run first (see ``thin``).
+    sees the run step by step; ``every`` thins the run first (see ``thin``). A sweep logged to
+    one file (``split_runs``) is played as its runs side by side, step by step, as if they had
+    trained at once; a log whose steps go back (a restart) is played in the file's order.
     """
     if scrape_every_steps < 1:
         raise ValueError(f"scrape_every_steps must be >= 1, not {scrape_every_steps}")
-    records = thin(load(name_or_path), every)
-    run = run_label(name_or_path)
+    groups = split_runs(thin(load(name_or_path), every), run_label(name_or_path))
+    events = (list(heapq.merge(*([(r["step"], run, r) for r in recs] for run, recs in groups.items()),
+                               key=lambda e: e[0]))
+              if len(groups) > 1 else [(r["step"], run, r) for run, recs in groups.items() for r in recs])
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         recorder = Recorder(root)
-        path = snapshot_path(root, run)
-        for i, rec in enumerate(records):
-            write_snapshots([rec], root, run)
-            last_of_block = (i + 1 == len(records)
-                             or records[i + 1]["step"] // scrape_every_steps != rec["step"] // scrape_every_steps)
+        paths: dict[str, Path] = {}
+        for i, (step, run, rec) in enumerate(events):
+            paths[run] = write_snapshots([rec], root, run)
+            last_of_block = (i + 1 == len(events)
+                             or events[i + 1][0] // scrape_every_steps != step // scrape_every_steps)
             if last_of_block:
-                recorder.scrape(rec["step"], [path])
+                recorder.scrape(step, list(paths.values()))
     return recorder.played()
 
 

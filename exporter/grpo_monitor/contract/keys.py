@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import lru_cache
 
-from grpo_monitor.contract import vocabulary
+from grpo_monitor.contract import framework_names, vocabulary
 
 
 @dataclass(frozen=True)
@@ -242,6 +242,23 @@ for _s in SIGNALS:
         if _f != 1.0:
             ALIAS_SCALE[_a] = _f
 
+# The frameworks' own names (framework_names.NAMES), read in their source: after every name
+# listed above, in the table's order; the globs among them are matched after the exact names.
+_FRAMEWORK_RANK = 500
+_FRAMEWORK_GLOBS: list[tuple[re.Pattern[str], framework_names.FrameworkName, int]] = []
+for _i, _n in enumerate(framework_names.NAMES):
+    if _n.key not in SIGNALS_BY_KEY:
+        raise AssertionError(f"{_n.framework} name {_n.name!r}: no canonical key {_n.key!r}")
+    if _n.is_glob:
+        _FRAMEWORK_GLOBS.append((re.compile(fnmatch.translate(_n.name)), _n, _FRAMEWORK_RANK + _i))
+        continue
+    if _n.name in ALIASES or _n.name in SIGNALS_BY_KEY:
+        raise AssertionError(f"alias {_n.name!r} is ambiguous")
+    ALIASES[_n.name] = _n.key
+    ALIAS_RANK[_n.name] = _FRAMEWORK_RANK + _i
+    if _n.scale != 1.0:
+        ALIAS_SCALE[_n.name] = _n.scale
+
 # A prefixed name (train/kl) ranks after every bare name of its key.
 _PREFIXED_RANK = 1000
 # Hugging Face's notebook table shows "rewards / check_answer" for rewards/check_answer.
@@ -253,10 +270,16 @@ _SPACED_SLASH = re.compile(r"\s+/\s+")
 # eval/heldout_score when it lies in a held-out namespace (the patterns, best first: the first
 # one a record carries wins) and names a score (HELDOUT_SCORE_WORDS) and no other statistic
 # (HELDOUT_EXCLUDED_WORDS: a std, a length, a loss, a timing is no score).
+# The gold, val and test namespaces are read with "_" as with "/" (a loop's gold_acc beside its
+# proxy reward, val_accuracy, test_score), and AReaL's eval-rollout/ and ROLL's val_correct/ too.
 HELDOUT_PATTERNS: tuple[str, ...] = (
     "val-core/*mean@1", "val-core/*", "val/test_score/*", "val-aux/*mean@1", "val/*", "eval/*",
-    "eval_*", "validation/*", "valid/*", "test/*", "heldout/*", "held_out/*", "gold/*")
-HELDOUT_SCORE_WORDS = frozenset({"acc", "accuracy", "score", "reward", "pass", "correct",
+    "eval_*", "validation/*", "validation_*", "valid/*", "val_*", "test/*", "test_*", "heldout/*",
+    "held_out/*", "gold/*", "gold_*", "eval-rollout/*")
+# pass@k for k > 1 (pass@8, pass_k, pass_at_8, OpenRLHF's _pass8) is the share of problems any of
+# k samples solves: higher than the accuracy beside it, and no score of the policy's one answer.
+_PASS_AT_K = re.compile(r"pass(?:@|_at_|_)?(?:k\b|[2-9]|[1-9][0-9])")
+HELDOUT_SCORE_WORDS = frozenset({"acc", "accuracy", "score", "reward", "pass", "pass1", "correct",
                                  "correctness", "exact", "em", "success", "solve", "solved",
                                  "win", "f1", "test"})
 HELDOUT_EXCLUDED_WORDS = frozenset({"std", "min", "max", "var", "loss", "len", "length", "time",
@@ -285,6 +308,8 @@ KNOWN_UNMAPPED: tuple[str, ...] = (
     # look-alikes whose meaning differs by framework: +entropy in OpenRLHF, -entropy in
     # Stable-Baselines3; OpenRLHF's KL between the rollout policy and the updated one
     "entropy_loss", "ppo_kl",
+    # every framework's false friends (framework_names.FALSE_FRIENDS)
+    *(f.name for f in framework_names.FALSE_FRIENDS),
 )
 
 
@@ -316,6 +341,8 @@ def match_key(name: str) -> KeyMatch | None:
         bare = _match_bare(name[len("train/"):])
         if bare is not None:
             hit = KeyMatch(bare.key, _PREFIXED_RANK + bare.rank, bare.scale, "prefixed")
+    if hit is None:
+        hit = _match_glob(name)
     if hit is None and not is_known_unmapped(name):
         rank = heldout_rank(name)
         if rank is not None:
@@ -342,12 +369,22 @@ def _unqualified(name: str) -> KeyMatch | None:
     return _match_bare(f"{parts[0]}/{parts[-1]}")
 
 
+def _match_glob(name: str) -> KeyMatch | None:
+    """A framework's name with a data-dependent segment (prime-rl's agent, rLLM's role)."""
+    for pattern, entry, rank in _FRAMEWORK_GLOBS:
+        if pattern.match(name):
+            return KeyMatch(entry.key, rank, entry.scale, "framework")
+    return None
+
+
 def heldout_rank(name: str) -> int | None:
     """The rank of the first HELDOUT_PATTERNS pattern a held-out score's name matches; None for
     a name that is no held-out score."""
     lowered = name.lower()
     for rank, pattern in enumerate(HELDOUT_PATTERNS):
         if fnmatchcase(lowered, pattern):
+            if _PASS_AT_K.search(lowered):
+                return None
             ws = set(vocabulary.words(lowered)) - {"eval", "val", "core", "aux", "validation",
                                                    "valid", "heldout", "held", "out", "gold"}
             if ws & HELDOUT_SCORE_WORDS and not ws & HELDOUT_EXCLUDED_WORDS:
@@ -456,8 +493,19 @@ FRAMEWORK_MARKERS: dict[str, str] = {
 
 
 def framework_of(names: Iterable[str]) -> str | None:
-    """The framework the first marker among ``names`` belongs to; None when none is one."""
-    for name in names:
+    """The framework ``names`` were logged by: the first of framework_names.FINGERPRINTS among
+    them (a framework's own names, before those of the family it is built on), else the first
+    family marker (FRAMEWORK_MARKERS: TRL, verl); None when none is there."""
+    return framework_evidence(names)[0]
+
+
+def framework_evidence(names: Iterable[str]) -> tuple[str | None, str | None]:
+    """(framework, the name that says so), as framework_of; (None, None) when none does."""
+    seen = set(names)
+    for framework, name in framework_names.FINGERPRINTS:
+        if name in seen:
+            return framework, name
+    for name in seen:
         if (framework := FRAMEWORK_MARKERS.get(name)) is not None:
-            return framework
-    return None
+            return framework, name
+    return None, None

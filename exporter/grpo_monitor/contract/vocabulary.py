@@ -41,7 +41,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("ent", "entropy", "entropies"), ("entropy",)),
     **dict.fromkeys(("clip", "clipped", "clipping"), ("clip",)),
     # Truncation is always the response's: a policy's PPO clip is never called that.
-    **dict.fromkeys(("truncated", "truncation", "truncate", "trunc"), ("response", "clip")),
+    # A bare truncation word is the truncated share (OpenRLHF's truncated, a loop's trunc_rate).
+    **dict.fromkeys(("truncated", "truncation", "truncate", "trunc"), ("response", "clip", "ratio")),
     **dict.fromkeys(("rewards", "reward", "rew"), ("reward",)),
     **dict.fromkeys(("grad", "grads", "gradient", "gradients"), ("grad",)),
     **dict.fromkeys(("kl", "kld", "kl_div"), ("kl",)),
@@ -51,7 +52,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 STATISTICS = frozenset({"mean", "std", "min", "max", "median", "sum", "count", "total", "var",
                         "p10", "p25", "p50", "p75", "p90", "p95", "p99", "low", "high"})
 # Words that say nothing about which signal it is.
-FILLERS = frozenset({"per", "of", "the", "value", "values", "div", "divergence"})
+# ("overall": EasyR1's reward/overall, a loop's reward_overall: the whole reward, not a part.)
+FILLERS = frozenset({"per", "of", "the", "value", "values", "div", "divergence", "overall"})
 
 _SPLIT = re.compile(r"[/_\-.@\s()]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -65,9 +67,17 @@ def words(name: str) -> list[str]:
     return [w for w in _SPLIT.split(_CAMEL.sub(" ", name).lower()) if w]
 
 
+# A name that says both rollout and train compares the two: the rollout-vs-trainer mismatch
+# (rollout_train_kl, train_rollout_logprob_abs_diff), never the signal of either alone.
+ROLLOUT_WORDS = frozenset({"rollout", "rollouts", "infer", "inference", "sampler", "sampling"})
+TRAIN_WORDS = frozenset({"train", "training", "trainer", "learner"})
+
+
 def form(name: str) -> Form:
     """The name's form: its words after the vocabulary (the module's docstring)."""
     ws = words(name)
+    if ROLLOUT_WORDS & set(ws) and TRAIN_WORDS & set(ws):
+        ws = ["mismatch", *(w for w in ws if w not in ROLLOUT_WORDS | TRAIN_WORDS)]
     while len(ws) > 1 and ws[0] in PREFIXES:
         ws = ws[1:]
     out: set[str] = set()
