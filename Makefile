@@ -111,6 +111,7 @@ docs: deps
 	$(PY) -m grpo_monitor.contract.thresholds > prometheus/rules/grpo-thresholds.yml
 	$(PY) -m grpo_monitor.contract.cards > prometheus/rules/grpo-coverage.yml
 	$(PY) -m grpo_monitor.tools.coverage_doc > docs/coverage.md
+	$(PY) -m grpo_monitor.tools.frameworks_doc > docs/frameworks.md
 	$(PY) -m grpo_monitor.tools.runbook_index --write
 	$(PY) -m grpo_monitor.tools.state_format_doc --write
 

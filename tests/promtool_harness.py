@@ -53,7 +53,7 @@ def alerts(*names: str) -> list[dict[str, Any]]:
 RULE_INPUTS = ("grpo_step{", "grpo_kl_mean{", "grpo_baseline_", "grpo_initial_", "grpo_window_",
                "grpo_run_window_", "grpo_rising_windows{", "grpo_forecast_", "grpo_prompt_type_",
                "grpo_records_", "grpo_run_signal_logged{", "grpo_run_logged_steps{", "grpo_run_info{",
-               "grpo_first_records_", "grpo_heldout_", "grpo_card_armed{")
+               "grpo_first_records_", "grpo_heldout_", "grpo_card_armed{", "grpo_trend_")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from conftest import DOCS
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime.exposition import RANK_FAMILIES, RUN_FAMILIES
 from grpo_monitor.runtime.runbook import anchors
-from grpo_monitor.tools import metrics_doc
+from grpo_monitor.tools import frameworks_doc, metrics_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,6 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_metrics_md_is_up_to_date() -> None:
     committed = (ROOT / "docs" / "metrics.md").read_text()
     assert committed == metrics_doc.render(), "docs/metrics.md is stale: run `make docs`"
+
+
+def test_frameworks_md_is_up_to_date() -> None:
+    committed = (ROOT / "docs" / "frameworks.md").read_text()
+    assert committed == frameworks_doc.render(), "docs/frameworks.md is stale: run `make docs`"
 
 
 def test_metrics_md_names_every_family_and_design_core_name() -> None:

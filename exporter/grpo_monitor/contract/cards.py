@@ -100,10 +100,19 @@ CARDS: tuple[Card, ...] = (
     Card("GRPOTrainingBlowUp", "critical", ALERTS, (
         _B(("entropy/mean", "kl/mean", "grad/norm", "response/len_mean", "reward/mean",
             "response/clip_ratio"),
-           at_least=thresholds.count("blowup_min_signals")),)),
+           at_least=thresholds.count("blowup_min_signals")),
+        # Two signals suffice where they are these two: the reward at a new low while the
+        # truncated share reaches a new high above half (a crash into the length limit).
+        _B(("reward/mean", "response/clip_ratio"), reason="truncation_crash"),
+        # The reward falling steadily while another signal climbs steadily or pins at the cap:
+        # judged on the trend of the last records (runtime/trend.py), no baseline, no initial.
+        _B(("reward/mean", "entropy/mean", "kl/mean", "grad/norm", "response/len_mean",
+            "response/clip_ratio"), at_least=2, reason="trend"))),
     # The reward's spread, or its range where the run logs no spread (verl's default).
     Card("GRPORewardCollapse", "critical", ALERTS, (
-        _B(("reward/mean", "reward/std")), _B(("reward/mean", "reward/min", "reward/max")))),
+        _B(("reward/mean", "reward/std")), _B(("reward/mean", "reward/min", "reward/max")),
+        # A run that logs its mean reward and nothing beside it.
+        _B(("reward/mean",), reason="mean_only"))),
     Card("GRPOHeldOutCollapse", "critical", ALERTS, (_B(("eval/heldout_score",)),)),
     Card("GRPORankStalled", "critical", ALERTS, (_B(min_ranks=2, reason="rank_lag"),)),
     Card("GRPORunHung", "critical", CLUSTER, (_B(),), always=True),
@@ -116,10 +125,12 @@ CARDS: tuple[Card, ...] = (
         _B(("reward/mean", "eval/sample_acc"), baseline=True, reason="flat_accuracy"))),
     Card("GRPOResponseLengthShift", "warning", ALERTS, (
         _B(("response/len_mean",), baseline=True),
-        _B(("response/len_mean",), reason="against_initial"))),
+        _B(("response/len_mean",), reason="against_initial"),
+        _B(("response/len_mean",), reason="trend"))),
     Card("GRPOCompletionsTruncated", "warning", ALERTS, (_B(("response/clip_ratio",)),)),
     Card("GRPORewardOverOptimization", "warning", ALERTS, (
-        _B(("eval/heldout_score", "reward/mean")),)),
+        _B(("eval/heldout_score", "reward/mean")),
+        _B(("eval/heldout_score", "reward/mean"), reason="smoothed"))),
     Card("GRPORewardStdRising", "warning", ALERTS, (_B(("reward/std",), baseline=True),)),
     Card("GRPORewardQuantileExtreme", "warning", ALERTS, (
         _B(("reward/p25", "reward/p50", "reward/p75", "reward/p95"), at_least=1, baseline=True),)),
@@ -127,6 +138,8 @@ CARDS: tuple[Card, ...] = (
         _B(("group/zero_std_frac",), reason="dead_groups"),
         _B(("reward/std",), reason="reward_constant"),
         _B(("reward/mean", "reward/std"), reason="saturated"),
+        # The mean reward alone: the same value step after step (exactly 0, or the top).
+        _B(("reward/mean",), reason="mean_constant"),
         _B(("group/zero_std_frac", "adv/mean_abs"), at_least=1, baseline=True))),
     Card("GRPOGroupDominated", "warning", ALERTS, (
         _B(("group/reward_gap", "reward/std"), baseline=True),)),
@@ -139,7 +152,9 @@ CARDS: tuple[Card, ...] = (
         _B(("mismatch/is_weight_mean",), reason="is_weight"),
         _B(("mismatch/is_ess_ratio",), reason="ess"))),
     Card("GRPORolloutMismatchRising", "warning", ALERTS, (
-        _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1),)),
+        _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1),
+        _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1,
+           reason="trend"))),
     Card("GRPOStaleRollouts", "warning", ALERTS, (_B(("staleness/mean",)),)),
     Card("GRPOPromptsTooHard", "warning", ALERTS, (_B(("group/all_wrong_frac",)),)),
     Card("GRPOPromptsTooEasy", "warning", ALERTS, (_B(("group/all_right_frac",)),)),

@@ -126,6 +126,26 @@ TABLE: tuple[Threshold, ...] = (
         ... the share of truncated completions counts as a sixth such signal when, in its last 2
         records, it is above this share as well as above 3x and all of its earlier records: a
         policy that starts to ramble into the length limit while the reward falls."""),
+    Threshold("trend_z", 3, "red", """
+        A steady move: the Mann-Kendall Z of a signal's last 30 logged records (fewer early in a
+        run, from 8 on) at or beyond this, up or down: the values rise (or fall) on nearly every
+        record pair, p < 0.0013 one-sided, whatever their scale and however few steps the run
+        has. The trend cards pair it with the factor the signal moved by over those records
+        (Theil's robust line, runtime/trend.py): steadiness alone is no sickness, and a large
+        factor from one jump is no trend."""),
+    Threshold("blowup_trend_reward_factor", 0.5, "red", """
+        A blow-up judged on trends: the reward falling steadily to this factor of where its
+        last records' line began (halved) while entropy, KL or grad norm climb steadily by
+        blowup_ratio, response length by blowup_length_ratio, or the truncated share sits at
+        truncated_ratio in 90% of the last 20 steps. A healthy run's reward does not halve
+        steadily; the signals that climb with it name the way the policy broke. Once raised, the
+        card stays while the reward's 20-step mean is at or below this factor of its working
+        level."""),
+    Threshold("reward_mean_collapse_ratio", 0.1, "red", """
+        Reward collapse for a run that logs its mean reward and nothing beside it (no spread, no
+        min or max): in 90% of the last 50 steps at or below this fraction of its working level
+        (the highest 20-step mean the run has had), a reward that never went negative. The
+        reward then pays for nothing of what it paid for before."""),
     Threshold("heldout_collapse_ratio", 0.5, "red", """
         The held-out score (validation accuracy, a gold reward), in both of its last 2 points,
         below this fraction of its best so far, and further below it than heldout_noise_factor
@@ -286,6 +306,13 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("heldout_noise_factor", 2, "yellow", """
         ... and more than this many times its noise (the median change between two consecutive
         held-out points) below it, so that an evaluation's own scatter is no fall ..."""),
+    Threshold("heldout_reward_hold_ratio", 0.1, "yellow", """
+        ... or, judged on the held-out points' 3-point means (an evaluation's scatter smoothed as
+        the authors of such runs plot it): the latest 3-point mean more than heldout_drop_ratio
+        below the best 3-point mean so far and more than heldout_noise_factor times the noise of
+        such a mean (the points' noise over the square root of 3), while the training reward's
+        20-step mean holds within this fraction of its level at that best: a proxy reward that
+        keeps its level while the held-out truth slides."""),
     Threshold("heldout_min_points", 4, "yellow", """
         ... judged from this many held-out points on, while the training reward's 20-step mean
         is at or above its level when the best held-out point was logged: the reward still

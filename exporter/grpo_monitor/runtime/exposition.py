@@ -176,6 +176,18 @@ FIRST_RECORDS_MEDIAN = Family(
     "grpo_first_records_median", "gauge",
     "Median of the signal's first 3 logged values other than exactly 0: the reference of the cards "
     "that judge a run from its first records, counted in records, whatever the logging interval.")
+# The trend of a signal's last records (trend.py), for the keys a card's trend branch reads.
+TREND_Z = Family(
+    "grpo_trend_z", "gauge",
+    "Mann-Kendall Z of the signal's last `records` logged values (fewer while the run has fewer): "
+    "> 0 rising, < 0 falling; |Z| >= 3 is a steady move (p < 0.0013), whatever the scale.")
+TREND_SLOPE = Family(
+    "grpo_trend_slope", "gauge",
+    "Theil's robust slope of the signal over its last `records` logged values, in its unit per step.")
+TREND_FACTOR = Family(
+    "grpo_trend_factor", "gauge",
+    "The Theil line's value at the newest of the signal's last `records` logged values over its "
+    "value at the oldest: how many times the signal moved; absent where either is not positive.")
 # The held-out score on its own sparse points (signals.HeldOutTracker).
 HELDOUT_BEST = Family(
     "grpo_heldout_best_score", "gauge", "Best held-out score the run has logged so far.")
@@ -186,6 +198,14 @@ HELDOUT_NOISE = Family(
     "grpo_heldout_noise_score", "gauge",
     "Median absolute change between two consecutive held-out scores: their noise.")
 HELDOUT_POINTS = Family("grpo_heldout_points", "gauge", "Held-out scores the run has logged.")
+HELDOUT_SMOOTH_BEST = Family(
+    "grpo_heldout_smoothed_best_score", "gauge",
+    "Best mean of 3 consecutive held-out scores the run has logged so far.")
+HELDOUT_SMOOTH_RECENT = Family(
+    "grpo_heldout_smoothed_recent_score", "gauge", "Mean of the run's last 3 held-out scores.")
+HELDOUT_REWARD_AT_SMOOTH_BEST = Family(
+    "grpo_heldout_reward_at_smoothed_best", "gauge",
+    "The training reward's 20-step mean when the best 3-point mean of the held-out score ended.")
 HELDOUT_REWARD_AT_BEST = Family(
     "grpo_heldout_reward_at_best", "gauge",
     "The training reward's 20-step mean when the best held-out score was logged.")
@@ -214,7 +234,8 @@ FEATURE_FAMILIES: tuple[Family, ...] = (
     BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
     WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
     WINDOW_NONFINITE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FIRST_RECORDS_MEDIAN,
-    HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
+    TREND_Z, TREND_SLOPE, TREND_FACTOR, HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST,
+    HELDOUT_SMOOTH_BEST, HELDOUT_SMOOTH_RECENT, HELDOUT_REWARD_AT_SMOOTH_BEST, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
     FORECAST_POINTS, PROMPT_TYPE_WINDOW_MEAN, PROMPT_TYPE_INITIAL_MEAN)
 
 # One Family per distinct metric name, in catalog order; the quantile signals share theirs.
@@ -238,4 +259,5 @@ RANK_FAMILIES: tuple[Family, ...] = (
 WHOLE_HISTORY: frozenset[str] = frozenset(f.name for f in (
     NONFINITE, EVENTS, CARDINALITY_DROPPED, RUN_LOGGED_STEPS, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN,
     RISING, HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST,
+    HELDOUT_SMOOTH_BEST, HELDOUT_SMOOTH_RECENT, HELDOUT_REWARD_AT_SMOOTH_BEST,
     FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2, FORECAST_POINTS))

@@ -15,7 +15,8 @@ steps = "below x for N consecutive steps", tolerating a noisy step in ten); the 
 20-step mean since the run started (a "working level" and a "floor"); the count of consecutive
 rising window means; non-finite values within a window; the least-squares slope over a window;
 the min, max and median of the last few logged records and of the records before them (windows in
-records, not steps: the blow-up card's "left its recent range"); per prompt type, the reward's 50-step means now and 200 steps ago and its initial value; and the entropy-reward law fitted
+records, not steps: the blow-up card's "left its recent range"); the trend of the last 30 records
+(Mann–Kendall's Z, Theil's slope and the factor the signal moved by: trend.py); per prompt type, the reward's 50-step means now and 200 steps ago and its initial value; and the entropy-reward law fitted
 on the run so far (forecast.py).
 """
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.cards import CARDS_BY_NAME
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, LawSums
+from grpo_monitor.runtime.trend import TREND_RECORDS, Trend, trend_of
 
 # (window_steps, offset_steps) pairs published as grpo_window_mean.
 TRAINING_MEANS: tuple[tuple[int, int], ...] = (
@@ -90,6 +92,11 @@ RECORD_KEYS: frozenset[str] = frozenset(CARDS_BY_NAME["GRPOTrainingBlowUp"].keys
 # (records, offset_records, fewest records published)
 RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
     (RECENT_RECORDS, 0, RECENT_RECORDS), (REFERENCE_RECORDS, REFERENCE_OFFSET_RECORDS, REFERENCE_MIN_RECORDS))
+# The trend of a signal's last TREND_RECORDS records (trend.py: Mann–Kendall's Z and Theil's
+# slope, the factor it moved by), only for the keys a card's trend branch reads (contract/cards.py,
+# reason "trend"): a steady climb or fall that is a sickness in itself.
+TREND_KEYS: frozenset[str] = frozenset(
+    k for c in CARDS_BY_NAME.values() for b in c.branches if b.reason == "trend" for k in b.keys)
 # Published besides: the last PERSISTENCE_RECORDS records, "in each of its last 3 records", the
 # persistence of the cards that judge a run from its first records (an entropy cliff in a run's
 # first steps).
@@ -110,6 +117,7 @@ EARLY_WINDOWS: frozenset[int] = frozenset({20, 50})
 # own points, not on step windows (HeldOutTracker).
 HELDOUT_KEY = "eval/heldout_score"
 HELDOUT_RECENT_POINTS = 2  # a fall counts when its last 2 points are both below
+HELDOUT_SMOOTH_POINTS = 3  # ... or when its 3-point mean has slid from its best 3-point mean
 HELDOUT_MAX_POINTS = 1000  # points kept for the noise estimate
 REWARD_LEVEL_WINDOW = 20  # the training reward's level beside a held-out point: its 20-step mean
 HISTORY = max(w + o for w, o in TRAINING_MEANS)  # the windows' reach: 400 steps
@@ -519,6 +527,7 @@ class Features:
     law: LawFit | None = None
     first_records: dict[str, float] = field(default_factory=dict)  # key -> FIRST_RECORDS median
     heldout: HeldOutFeatures | None = None
+    trends: dict[str, Trend] = field(default_factory=dict)  # key -> trend of its last records
 
 
 @dataclass(frozen=True)
@@ -532,6 +541,12 @@ class HeldOutFeatures:
     noise: float
     points: int
     reward_at_best: float | None
+    # The points' HELDOUT_SMOOTH_POINTS-point means (an evaluation's scatter smoothed): the best
+    # so far, the latest, and the training reward's level when that best was logged; None while
+    # there are fewer points.
+    smooth_best: float | None = None
+    smooth_recent: float | None = None
+    reward_at_smooth_best: float | None = None
 
 
 @dataclass
@@ -576,7 +591,14 @@ class HeldOutTracker:
         diffs = [abs(b - a) for a, b in zip(self.values, self.values[1:])]
         noise = percentile(diffs, 0.5) if diffs else 0.0
         recent = max(self.values[-HELDOUT_RECENT_POINTS:])
-        return HeldOutFeatures(self.best, recent, noise, len(self.values), self.reward_at_best)
+        k = HELDOUT_SMOOTH_POINTS
+        smooth_best = smooth_recent = reward_at_smooth_best = None
+        for i in range(k, len(self.values) + 1):  # the kept points (the last HELDOUT_MAX_POINTS)
+            smooth_recent = sum(self.values[i - k:i]) / k
+            if smooth_best is None or smooth_recent > smooth_best:
+                smooth_best, reward_at_smooth_best = smooth_recent, self.levels[i - 1]
+        return HeldOutFeatures(self.best, recent, noise, len(self.values), self.reward_at_best,
+                               smooth_best, smooth_recent, reward_at_smooth_best)
 
 
 class RankSignals:
@@ -748,6 +770,7 @@ class RankSignals:
         slopes: list[tuple[str, int, float]] = []
         records: list[tuple[str, int, int, float, float, float]] = []
         first_records: dict[str, float] = {}
+        trends: dict[str, Trend] = {}
         for key, h in self.keys.items():
             # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
@@ -791,13 +814,15 @@ class RankSignals:
                 initial[key] = first
             if (median := h.first_records_median()) is not None:
                 first_records[key] = median
+            if key in TREND_KEYS and (t := trend_of(h.steps[-TREND_RECORDS:], h.values[-TREND_RECORDS:])) is not None:
+                trends[key] = t
             if h.range_max is not None and h.range_min is not None:
                 ranges[key] = (h.range_min, h.range_max)
             if h.last_block_mean is not None:
                 rising[key] = h.rising
         return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
                         rising, nonfinite, slopes, records, self.law.fit(), first_records,
-                        self.heldout.features())
+                        self.heldout.features(), trends)
 
 
 class PromptTypeSignals:

@@ -30,6 +30,7 @@ from grpo_monitor.contract.keys import (
 )
 from grpo_monitor.contract.snapshot import ROLLBACK, Snapshot, rollback_to
 from grpo_monitor.runtime import exposition as ex
+from grpo_monitor.runtime.trend import TREND_RECORDS
 from grpo_monitor.runtime.signals import (
     BASELINE_STEPS,
     GROWTH_WINDOW,
@@ -276,10 +277,19 @@ class RankState:
         for key, median in f.first_records.items():
             out[ex.FIRST_RECORDS_MEDIAN.name].append(
                 f'{ex.FIRST_RECORDS_MEDIAN.name}{{{base},key="{key}"}} {fv(median)}\n')
+        for key, t in f.trends.items():
+            lbl = f'{base},key="{key}",records="{TREND_RECORDS}"'
+            out[ex.TREND_Z.name].append(f"{ex.TREND_Z.name}{{{lbl}}} {fv(t.z)}\n")
+            out[ex.TREND_SLOPE.name].append(f"{ex.TREND_SLOPE.name}{{{lbl}}} {fv(t.slope)}\n")
+            if (factor := t.factor) is not None:
+                out[ex.TREND_FACTOR.name].append(f"{ex.TREND_FACTOR.name}{{{lbl}}} {fv(factor)}\n")
         if (held := f.heldout) is not None:
             for fam, value in ((ex.HELDOUT_BEST, held.best), (ex.HELDOUT_RECENT, held.recent),
                                (ex.HELDOUT_NOISE, held.noise), (ex.HELDOUT_POINTS, held.points),
-                               (ex.HELDOUT_REWARD_AT_BEST, held.reward_at_best)):
+                               (ex.HELDOUT_REWARD_AT_BEST, held.reward_at_best),
+                               (ex.HELDOUT_SMOOTH_BEST, held.smooth_best),
+                               (ex.HELDOUT_SMOOTH_RECENT, held.smooth_recent),
+                               (ex.HELDOUT_REWARD_AT_SMOOTH_BEST, held.reward_at_smooth_best)):
                 if value is not None:
                     out[fam.name].append(f"{fam.name}{{{base}}} {fv(value)}\n")
         if f.law is not None:
@@ -591,8 +601,7 @@ class RunStore:
                     rank.unknown_first.setdefault((name, ""), snap.step)
                     self._count_nonfinite(rank, {name: value}, snap.step)
             if not run.framework and (new_names or snap.framework):
-                run.framework = snap.framework or framework_of(snap.names.values()) or \
-                    framework_of(snap.unknown) or ""
+                run.framework = snap.framework or framework_of([*snap.names.values(), *snap.unknown]) or ""
             for ptype in snap.by_type:  # record order: which types a cap keeps is stable
                 if not run.admit("prompt_type", run.prompt_types, ptype, lim.max_prompt_types):
                     continue

@@ -86,7 +86,7 @@ def theil_slope(steps: Sequence[int], values: Sequence[float]) -> float | None:
     return _median(slopes) if slopes else None
 
 
-def trend(steps: Sequence[int], values: Sequence[float]) -> Trend | None:
+def trend_of(steps: Sequence[int], values: Sequence[float]) -> Trend | None:
     """The trend of the last TREND_RECORDS records; None below TREND_MIN_RECORDS of them."""
     steps, values = steps[-TREND_RECORDS:], values[-TREND_RECORDS:]
     if len(values) < TREND_MIN_RECORDS:

@@ -18,7 +18,13 @@ from typing import TextIO
 
 from grpo_monitor.contract.cards import CARDS, MINIMUM_CURVES, missing_cause
 from grpo_monitor.contract.key_map import KEY_MAP_FILE, render_line
-from grpo_monitor.contract.keys import SIGNALS_BY_KEY, is_known_unmapped, match_key, proposals
+from grpo_monitor.contract.keys import (
+    SIGNALS_BY_KEY,
+    framework_evidence,
+    is_known_unmapped,
+    match_key,
+    proposals,
+)
 from grpo_monitor.contract.run_layout import runs_in
 from grpo_monitor.runtime.health import ERROR_REASONS, ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
@@ -88,12 +94,15 @@ def describe(run: RunState, out: TextIO) -> bool:
     first = min((r.signals.first_step or 0) for r in run.ranks.values()) if run.ranks else 0
     last = max((r.step for r in run.ranks.values()), default=0)
     records = max((r.logged_steps for r in run.ranks.values()), default=0)
-    who = run.framework or "unknown (no marker among its key names)"
-    out.write(f"run {run.name}: {len(ranks)} rank(s) {ranks[:8]}{' ...' if len(ranks) > 8 else ''}, "
-              f"steps {first}..{last}, {records} logged steps ({_cadence(run)}), written by {who}\n")
     names: dict[str, str] = {}
     for rank in run.ranks.values():
         names.update(rank.names)
+    who = run.framework or "unknown (no marker among its key names)"
+    _, marker = framework_evidence([*names.values(), *run.closest])
+    if run.framework and marker is not None:
+        who += f" (it logs {marker})"
+    out.write(f"run {run.name}: {len(ranks)} rank(s) {ranks[:8]}{' ...' if len(ranks) > 8 else ''}, "
+              f"steps {first}..{last}, {records} logged steps ({_cadence(run)}), written by {who}\n")
     out.write("  keys read as signals:\n")
     for key in sorted(names):
         shown = names[key] if names[key] == key else f"{names[key]} -> {key}"
