@@ -14,6 +14,15 @@ sick, the onset, the cards that count as catching its sickness), and the script 
   the healthy runs it fired red on (false reds), the sick runs it fired red on before the onset,
   and its delays.
 
+**Leave one repository out.** The claim is that each repository's runs are judged by rules set
+without looking at them. Most thresholds come from the seeds' rules and the synthetic scenarios,
+but some rule branches were shaped while looking at a shared run (TUNED_ON names them, with the
+repositories whose runs were looked at). Each run is therefore judged twice: by the committed
+rules, and by the committed rules less every branch tuned on its own repository (the rule files
+rewritten without those rules, the same play, the real promtool). The second is the
+generalisation figure; both are printed, and a catch that only a branch tuned on the run's own
+repository makes is no catch in the second.
+
 It is an evaluation, not a test: it exits 0 whatever the cards did (1 only when the collection
 is missing). ``--markdown`` prints the tables of docs/benchmarks.md ("Cards on the real runs")
 instead of the plain ones. Writes bench/results/real_runs.json. The data is never copied here.
@@ -35,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import real_runs  # noqa: E402
-from promtool_harness import RULES_DIR, alerts, fired_at, intervals  # noqa: E402
+import yaml  # noqa: E402
+from promtool_harness import RULE_FILES, RULES_DIR, alerts, fired_at, intervals  # noqa: E402
 from results_io import machine, write_result  # noqa: E402
 
 # A catch is a counting card firing at a logged step in [onset, onset + CAUGHT_WITHIN]: the
@@ -235,6 +245,61 @@ LABELS: dict[str, Label] = {
 }
 
 
+# (alert, its rule's reason label) -> the repositories whose shared runs were looked at when that
+# rule branch, or a threshold only it reads, was set. Left out when judging those repositories.
+TUNED_ON: dict[tuple[str, str], frozenset[str]] = {
+    # The blow-up card in records: set on the two runs whose collapse it describes.
+    ("GRPOTrainingBlowUp", ""): frozenset({"dumbkin31/exploration-in-grpo"}),
+    # The truncation crash: shaped on the OpenRLHF run that crashes in its last two records.
+    ("GRPOTrainingBlowUp", "truncation_crash"): frozenset({"fruitfoxlu/rft"}),
+    # The slow blow-up on trends: kept from firing on the healthy seed of the rho sweep.
+    ("GRPOTrainingBlowUp", "trend"): frozenset({"Sunshine535/nips-grpo-dynamics"}),
+    # The entropy cliff in a run's first records: the DAPO fork's collapse.
+    ("GRPOEntropyCollapse", "first_records"): frozenset({"JuncyLu/trl_DAPO"}),
+    # The entropy rebound: the TreeRL run's explosion after a long settled phase.
+    ("GRPOEntropyExplosion", "rebound"): frozenset({"befocuss/Deep-GRPO"}),
+    # The dead learning signal from the first steps: the two zero-spread runs.
+    ("GRPOAdvantageVanishing", "dead_groups"): frozenset({"aaravarora01/agent-memory-redteam",
+                                                           "aryan-gupta7/round2_sclr"}),
+    # The held-out turn on 3-point means: the proxy-reward run's slow slide.
+    ("GRPORewardOverOptimization", "smoothed"): frozenset({"Vincethevince/reward-overoptimization"}),
+    # The length trend: the run whose answers shrink from their first records.
+    ("GRPOResponseLengthShift", "trend"): frozenset({"garg-aayush/building-from-scratch"}),
+}
+
+
+def repository(name: str) -> str:
+    """The run's repository, as its PROVENANCE.md gives it ("?" when it does not)."""
+    path = real_runs.runs_dir() / name / "PROVENANCE.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return "?"
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].lower() == "repository":
+            return cells[1].split()[0].strip("`")
+    return "?"
+
+
+def rules_without(repo: str, tmp: Path) -> list[Path] | None:
+    """The rule files less every rule tuned on ``repo`` (TUNED_ON); None when none was."""
+    dropped = {key for key, repos in TUNED_ON.items() if repo in repos}
+    if not dropped:
+        return None
+    folder = tmp / ("loro-" + repo.replace("/", "_"))
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path in RULE_FILES:
+        doc = yaml.safe_load(path.read_text())
+        for group in doc["groups"]:
+            group["rules"] = [r for r in group["rules"] if "alert" not in r or
+                              (r["alert"], r.get("labels", {}).get("reason", "")) not in dropped]
+        out.append(folder / path.name)
+        out[-1].write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
 def is_red(card: str, severity: str) -> bool:
     return severity == "critical" or card in RED
 
@@ -267,6 +332,7 @@ class RunResult:
     late: Hit | None = None  # a missed sickness: the first counting card after the window
     red_before_onset: list[str] = field(default_factory=list)
     false_reds: list[str] = field(default_factory=list)  # red cards on a healthy run
+    repository: str = "?"
 
     def red(self) -> list[str]:
         return sorted(c for c, s in self.severity.items() if is_red(c, s))
@@ -302,9 +368,19 @@ def judge(name: str, label: Label | None, scrape_steps: list[int],
     return result
 
 
-def play(name: str, tmp: Path) -> RunResult:
+def play(name: str, tmp: Path, *, leave_out: bool = True) -> tuple[RunResult, RunResult]:
+    """The run judged by the committed rules, and (``leave_out``) by them less the branches tuned
+    on its own repository (the same result where none was, or without ``leave_out``)."""
     played = real_runs.play_real(name)
-    return judge(name, LABELS.get(name), played.scrape_steps, fired_at(played, tmp))
+    label = LABELS.get(name)
+    result = judge(name, label, played.scrape_steps, fired_at(played, tmp))
+    result.repository = repository(name)
+    loro_rules = rules_without(result.repository, tmp) if leave_out else None
+    if loro_rules is None:
+        return result, result
+    loro = judge(name, label, played.scrape_steps, fired_at(played, tmp, rule_files=loro_rules))
+    loro.repository = result.repository
+    return result, loro
 
 
 # -- per card -------------------------------------------------------------------------------------
@@ -414,7 +490,20 @@ def run_row(r: RunResult) -> list[str]:
         elif card in r.red_before_onset:
             tag = " (before onset)"
         reds.append(f"{card} @ {spans_text(r.spans[card])}{tag}")
-    return [r.name, verdict, onset, first, delay, "; ".join(reds) or "none"]
+    return [r.name, r.repository, verdict, onset, first, delay, "; ".join(reds) or "none"]
+
+
+def loro_cell(r: RunResult, loro: RunResult) -> str:
+    """The leave-one-repository-out verdict beside the committed one."""
+    if loro is r:
+        return "same (no rule tuned on it)"
+    if r.label is None:
+        return "—"
+    if r.label.verdict == "healthy":
+        return f"false red: {', '.join(loro.false_reds)}" if loro.false_reds else "no red"
+    if loro.catch:
+        return f"{loro.catch.card} @ {loro.catch.step} ({loro.catch.delay})"
+    return "missed" + (f" (late: {loro.late.card} @ {loro.late.step})" if loro.late else "")
 
 
 def card_row(st: CardStats) -> list[str]:
@@ -426,7 +515,8 @@ def card_row(st: CardStats) -> list[str]:
             str(len(st.healthy_fired)), delays]
 
 
-RUN_HEAD = ["run", "verdict", "onset", "first card @ step", "delay", "red cards @ steps"]
+RUN_HEAD = ["run", "repository", "verdict", "onset", "first card @ step", "delay", "red cards @ steps",
+            "left out its repository's rules: first card @ step (delay)"]
 CARD_HEAD = ["card", "severity", "catches", "misses", "false reds", "red before onset",
              "healthy runs fired", "delay"]
 
@@ -488,31 +578,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no label for {', '.join(unlabelled)}: their cards are listed, not scored",
               file=sys.stderr)
     results: list[RunResult] = []
+    loros: list[RunResult] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             try:
-                results.append(play(name, Path(tmp)))
+                result, loro = play(name, Path(tmp))
             except FileNotFoundError as exc:  # one run missing from a present collection
                 print(f"{name}: {exc}", file=sys.stderr)
                 continue
-            print(describe_run(results[-1]), file=detail, flush=True)
+            results.append(result)
+            loros.append(loro)
+            print(describe_run(result), file=detail, flush=True)
     if not results:
         print("no run was played", file=sys.stderr)
         return 1
     cards = per_card(results)
     t = totals(results)
-    run_rows = [run_row(r) for r in results]
+    t_loro = totals(loros)
+    run_rows = [run_row(r) + [loro_cell(r, loro)] for r, loro in zip(results, loros)]
     card_rows = [card_row(st) for st in cards]
+    summary = (f"Committed rules: {summary_line(t)}.\nEach repository judged without the rules "
+               f"tuned on it: {summary_line(t_loro)}.")
     if args.markdown:
         print(md_table(RUN_HEAD, run_rows) + "\n\n" + md_table(CARD_HEAD, card_rows) + "\n\n"
-              + summary_line(t) + ".")
+              + summary)
     else:
         print("\n" + plain_table(RUN_HEAD, run_rows) + "\n\n" + plain_table(CARD_HEAD, card_rows)
-              + "\n\n" + summary_line(t))
+              + "\n\n" + summary)
     result = {
         "machine": machine(), "caught_within_steps": CAUGHT_WITHIN, "rule_files": rule_files(),
-        "totals": t,
-        "runs": [{"run": r.name,
+        "totals": t, "totals_leave_one_repository_out": t_loro,
+        "runs": [{"run": r.name, "repository": r.repository,
                   "verdict": r.label.verdict if r.label else None,
                   "onset": r.label.onset if r.label else None,
                   "reason": r.label.reason if r.label else None,
@@ -521,8 +617,11 @@ def main(argv: list[str] | None = None) -> int:
                             for c, s in r.spans.items()},
                   "catch": vars(r.catch) if r.catch else None,
                   "late": vars(r.late) if r.late else None,
-                  "red_before_onset": r.red_before_onset, "false_reds": r.false_reds}
-                 for r in results],
+                  "red_before_onset": r.red_before_onset, "false_reds": r.false_reds,
+                  "leave_one_repository_out": None if loro is r else {
+                      "catch": vars(loro.catch) if loro.catch else None,
+                      "false_reds": loro.false_reds}}
+                 for r, loro in zip(results, loros)],
         "cards": [vars(st) for st in cards],
     }
     # Its "wrote PATH" line must not land in the markdown to paste.

@@ -147,10 +147,11 @@ class Check:
 
 
 def promtool_test(played: Played, expr_tests: list[dict[str, object]], path: Path, *,
-                  stale_markers: bool = False, timeout: float = 300
-                  ) -> subprocess.CompletedProcess[str]:
-    """promtool's unit test of the rule files on ``played``, one scrape a minute, with
-    ``expr_tests`` (its promql_expr_test entries), written to ``path``.
+                  stale_markers: bool = False, timeout: float = 300,
+                  rule_files: list[Path] | None = None) -> subprocess.CompletedProcess[str]:
+    """promtool's unit test of the rule files (``rule_files``, the project's by default) on
+    ``played``, one scrape a minute, with ``expr_tests`` (its promql_expr_test entries), written
+    to ``path``.
 
     ``stale_markers``: a series missing from a scrape after being present gets a staleness
     marker, as the real Prometheus writes one; with a bare gap promtool keeps its last value for
@@ -162,7 +163,7 @@ def promtool_test(played: Played, expr_tests: list[dict[str, object]], path: Pat
         return " ".join(samples)
 
     test = {
-        "rule_files": [str(p) for p in RULE_FILES],
+        "rule_files": [str(p) for p in (RULE_FILES if rule_files is None else rule_files)],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
@@ -197,16 +198,17 @@ FIRING = FIRING_NOW.format(only="")
 Intervals = dict[str, list[tuple[int, int]]]
 
 
-def fired_at(played: Played, tmp: Path, *, stale_markers: bool = True
-             ) -> list[set[tuple[str, str]]]:
+def fired_at(played: Played, tmp: Path, *, stale_markers: bool = True,
+             rule_files: list[Path] | None = None) -> list[set[tuple[str, str]]]:
     """For each scrape, the (alertname, severity) pairs firing then, per the real promtool
-    (``stale_markers``: see promtool_test)."""
+    (``stale_markers``, ``rule_files``: see promtool_test)."""
     n = len(played.scrape_steps)
     # promtool only asserts: expecting nothing at every scrape makes it print what was there
     # instead, wherever something was.
     proc = promtool_test(played, [{"expr": FIRING, "eval_time": f"{i}m", "exp_samples": []}
                                   for i in range(n)],
-                         tmp / "fired.test.json", stale_markers=stale_markers, timeout=900)
+                         tmp / "fired.test.json", stale_markers=stale_markers, timeout=900,
+                         rule_files=rule_files)
     by_minute = parse_promtool_report(proc.stdout + proc.stderr, proc.returncode, FIRING)
     if any(m >= n for m in by_minute):
         raise ValueError(f"promtool reported minute {max(by_minute)} of a {n}-scrape play")

@@ -64,7 +64,7 @@ def declaration_problems(rules: list[dict[str, Any]], cards: tuple[Card, ...]) -
         if not branches:
             problems.append(f"{name}: no branch for reason {reason!r}")
             continue
-        declared = set().union(*(b.keys for b in branches))
+        declared = set().union(*(set(b.keys) | set(b.unless_logged) for b in branches))
         read = rule_keys(rule["expr"])
         if read != declared:
             problems.append(f"{name} ({reason or 'no reason'}): reads {sorted(read)}, declares {sorted(declared)}")
@@ -122,9 +122,21 @@ def test_arming_states_each_reason() -> None:
     # Three of five: the blow-up card is armed on a run logging KL, length and reward alone.
     three = RunShape(key_ranks={"kl/mean": 1, "reward/mean": 1, "response/len_mean": 1})
     assert arm(CARDS_BY_NAME["GRPOTrainingBlowUp"], three).reason == "armed"
-    assert arm(CARDS_BY_NAME["GRPOTrainingBlowUp"], one).needs == ("entropy/mean", "grad/norm",
-                                                                   "response/len_mean",
-                                                                   "response/clip_ratio")
+    # KL and reward: the trend path (the reward falling steadily while KL climbs) arms it; the
+    # reward alone arms nothing of it, and every other key it reads is named.
+    assert arm(CARDS_BY_NAME["GRPOTrainingBlowUp"], one).reason == "armed"
+    assert arm(CARDS_BY_NAME["GRPOTrainingBlowUp"], RunShape(key_ranks={"reward/mean": 1})).needs == (
+        "entropy/mean", "kl/mean", "grad/norm", "response/len_mean", "response/clip_ratio")
+    # A path for runs that log less is not applicable where they log more: the mean-only reward
+    # collapse hands a run that logs the spread to the spread's rule.
+    spread = RunShape(key_ranks={"reward/mean": 1, "reward/std": 1})
+    assert arm(CARDS_BY_NAME["GRPORewardCollapse"], spread).reason == "armed"
+    mean_only = next(b for b in CARDS_BY_NAME["GRPORewardCollapse"].branches if b.reason == "mean_only")
+    only_mean = CARDS_BY_NAME["GRPORewardCollapse"].__class__(
+        "X", "critical", "grpo-alerts.yml", (mean_only,))
+    assert arm(only_mean, spread).reason == "not_applicable"
+    assert "the run logs reward/std" in arm(only_mean, spread).why
+    assert arm(only_mean, RunShape(key_ranks={"reward/mean": 1})).reason == "armed"
     # Alternatives: any one of the mismatch signals arms the card; none: all are named.
     assert arm(CARDS_BY_NAME["GRPORolloutMismatch"], RunShape(key_ranks={"mismatch/is_ess_ratio": 1})).reason == "armed"
     assert arm(CARDS_BY_NAME["GRPORolloutMismatch"], one).needs == (

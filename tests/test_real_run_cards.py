@@ -33,8 +33,9 @@ TRUE_YELLOW = {"aaipl-gptoss20b-minesweeper-grpo-healthy": {"GRPOAdvantageVanish
 # Sick, with the step the authors' data put the onset at, and the card that must come within 50
 # steps of it (red cards, or the yellow card of the sickness).
 SICK_ONSET = {
-    # verl, Mixed-CUTS rollouts: entropy, KL and length explode together from step ~48.
-    "mixedcuts-qwen3-1.7b-math-verl-collapse": (48, {"GRPOTrainingBlowUp"}),
+    # verl, Mixed-CUTS rollouts: entropy, KL and length explode together from step ~48; the
+    # length's steady climb (5x over its last records) is its own yellow card.
+    "mixedcuts-qwen3-1.7b-math-verl-collapse": (48, {"GRPOTrainingBlowUp", "GRPOResponseLengthShift"}),
     # verl: KL loss 0.16 -> 1.05 and length 1,500 -> 2,600 from step ~63.
     "grpo-qwen3-1.7b-math-verl-klblowup": (63, {"GRPOTrainingBlowUp", "GRPOResponseLengthShift"}),
     # TRL: reward 0 and zero-spread groups from step 1.

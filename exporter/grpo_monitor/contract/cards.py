@@ -45,6 +45,9 @@ class Branch:
     a record's ``by_type`` it compares. ``gpu``: it reads the GPUs the run's ranks train on
     (the ranks must report their GPU uuid). ``indirect``: keys it reads through a derived
     feature rather than by name (the entropy-reward law's fit reads the reward).
+    ``unless_logged``: keys whose presence hands the run to another branch (a path for runs that
+    log less: the mean reward's collapse where no spread is logged); such a branch is not
+    applicable to a run that logs any of them.
     """
 
     keys: tuple[str, ...] = ()
@@ -55,6 +58,7 @@ class Branch:
     gpu: bool = False
     reason: str = ""
     indirect: tuple[str, ...] = ()
+    unless_logged: tuple[str, ...] = ()
 
     @property
     def needed(self) -> int:
@@ -112,7 +116,8 @@ CARDS: tuple[Card, ...] = (
     Card("GRPORewardCollapse", "critical", ALERTS, (
         _B(("reward/mean", "reward/std")), _B(("reward/mean", "reward/min", "reward/max")),
         # A run that logs its mean reward and nothing beside it.
-        _B(("reward/mean",), reason="mean_only"))),
+        _B(("reward/mean",), reason="mean_only",
+           unless_logged=("reward/std", "reward/min", "reward/max")))),
     Card("GRPOHeldOutCollapse", "critical", ALERTS, (_B(("eval/heldout_score",)),)),
     Card("GRPORankStalled", "critical", ALERTS, (_B(min_ranks=2, reason="rank_lag"),)),
     Card("GRPORunHung", "critical", CLUSTER, (_B(),), always=True),
@@ -139,7 +144,7 @@ CARDS: tuple[Card, ...] = (
         _B(("reward/std",), reason="reward_constant"),
         _B(("reward/mean", "reward/std"), reason="saturated"),
         # The mean reward alone: the same value step after step (exactly 0, or the top).
-        _B(("reward/mean",), reason="mean_constant"),
+        _B(("reward/mean",), reason="mean_constant", unless_logged=("reward/std",)),
         _B(("group/zero_std_frac", "adv/mean_abs"), at_least=1, baseline=True))),
     Card("GRPOGroupDominated", "warning", ALERTS, (
         _B(("group/reward_gap", "reward/std"), baseline=True),)),
@@ -260,6 +265,9 @@ def _branch(card: Card, branch: Branch, shape: RunShape) -> Armed:
     if branch.keys and (most := max(shape.key_ranks.get(k, 0) for k in branch.keys)) < branch.min_ranks:
         return Armed(card, "not_applicable", why=f"compares {branch.min_ranks} ranks logging "
                      f"{' or '.join(branch.keys)}, the run has {most}")
+    if present := [k for k in branch.unless_logged if shape.key_ranks.get(k, 0)]:
+        return Armed(card, "not_applicable", why=f"for runs that log no {' or '.join(branch.unless_logged)}; "
+                     f"the run logs {', '.join(present)}")
     if branch.baseline and shape.baseline_steps_to_go > 0:
         return Armed(card, "baseline_pending", steps_to_go=shape.baseline_steps_to_go,
                      ended=shape.ended)

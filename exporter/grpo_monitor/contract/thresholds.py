@@ -313,6 +313,10 @@ TABLE: tuple[Threshold, ...] = (
         such a mean (the points' noise over the square root of 3), while the training reward's
         20-step mean holds within this fraction of its level at that best: a proxy reward that
         keeps its level while the held-out truth slides."""),
+    Threshold("heldout_smooth_points", 3, "yellow", """
+        The held-out points a smoothed held-out score averages (the exporter's
+        grpo_heldout_smoothed_* series): its noise is the points' noise over the square root of
+        this many."""),
     Threshold("heldout_min_points", 4, "yellow", """
         ... judged from this many held-out points on, while the training reward's 20-step mean
         is at or above its level when the best held-out point was logged: the reward still

@@ -117,7 +117,9 @@ EARLY_WINDOWS: frozenset[int] = frozenset({20, 50})
 # own points, not on step windows (HeldOutTracker).
 HELDOUT_KEY = "eval/heldout_score"
 HELDOUT_RECENT_POINTS = 2  # a fall counts when its last 2 points are both below
-HELDOUT_SMOOTH_POINTS = 3  # ... or when its 3-point mean has slid from its best 3-point mean
+# ... or when its 3-point mean has slid from its best 3-point mean (the thresholds table holds
+# the count, which the rule's noise of such a mean reads too).
+HELDOUT_SMOOTH_POINTS = thresholds.count("heldout_smooth_points")
 HELDOUT_MAX_POINTS = 1000  # points kept for the noise estimate
 REWARD_LEVEL_WINDOW = 20  # the training reward's level beside a held-out point: its 20-step mean
 HISTORY = max(w + o for w, o in TRAINING_MEANS)  # the windows' reach: 400 steps

@@ -9,7 +9,7 @@ from __future__ import annotations
 from grpo_monitor.contract.cards import MINIMUM_CURVES
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime import exposition as ex
-from grpo_monitor.runtime import forecast, store
+from grpo_monitor.runtime import forecast, store, trend
 from grpo_monitor.runtime import signals as sig
 from grpo_monitor.runtime.collectors import gpu
 from grpo_monitor.runtime.config import ExporterConfig
@@ -124,7 +124,9 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 | `{slope}` | run, rank, key, window_steps | least-squares slope per step over the last {slope_w} steps: where the signal is heading (training keys) |
 | `{rmin_rec}`, `{rmax_rec}`, `{rmed_rec}` | run, rank, key, records, offset_records | min / max / median of the last `records` logged values before the newest `offset_records`, windows counted in records, not steps, for the keys the blow-up card reads ({rec_keys}): {rec_windows} |
 | `{first_rec}` | run, rank, key | median of the signal's first {first_n} logged values other than exactly 0 (training keys): the reference of the cards that judge a run from its first records |
+| `{trend_z}`, `{trend_slope}`, `{trend_factor}` | run, rank, key, records | the trend of the signal's last `records` ({trend_n}) logged values, fewer early in a run (from {trend_min}), for the keys a trend branch reads ({trend_keys}): Mann–Kendall's Z (> 0 rising, < 0 falling, \|Z\| ≥ 3 a steady move), Theil's slope per step, and the factor its Theil line moved by over those records (absent where the line's start or end is not positive) |
 | `{h_best}`, `{h_recent}`, `{h_noise}`, `{h_points}`, `{h_reward}` | run, rank | the held-out score (`{h_key}`) on its own sparse points: its best so far, the better of its last {h_recent_n}, the median change between two consecutive points, how many, and the training reward's {h_level}-step mean when the best point was logged |
+| `{hs_best}`, `{hs_recent}`, `{hs_reward}` | run, rank | the same smoothed: the best mean of {h_smooth} consecutive held-out points so far, the mean of the last {h_smooth}, and the training reward's {h_level}-step mean when that best ended |
 | `{ptmean}` | run, rank, prompt_type, key, window_steps, offset_steps | per prompt type (a record's `by_type`), for {pt_keys}: mean over {pt_means} |
 | `{ptinit}` | run, rank, prompt_type, key | per prompt type, for {pt_keys}: mean over the type's first {init} steps |
 
@@ -271,6 +273,11 @@ def render() -> str:
         h_best=ex.HELDOUT_BEST.name, h_recent=ex.HELDOUT_RECENT.name, h_noise=ex.HELDOUT_NOISE.name,
         h_points=ex.HELDOUT_POINTS.name, h_reward=ex.HELDOUT_REWARD_AT_BEST.name,
         h_key=sig.HELDOUT_KEY, h_recent_n=sig.HELDOUT_RECENT_POINTS, h_level=sig.REWARD_LEVEL_WINDOW,
+        hs_best=ex.HELDOUT_SMOOTH_BEST.name, hs_recent=ex.HELDOUT_SMOOTH_RECENT.name,
+        hs_reward=ex.HELDOUT_REWARD_AT_SMOOTH_BEST.name, h_smooth=sig.HELDOUT_SMOOTH_POINTS,
+        trend_z=ex.TREND_Z.name, trend_slope=ex.TREND_SLOPE.name, trend_factor=ex.TREND_FACTOR.name,
+        trend_n=trend.TREND_RECORDS, trend_min=trend.TREND_MIN_RECORDS,
+        trend_keys=", ".join(f"`{k}`" for k in sorted(sig.TREND_KEYS)),
         ptmean=ex.PROMPT_TYPE_WINDOW_MEAN.name, ptinit=ex.PROMPT_TYPE_INITIAL_MEAN.name,
         pt_keys=", ".join(f"`{k}`" for k in sig.PROMPT_TYPE_KEYS), pt_means=_pairs(sig.PROMPT_TYPE_MEANS),
         block=forecast.BLOCK_STEPS, law_h=sig.LAW_ENTROPY, law_r=sig.LAW_REWARD,
