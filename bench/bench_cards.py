@@ -7,7 +7,8 @@ every healthy run through the exporter's ingest and store and the committed rule
 promtool (tests/promtool_harness.py, one scrape per logged step), and counts, per red card, the
 runs it fired on and at which steps:
 
-* the shared real runs that are healthy (tests/test_real_run_cards.HEALTHY), as logged;
+* the shared real runs that are healthy (their labels in bench_real_runs.LABELS), as logged (a
+  sweep's runs side by side);
 * the synthetic healthy run (``simulate --scenario healthy``, 3000 steps) logged every step,
   every 5th and every 10th, and the healthy part of every sick scenario shaped otherwise from
   its first step (its steps before the onset; the others' are a prefix of the healthy run);
@@ -27,11 +28,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import real_runs  # noqa: E402
 from promtool_harness import Played, alerts, fired_at, intervals, play  # noqa: E402
 from results_io import machine, write_result  # noqa: E402
-from test_real_run_cards import HEALTHY  # noqa: E402
+from bench_real_runs import LABELS  # noqa: E402
 
 from grpo_monitor.tools.simulate import SCENARIOS  # noqa: E402
 
@@ -42,7 +44,7 @@ RED = sorted({r["alert"] for r in alerts("grpo-alerts.yml") if r["labels"]["seve
 
 
 def healthy_runs(demo_seeds: list[int], demo_steps: int) -> Iterator[tuple[str, Played]]:
-    for name in HEALTHY:
+    for name in sorted(n for n, label in LABELS.items() if label.verdict == "healthy"):
         yield f"real/{name}", real_runs.play_real(name)
     for every in (1, 5, 10):
         yield f"simulate/healthy every {every}", play("healthy", scrape_every=1, log_every=every)

@@ -3,7 +3,8 @@
 Checked against the textbook definitions computed the slow way (every pair), on shapes whose
 answer is known: a steady climb, a flat line with one spike, ties, too few records; then through
 the exporter: the keys a trend card reads get grpo_trend_* series, no other key does, and a
-rewind leaves the trend of the surviving records.
+rewind leaves the trend of the surviving records; and a slow mismatch ramp reaches its card
+through the real rules while it ramps.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import math
 import random
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 
 from grpo_monitor.runtime.signals import TREND_KEYS, RankSignals
+from grpo_monitor.tools.simulate import SCENARIOS
 from grpo_monitor.runtime.trend import (
     TREND_MIN_RECORDS,
     TREND_RECORDS,
@@ -22,6 +25,7 @@ from grpo_monitor.runtime.trend import (
     theil_slope,
     trend_of,
 )
+from promtool_harness import Check, check_cards, play, scrape_index_at
 
 
 def slow_z(xs: list[float]) -> float:
@@ -101,3 +105,15 @@ def test_the_exporter_publishes_a_trend_for_the_keys_a_trend_card_reads() -> Non
     for s in range(1, 21):
         again.add(s, {"response/len_mean": 100.0 + 10 * s, "loss": float(s)}, False)
     assert sig.features().trends == again.features().trends
+
+
+def test_a_slow_mismatch_ramp_is_caught_while_it_ramps(tmp_path: Path) -> None:
+    # simulate's mismatch_rising: KL 0.002 climbing by 5e-5 a step from step 800, twice its
+    # start at step 840. The level rule (90% of 50 steps over twice the start) needs until step
+    # 885; the trend rule fires within 50 steps of the onset, and not before it.
+    sc = SCENARIOS["mismatch_rising"]
+    played = play("mismatch_rising", scrape_every=1, ranks=1)
+    only = ',alertname="GRPORolloutMismatchRising"'
+    check_cards(played, [Check(scrape_index_at(played, sc.onset), set(), only=only),
+                         Check(scrape_index_at(played, sc.onset + 50), {"GRPORolloutMismatchRising"},
+                               only=only)], tmp_path)
