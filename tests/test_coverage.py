@@ -137,6 +137,10 @@ def test_arming_states_each_reason() -> None:
     assert arm(only_mean, spread).reason == "not_applicable"
     assert "the run logs reward/std" in arm(only_mean, spread).why
     assert arm(only_mean, RunShape(key_ranks={"reward/mean": 1})).reason == "armed"
+    # The armed table says which paths judge a run: the mean alone, or the spread's rule.
+    assert arm(CARDS_BY_NAME["GRPORewardCollapse"], RunShape(key_ranks={"reward/mean": 1})).paths == ("mean_only",)
+    assert arm(CARDS_BY_NAME["GRPORewardCollapse"], spread).paths == ("",)
+    assert arm(CARDS_BY_NAME["GRPOTrainingBlowUp"], one).paths == ("trend",)
     # Alternatives: any one of the mismatch signals arms the card; none: all are named.
     assert arm(CARDS_BY_NAME["GRPORolloutMismatch"], RunShape(key_ranks={"mismatch/is_ess_ratio": 1})).reason == "armed"
     assert arm(CARDS_BY_NAME["GRPORolloutMismatch"], one).needs == (

@@ -9,6 +9,7 @@ response length, grad norm and held-out score, plus false friends it logs beside
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,4 +129,6 @@ def test_check_names_the_framework_and_proposes_no_false_friend(tmp_path: Path) 
                          capture_output=True, text=True, timeout=120)
     assert "written by slime (it logs rollout/raw_reward)" in res.stdout, res.stdout
     assert "rollout/raw_reward -> reward/mean" in res.stdout
+    # A run that logs its mean reward alone is judged by the path made for it.
+    assert re.search(r"GRPORewardCollapse\s+red\s+armed by: mean_only", res.stdout), res.stdout
     assert "a key map for the names" not in res.stdout, res.stdout

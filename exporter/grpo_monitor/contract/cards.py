@@ -24,7 +24,7 @@ Standard library only: the trainer side may import it.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from grpo_monitor.contract import thresholds
@@ -232,6 +232,9 @@ class Armed:
     steps_to_go: int = 0  # baseline_pending
     why: str = ""  # not_applicable: what the card compares that the run lacks
     ended: bool = False  # baseline_pending on a run that has ended: it never will be complete
+    # armed: the branches that can fire on the run, by their rule's reason label ("" for a
+    # card's first rule): which path judges it (the mean-only reward collapse, the trend, ...)
+    paths: tuple[str, ...] = ()
 
     @property
     def explanation(self) -> str:
@@ -279,6 +282,9 @@ def arm(card: Card, shape: RunShape) -> Armed:
     of whose branches has its signals needs any of them: ``needs`` lists each missing key once."""
     states = [_branch(card, b, shape) for b in card.branches]
     best = min(states, key=lambda a: REASONS.index(a.reason))
+    if best.reason == "armed" and not card.always:
+        return replace(best, paths=tuple(dict.fromkeys(
+            b.reason for b, st in zip(card.branches, states) if st.reason == "armed")))
     if best.reason == "missing_signal":
         needs = dict.fromkeys(k for a in states if a.reason == "missing_signal" for k in a.needs)
         return Armed(card, "missing_signal", tuple(needs))

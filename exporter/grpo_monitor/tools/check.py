@@ -137,6 +137,11 @@ def describe(run: RunState, out: TextIO) -> bool:
               f"{sum(a.reason == 'armed' for a in red)} of {len(red)}\n")
     for a in run.armed:
         if a.reason == "armed":
+            # A red card with several paths says which can judge this run (the mean reward
+            # alone, a trend, two records): a run that logs little is judged by fewer of them.
+            if a.card.severity == "critical" and len(a.card.branches) > 1:
+                paths = ", ".join(p or "its first rule" for p in a.paths)
+                out.write(f"    {a.card.name:<28} {COLOURS[a.card.severity]:<6} armed by: {paths}\n")
             continue
         out.write(f"    {a.card.name:<28} {COLOURS[a.card.severity]:<6} {a.reason}: {a.explanation}\n")
     return not missing
