@@ -15,9 +15,9 @@ sick, the onset, the cards that count as catching its sickness), and the script 
   and its delays.
 
 **Leave one repository out.** The claim is that each repository's runs are judged by rules set
-without looking at them. Most thresholds come from the seeds' rules and the synthetic scenarios,
-but some rule branches were shaped while looking at a shared run (TUNED_ON names them, with the
-repositories whose runs were looked at). Each run is therefore judged twice: by the committed
+without looking at them. Most thresholds come from the domain rules (docs/background.md) and the
+synthetic scenarios, but some rule branches were shaped while looking at a shared run (TUNED_ON
+names them, with the repositories whose runs were looked at). Each run is therefore judged twice: by the committed
 rules, and by the committed rules less every branch tuned on its own repository (the rule files
 rewritten without those rules, the same play, the real promtool). The second is the
 generalisation figure; both are printed, and a catch that only a branch tuned on the run's own

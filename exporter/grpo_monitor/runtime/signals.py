@@ -16,8 +16,9 @@ steps = "below x for N consecutive steps", tolerating a noisy step in ten); the 
 rising window means; non-finite values within a window; the least-squares slope over a window;
 the min, max and median of the last few logged records and of the records before them (windows in
 records, not steps: the blow-up card's "left its recent range"); the trend of the last 30 records
-(Mann–Kendall's Z, Theil's slope and the factor the signal moved by: trend.py); per prompt type, the reward's 50-step means now and 200 steps ago and its initial value; and the entropy-reward law fitted
-on the run so far (forecast.py).
+(Mann–Kendall's Z, Theil's slope and the factor the signal moved by: trend.py); per prompt type,
+the reward's 50-step means now and 200 steps ago and its initial value; and the entropy-reward
+law fitted on the run so far (forecast.py).
 """
 
 from __future__ import annotations
