@@ -32,6 +32,8 @@ def _branch_text(branch: Branch) -> str:
         parts.append(f"{branch.prompt_types} prompt types")
     if branch.gpu:
         parts.append("ranks reporting their GPU")
+    if branch.unless_logged:
+        parts.append("a run that logs no " + " or ".join(f"`{k}`" for k in branch.unless_logged))
     text = "; ".join(parts) or "nothing but the run's records"
     return f"{text} (`reason=\"{branch.reason}\"`)" if branch.reason else text
 
