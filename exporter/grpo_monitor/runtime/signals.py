@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.cards import CARDS_BY_NAME
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, LawSums
-from grpo_monitor.runtime.trend import TREND_RECORDS, Trend, trend_of
+from grpo_monitor.runtime.trend import Trend, trend_of
 
 # (window_steps, offset_steps) pairs published as grpo_window_mean.
 TRAINING_MEANS: tuple[tuple[int, int], ...] = (
@@ -817,7 +817,7 @@ class RankSignals:
                 initial[key] = first
             if (median := h.first_records_median()) is not None:
                 first_records[key] = median
-            if key in TREND_KEYS and (t := trend_of(h.steps[-TREND_RECORDS:], h.values[-TREND_RECORDS:])) is not None:
+            if key in TREND_KEYS and (t := trend_of(h.steps, h.values)) is not None:
                 trends[key] = t
             if h.range_max is not None and h.range_min is not None:
                 ranges[key] = (h.range_min, h.range_max)

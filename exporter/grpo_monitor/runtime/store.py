@@ -30,7 +30,6 @@ from grpo_monitor.contract.keys import (
 )
 from grpo_monitor.contract.snapshot import ROLLBACK, Snapshot, rollback_to
 from grpo_monitor.runtime import exposition as ex
-from grpo_monitor.runtime.trend import TREND_RECORDS
 from grpo_monitor.runtime.signals import (
     BASELINE_STEPS,
     GROWTH_WINDOW,
@@ -45,6 +44,7 @@ from grpo_monitor.runtime.signals import (
     RankSignals,
     StepLog,
 )
+from grpo_monitor.runtime.trend import TREND_RECORDS
 
 log = logging.getLogger("grpo_monitor.runtime.store")
 

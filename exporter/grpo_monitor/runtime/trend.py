@@ -19,7 +19,7 @@ values that rise on nearly every record, whatever their scale.
 
 Windows are counted in records, not steps (a trainer logging every 10th step has its 30 records
 in 300 steps), so the same card judges both, from TREND_MIN_RECORDS records on. Standard library
-only; the report computes it through the exporter's own features (runtime/signals.py).
+only; runtime/signals.py publishes it for the keys a card's trend branch reads.
 """
 
 from __future__ import annotations

@@ -98,8 +98,9 @@ def describe(run: RunState, out: TextIO) -> bool:
     for rank in run.ranks.values():
         names.update(rank.names)
     who = run.framework or "unknown (no marker among its key names)"
-    _, marker = framework_evidence([*names.values(), *run.closest])
-    if run.framework and marker is not None:
+    # The name that says so, where the names say it (a record's own framework field may not).
+    framework, marker = framework_evidence([*names.values(), *run.closest])
+    if run.framework and framework == run.framework:
         who += f" (it logs {marker})"
     out.write(f"run {run.name}: {len(ranks)} rank(s) {ranks[:8]}{' ...' if len(ranks) > 8 else ''}, "
               f"steps {first}..{last}, {records} logged steps ({_cadence(run)}), written by {who}\n")
