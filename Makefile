@@ -26,7 +26,7 @@ CONSTRAINT  := $(VENV)/torch-constraint.txt
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DIST   ?= dist
 
-.PHONY: demo test deps demo-deps system-deps stack-deps bench docs check-docs clean dist
+.PHONY: demo test deps loggers-deps demo-deps system-deps stack-deps bench docs check-docs clean dist
 
 demo: demo-deps stack-deps
 	$(PY) -m grpo_monitor.cli demo $(ARGS)
@@ -35,10 +35,21 @@ demo: demo-deps stack-deps
 # is spent waiting on real servers, containers and trainers, so three workers on a 2-core
 # machine take about a third of the serial time. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
-test: deps system-deps
+test: deps system-deps loggers-deps
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 deps: $(STAMP)
+
+# The loggers' own libraries (W&B, TensorBoard, MLflow, Trackio) in a virtualenv of their own:
+# the suite writes runs through them (tests/loggers/write_run.py) and reads what they leave.
+LOGGERS_VENV  := .venv-loggers
+LOGGERS_STAMP := $(LOGGERS_VENV)/.installed
+loggers-deps: $(LOGGERS_STAMP)
+
+$(LOGGERS_STAMP): tests/loggers/requirements.txt
+	[ -x $(LOGGERS_VENV)/bin/python ] || $(PYTHON) -m venv $(LOGGERS_VENV)
+	$(LOGGERS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r $<
+	touch $@
 
 # The package alone; with ARGS=--trainer the torch extra too.
 demo-deps: $(BASE_STAMP) $(if $(findstring --trainer,$(ARGS)),$(TORCH_STAMP))

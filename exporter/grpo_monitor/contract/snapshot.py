@@ -28,6 +28,7 @@ from pydantic import (
 
 from grpo_monitor.contract.key_map import KeyMap
 from grpo_monitor.contract.keys import KeyMatch, match_key
+from grpo_monitor.contract.logger_layout import APPENDED_FORMATS, logger_format, logger_run
 from grpo_monitor.contract.run_layout import (
     DEFAULT_RUN,
     MAX_RUN_NAME_BYTES,
@@ -221,7 +222,12 @@ def as_text(s: str) -> str:
 
 @lru_cache(maxsize=65536)  # per record, for a few files: the ingest's hottest path
 def identity_from_path(path: PurePath, snapshot_dir: PurePath) -> tuple[str, int]:
-    """Run and rank implied by where a file lies: ``<dir>/<run>/.../rank-<N>.jsonl``."""
+    """Run and rank implied by where a file lies: ``<dir>/<run>/.../rank-<N>.jsonl``; a
+    logger's file (a framework's ``metrics.jsonl``, ``trainer_state.json``) is in the run of
+    the folder it lies in, however deep (contract/logger_layout.py)."""
+    fmt = logger_format(path.name)
+    if fmt in APPENDED_FORMATS:
+        return logger_run(path, snapshot_dir, fmt), 0
     try:
         parts = path.relative_to(snapshot_dir).parts
     except ValueError:

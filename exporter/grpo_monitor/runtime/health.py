@@ -55,6 +55,12 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
     NOT_REGULAR: ("a FIFO, socket or device where a snapshot or control file would be read "
                   "(never opened for reading, never waited on); once per path",
                   "nothing of it; the rest of the tree"),
+    "unreadable_format": ("a logger's file the exporter cannot read: a W&B run file or TensorBoard "
+                          "event file of an unknown version, a database whose tables are no "
+                          "MLflow or Trackio schema it knows; once per file",
+                          "nothing of it; `check` names the file and why"),
+    "corrupt_record": ("a record of a W&B run file or TensorBoard event file whose checksum or "
+                       "encoding is wrong", "the records before and after it"),
     "run_limit": ("a record of a new run while `--metrics.max-runs` runs are exported",
                   "the runs already exported; the run is taken once another expires"),
     "dir_missing": ("the snapshot folder disappeared (counted once per disappearance)",

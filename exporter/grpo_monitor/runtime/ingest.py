@@ -44,7 +44,12 @@ from grpo_monitor.contract.snapshot import (
     identity_from_path,
     parse_record,
 )
+from grpo_monitor.contract.logger_layout import (
+    BINARY_FORMATS, TRAINER_STATE, is_logger_link, logger_format,
+)
+from grpo_monitor.contract.logger_rows import as_snapshot_row, trainer_state_rows
 from grpo_monitor.contract.key_map import KEY_MAP_FILE, MAX_KEY_MAP_BYTES, KeyMap, KeyMapError
+from grpo_monitor.runtime.loggers.sources import LoggerFiles
 from grpo_monitor.runtime.rebaseline import RebaselineRequest
 from grpo_monitor.runtime.store import RunStore
 
@@ -101,6 +106,8 @@ HEAD_CHUNK = 64 << 10
 # dozen perf records.
 PROBE_BYTES = 4 << 10
 # Hidden files the scan hands to process(): a run's re-baseline request and key map.
+# Formats named per run in Ingestor.sources (a run is written by one or two loggers).
+MAX_SOURCES_NAMED = 8
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
 
 
@@ -170,6 +177,8 @@ class Ingestor:
         # run folder name -> its key map over the flag's (None: neither has one), read at the
         # run's first record and again whenever its file changes.
         self._run_key_maps: dict[str, KeyMap | None] = {}
+        # The last step applied of each run read from trainer_state.json files (one a checkpoint).
+        self._logged_upto: dict[str, int] = {}
         self.store = store
         self.health = health
         self.max_file_bytes = max_file_bytes
@@ -223,6 +232,11 @@ class Ingestor:
         # The run-by-run read of those middles (backfill.py), once the replay is done; None when
         # nothing is left to read.
         self.backfill: Backfill | None = None
+        # W&B run files, TensorBoard event files, MLflow and Trackio databases below the root:
+        # read by readers of their own, their records parsed and applied as a snapshot's.
+        self.loggers = LoggerFiles(root, self._logged_row, self.error)
+        # run -> the formats it was read from -> the first file of each (for check).
+        self.sources: dict[str, dict[str, Path]] = {}
 
     # -- a saved state (saved_state.py) ------------------------------------------------------
 
@@ -447,8 +461,10 @@ class Ingestor:
             if folder not in self._unreadable:
                 self.error(folder, "read_error", os.strerror(exc.errno or errno.EIO))
 
-        if not self._visible(top):
-            return []  # in a dot folder (a writer's scratch space), or outside the tree
+        if not self._visible(top) or (is_logger_link(top.parent, top.name) and top.is_symlink()):
+            # In a dot folder (a writer's scratch space), outside the tree, or a logger's own
+            # link to a folder it keeps anyway (W&B's latest-run).
+            return []
         try:
             for folder, entries in walk(self.root, top, descend=lambda n: not is_hidden(n),
                                         onerror=walk_error):
@@ -458,8 +474,9 @@ class Ingestor:
                     name = entry.name
                     if is_hidden(name) and name not in _CONTROL_NAMES:
                         continue
-                    if not name.endswith(SNAPSHOT_SUFFIXES) and name not in _CONTROL_NAMES:
-                        if entry.is_symlink():
+                    if not name.endswith(SNAPSHOT_SUFFIXES) and name not in _CONTROL_NAMES \
+                            and logger_format(name) not in BINARY_FORMATS:
+                        if entry.is_symlink() and not is_logger_link(folder, name):
                             self._refuse(folder / name, Refused(folder / name, SYMLINK,
                                                                 "a symbolic link"))
                         continue
@@ -571,8 +588,12 @@ class Ingestor:
             self._run_key_maps.pop(self._run_folder(path) or "", None)  # read at its next record
             self._refused.pop(path, None)
             return
-        if not is_snapshot_path(path, self.root):
+        if (fmt := logger_format(path.name)) in BINARY_FORMATS:
             if self._visible(path):
+                self._logger_file(path, fmt, budget)
+            return
+        if not is_snapshot_path(path, self.root):
+            if self._visible(path) and not is_logger_link(path.parent, path.name):
                 self._link(path)
             return
         try:
@@ -602,6 +623,26 @@ class Ingestor:
                 return
         self._failing.discard(path)
         self._refused.pop(path, None)
+
+    def _logger_file(self, path: Path, fmt: str, budget: int | None) -> None:
+        """A W&B run file, TensorBoard event file or database (runtime/loggers)."""
+        try:
+            if self.loggers.process(path, fmt, budget):
+                self.unfinished[path] = None
+        except Refused as exc:
+            self.loggers.forget(path)
+            self._refuse(path, exc)
+            return
+        except OSError as exc:
+            self._read_error(path, os.strerror(exc.errno or errno.EIO))
+            return
+        self._failing.discard(path)
+        self._refused.pop(path, None)
+
+    def _logged_row(self, path: Path, run: str, row: dict[str, object], mtime: float) -> None:
+        snap = self.parse_object(path, row, mtime, run=run)
+        if snap is not None:
+            self._apply(path, snap, mtime, None)
 
     def _read(self, path: Path, fh: BinaryIO, st: os.stat_result, listed_inode: int | None,
               history: bool, budget: int | None) -> None:
@@ -931,8 +972,32 @@ class Ingestor:
         state.digest = digest
         # A *.json file that stops mid-document is most likely still being written: counted as
         # incomplete, and read again on its next change.
+        if path.name == TRAINER_STATE:
+            self._trainer_state(path, data, _dated(st.st_mtime, written_after), state.inode)
+            return
         self._record(path, data, _dated(st.st_mtime, written_after), whole_file=True,
                      inode=state.inode)
+
+    def _trainer_state(self, path: Path, data: bytes, mtime: float, inode: int) -> None:
+        """A Hugging Face checkpoint's ``trainer_state.json``: the whole log so far, saved again
+        with every checkpoint. Only the steps past what the run's earlier checkpoints gave are
+        applied, so that a new checkpoint adds its steps and an old one (read late) adds none."""
+        try:
+            state = decode_record(data, whole_file=True)
+        except RecordError as exc:
+            self.error(path, exc.reason, str(exc))
+            return
+        rows = trainer_state_rows(state)
+        if not rows and state:
+            self.error(path, "invalid_record", "a trainer_state.json with no step in its log_history")
+        run = identity_from_path(path, self.root)[0]
+        done = self._logged_upto.get(run, -1)
+        for row in rows:
+            if row["step"] <= done:
+                continue
+            snap = self.parse_object(path, row, mtime)
+            if snap is not None and self._apply(path, snap, mtime, inode):
+                self._logged_upto[run] = row["step"]
 
     def _run_folder(self, path: Path) -> str | None:
         """The name of the run folder ``path`` lies in; None for a file at the root."""
@@ -970,10 +1035,26 @@ class Ingestor:
               count: bool = True) -> Snapshot | None:
         """One record of ``path`` as the run it belongs to; None when it is none. ``count``:
         count its problems (the backfill counts only those of the bytes the start-up skipped)."""
-        run, rank = identity_from_path(path, self.root)
         try:
-            snap = parse_record(decode_record(raw, whole_file=whole_file), run=run, rank=rank,
-                                mtime=mtime, key_map=self.key_map_for(path))
+            obj = decode_record(raw, whole_file=whole_file)
+        except RecordError as exc:
+            if count:
+                self.error(path, exc.reason, str(exc))
+            return None
+        return self.parse_object(path, obj, mtime, count)
+
+    def parse_object(self, path: Path, obj: object, mtime: float, count: bool = True,
+                     run: str | None = None) -> Snapshot | None:
+        """One decoded record of ``path`` as the run it belongs to (``parse``'s second half):
+        a framework's JSONL row is read as the flat record it stands for. ``run``: the run a
+        logger's own metadata names (a W&B run name), over the one the path implies."""
+        path_run, rank = identity_from_path(path, self.root)
+        run = run or path_run
+        if logger_format(path.name) == "jsonl":
+            obj = as_snapshot_row(obj)
+        try:
+            snap = parse_record(obj, run=run, rank=rank, mtime=mtime,
+                                key_map=self.key_map_for(path))
         except RecordError as exc:
             if count:
                 self.error(path, exc.reason, str(exc))
@@ -990,6 +1071,12 @@ class Ingestor:
         snap = self.parse(path, raw, mtime, whole_file)
         if snap is None:
             return False
+        return self._apply(path, snap, mtime, inode)
+
+    def _apply(self, path: Path, snap: Snapshot, mtime: float, inode: int | None) -> bool:
+        if snap.run not in self.sources or len(self.sources[snap.run]) < MAX_SOURCES_NAMED:
+            self.sources.setdefault(snap.run, {}).setdefault(
+                logger_format(path.name) or "snapshots", path)
         if self.store.apply(snap, wrote_at=mtime) is False:
             self.error(path, "run_limit", self._run_limit())
             return False

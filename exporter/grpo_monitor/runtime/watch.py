@@ -300,6 +300,9 @@ class SnapshotWatcher:
     def _maintain(self) -> None:
         self._check_root()
         self._check_observer()
+        # A logger file quiet since the last tick: its newest step is whole (runtime/loggers).
+        self.ingestor.loggers.flush_idle()
+        self.ingestor.store.flush()
         health = self.ingestor.health
         gone = self.ingestor.store.expire(time.time(), self.run_timeout)
         if gone:

@@ -36,14 +36,22 @@ COLOURS = {"critical": "red", "warning": "yellow"}
 def read(folder: Path) -> tuple[RunStore, ExporterHealth]:
     """Every snapshot file under ``folder`` (a run folder, or a snapshot folder of runs), read
     by the exporter's ingest into a store, in the order they were written."""
+    store, health, _ = read_sources(folder)
+    return store, health
+
+
+def read_sources(folder: Path) -> tuple[RunStore, ExporterHealth, dict[str, dict[str, Path]]]:
+    """``read``, and which files each run was read from, by format (snapshots, or a logger's:
+    contract/logger_layout.py)."""
     runs = runs_in(folder)
     root = folder if runs else folder.parent
     store, health = RunStore(), ExporterHealth()
     ingestor = Ingestor(root, store, health)
     for run_dir in runs or [folder]:
         ingestor.scan_folder(run_dir)  # the start-up replay's way: oldest first, to the end
+    ingestor.loggers.flush_all()
     store.flush()
-    return store, health
+    return store, health, ingestor.sources
 
 
 def _names(key: str) -> str:
@@ -148,11 +156,28 @@ def describe(run: RunState, out: TextIO) -> bool:
     return not missing
 
 
+# How check names each format a run was read from.
+LOGGER_NAMES = {"snapshots": "grpo-monitor snapshots", "wandb": "W&B run file",
+                "tensorboard": "TensorBoard event file", "mlflow": "MLflow database",
+                "trackio": "Trackio database", "jsonl": "its framework's JSONL file",
+                "trainer_state": "a Hugging Face checkpoint's trainer_state.json"}
+
+
+def _describe_sources(sources: dict[str, Path], folder: Path, out: TextIO) -> None:
+    for fmt, path in sources.items():
+        shown = path.relative_to(folder) if path.is_relative_to(folder) else path
+        out.write(f"  read from: {LOGGER_NAMES.get(fmt, fmt)} ({shown})\n")
+    if sources and "snapshots" not in sources:
+        # Watching needs no change to the trainer; pausing it on a red card does.
+        out.write("  the red-card pause needs the trainer to check the gate: add the one line "
+                  "for your framework (docs/loggers.md#pausing), or the cards only alert\n")
+
+
 def check(folder: Path, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     if not folder.is_dir():
         err.write(f"grpo-monitor check: {folder} is not a folder\n")
         return 2
-    store, health = read(folder)
+    store, health, sources = read_sources(folder)
     runs = store.runs()
     if not runs:
         err.write(f"grpo-monitor check: no snapshot records in {folder}\n")
@@ -160,6 +185,7 @@ def check(folder: Path, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> i
     complete = True
     for run in runs:
         complete = describe(run, out) and complete
+        _describe_sources(sources.get(run.name, {}), folder, out)
     counts = {reason: health.registry.get_sample_value("grpo_snapshot_errors_total", {"reason": reason})
               for reason in ERROR_REASONS}
     rejected = {reason: int(n) for reason, n in counts.items() if n}

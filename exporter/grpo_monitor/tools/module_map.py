@@ -32,6 +32,7 @@ The folders, in the order a record travels, and what each may import from the pa
 # The folders in the order a record travels: the contract it is written to, the trainer side that
 # writes it, the runtime that serves it, the tools that read runs back; then the command line.
 FOLDERS: tuple[str, ...] = ("contract", "sdk", "integrations", "runtime", "runtime/collectors",
+                            "runtime/loggers",
                             "tools", "tools/report", "")
 
 # What each top-level folder may import from the package. The trainer side sees only the contract

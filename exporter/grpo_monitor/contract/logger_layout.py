@@ -1,0 +1,120 @@
+"""Where the loggers trainers already use keep their runs, and which run a file of theirs is.
+
+A trainer that never writes our snapshots still leaves its metrics on disk through its logger
+(docs/loggers.md): W&B's run file, TensorBoard's event files, MLflow's and Trackio's databases,
+a framework's own JSONL file, a Hugging Face checkpoint's ``trainer_state.json``. The exporter,
+``check``, ``report`` and ``replay`` find them below the folder they are pointed at, beside our
+own snapshot runs, by these names alone:
+
+* ``logger_format``: which logger wrote a file, from its name;
+* ``logger_run``: the run a file belongs to, from where it lies (a logger's own metadata, read by
+  the runtime, may name it better: a W&B or MLflow run name);
+* ``is_logger_link``: the links loggers make on purpose (W&B's ``latest-run``), which are
+  neither followed nor counted as errors.
+
+Standard library only, like the rest of the contract.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+
+from grpo_monitor.contract.run_layout import DEFAULT_RUN, run_label
+
+__all__ = [
+    "APPENDED_FORMATS", "BINARY_FORMATS", "FRAMEWORK_JSONL", "LOGGER_FORMATS", "TRAINER_STATE",
+    "is_logger_link", "logger_format", "logger_run", "wandb_run_id",
+]
+
+# A framework's own JSONL file, one row a logged step, by its file name; the frameworks that
+# write it by default (docs/loggers.md cites the code).
+FRAMEWORK_JSONL: dict[str, str] = {
+    "metrics.jsonl": "prime-rl, Tinker cookbook",
+    "logging.jsonl": "ms-swift",
+    "trainer_log.jsonl": "LLaMA-Factory",
+    "history.jsonl": "ART",
+    "experiment_log.jsonl": "EasyR1",
+}
+# What a Hugging Face Trainer (TRL, Unsloth) saves with each checkpoint: its whole log so far.
+TRAINER_STATE = "trainer_state.json"
+
+# The formats, as the ``format`` label and check name them.
+LOGGER_FORMATS = ("wandb", "tensorboard", "mlflow", "trackio", "jsonl", "trainer_state")
+# Read by the ingest's JSONL and JSON machinery (offsets, rotation, truncation).
+APPENDED_FORMATS = frozenset({"jsonl", "trainer_state"})
+# Read by a reader of their own (runtime/loggers).
+BINARY_FORMATS = frozenset({"wandb", "tensorboard", "mlflow", "trackio"})
+
+_TFEVENTS = "events.out.tfevents."
+# W&B's run file: run-<id>.wandb in run-<YYYYMMDD_HHMMSS>-<id>/ (offline-run-... offline).
+_WANDB_FILE = re.compile(r"run-(?P<id>[A-Za-z0-9_-]+)\.wandb")
+# MLflow's default store since 3.7 is ./mlflow.db; verl points it at /tmp/mlruns.db.
+_MLFLOW_DB = frozenset({"mlflow.db", "mlruns.db"})
+# A Trackio project's database: <TRACKIO_DIR>/<project>.db (any other *.db is looked at once:
+# the tables say whether it is Trackio's or MLflow's).
+_DB_SUFFIX = ".db"
+# Folders whose name says nothing of the run: the run is named by the folder above.
+_GENERIC_FOLDERS = frozenset({"runs", "tensorboard", "tensorboard_log", "tensorboard_logs",
+                              "tb", "tb_logs", "logs", "log", "events", "files", "wandb"})
+# W&B's links to the newest run and to its debug logs.
+_WANDB_LINKS = frozenset({"latest-run", "debug.log", "debug-internal.log", "debug-core.log"})
+
+
+def logger_format(name: str) -> str | None:
+    """The logger that writes files called ``name``: one of LOGGER_FORMATS, or None."""
+    if name in FRAMEWORK_JSONL:
+        return "jsonl"
+    if name == TRAINER_STATE:
+        return "trainer_state"
+    if name.startswith(_TFEVENTS):
+        return "tensorboard"
+    if _WANDB_FILE.fullmatch(name):
+        return "wandb"
+    if name in _MLFLOW_DB:
+        return "mlflow"
+    if name.endswith(_DB_SUFFIX) and len(name) > len(_DB_SUFFIX):
+        return "trackio"  # confirmed by its tables when opened (runtime/loggers/databases.py)
+    return None
+
+
+def is_logger_link(folder: PurePath, name: str) -> bool:
+    """A link a logger makes on purpose: never followed, and no error of the folder."""
+    return name in _WANDB_LINKS and folder.name in ("wandb", "logs")
+
+
+def wandb_run_id(name: str) -> str | None:
+    """The run id in a W&B run file's name."""
+    m = _WANDB_FILE.fullmatch(name)
+    return m.group("id") if m else None
+
+
+def logger_run(path: PurePath, root: PurePath, fmt: str) -> str:
+    """The run a logger's file at ``path`` belongs to, by its place below ``root``.
+
+    * a framework JSONL file: the folder it lies in (prime-rl's ``<output>/<run>/``, Tinker's
+      ``<log_path>/``, EasyR1's ``<project>/<experiment>/``);
+    * ``trainer_state.json``: the output folder above its ``checkpoint-N`` folder, so that every
+      checkpoint of a run is the one run;
+    * a TensorBoard event file: its log folder (``logdir/<run>/``), or the one above when that
+      says nothing (``runs``, ``tensorboard``: ms-swift's ``<output>/vN-<date>/runs``);
+    * W&B: the run folder's id (``run-<date>-<id>``: the id), until the file names the run;
+    * a database: the database file's name (its runs are named by their own rows).
+
+    A file in ``root`` itself (or in a folder of no name of its own there) is in the run
+    ``default``, as a snapshot file there is.
+    """
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        parts = (path.name,)
+    folders = list(parts[:-1])
+    if fmt == "wandb":
+        return run_label(wandb_run_id(path.name) or path.name)
+    if fmt in ("mlflow", "trackio"):
+        return run_label(path.name.removesuffix(_DB_SUFFIX))
+    if fmt == "trainer_state" and folders and folders[-1].startswith("checkpoint-"):
+        folders.pop()
+    while fmt == "tensorboard" and folders and folders[-1].lower() in _GENERIC_FOLDERS:
+        folders.pop()
+    return run_label(folders[-1]) if folders else DEFAULT_RUN

@@ -1,0 +1,229 @@
+"""Follow the files other loggers write: what each appended since the last read, as records.
+
+The ingest thread hands every W&B run file, TensorBoard event file and MLflow or Trackio
+database it finds below the snapshot folder to ``LoggerFiles.process``, as it hands snapshot
+files to its own reader; the records come back through ``apply`` as flat snapshot records
+(``{"step", "time", <name>: value}``) of a run, and go through the same parser, key maps,
+vocabulary and store as a snapshot's. The guarantees of the snapshot folder hold here too:
+
+* every file is opened through ``contract/safe_io`` (no link followed, nothing but a regular
+  file opened, never a FIFO); a database is opened read-only, by the path just checked;
+* a turn reads at most ``budget`` bytes of a file, the rest at its next turn (``more``);
+* a file rewritten from its start (a shorter file, other first bytes, another inode under the
+  name) is read again from its first byte: its steps go back, which the store reads as a
+  resume, or a new run when they start over;
+* a record whose checksum fails is counted (``corrupt_record``) and skipped; a file of a format
+  or version the reader does not know is counted once (``unreadable_format``), never read as an
+  empty run.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_monitor.contract.logger_layout import logger_run
+from grpo_monitor.contract.safe_io import Refused, open_regular
+from grpo_monitor.runtime.loggers import databases, tensorboard, wandb_file
+
+__all__ = ["LoggedFile", "LoggerFiles"]
+
+# What apply() receives: the file, the run, one flat record, the time its bytes were read at.
+Apply = Callable[[Path, str, dict[str, Any], float], None]
+Error = Callable[[Path, str, str], None]
+# First bytes kept of a file: a rewrite in place to the same or a larger size is told by them.
+_HEAD_BYTES = 64
+
+
+@dataclass
+class LoggedFile:
+    """What the reader knows of one logger file."""
+
+    fmt: str
+    inode: int = 0
+    offset: int = 0
+    head: bytes = b""
+    run: str = ""
+    unreadable: bool = False  # counted once, until the file changes from its start
+    # The newest step's scalars, held until a later step shows it is whole (a writer logs a
+    # step's scalars one event each, and may flush between them).
+    pending: tensorboard.Event | None = None
+    cursor: dict[str, Any] = field(default_factory=dict)  # a database's rows read so far
+    mtime: float = 0.0  # the file's, when it last grew
+    seen_pending: bool = False  # the pending step was there at the last rescan already
+
+
+def _float32_text(value: float) -> float:
+    """A float32 as the shortest decimal that is the same float32 (0.1, not 0.100000001):
+    the value the trainer logged, as the SDK would have written it."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return value
+    packed = struct.pack("<f", value)
+    for digits in range(6, 10):
+        short = float(f"{value:.{digits}g}")
+        if struct.pack("<f", short) == packed:
+            return short
+    return value
+
+
+class LoggerFiles:
+    """Every logger file the ingest has found, and how far each was read."""
+
+    def __init__(self, root: Path, apply: Apply, error: Error) -> None:
+        self.root = root
+        self.apply = apply
+        self.error = error
+        self.files: dict[Path, LoggedFile] = {}
+
+    def forget(self, path: Path) -> None:
+        self.files.pop(path, None)
+
+    def formats(self) -> dict[str, set[str]]:
+        """The runs read from each format (for ``check`` and the log)."""
+        out: dict[str, set[str]] = {}
+        for state in self.files.values():
+            if state.run:
+                out.setdefault(state.fmt, set()).add(state.run)
+        return out
+
+    def process(self, path: Path, fmt: str, budget: int | None) -> bool:
+        """Read what is new in ``path``; True when ``budget`` left some of it for later."""
+        if fmt in ("mlflow", "trackio"):
+            return self._database(path, fmt, budget)
+        try:
+            fh = open_regular(self.root, path)
+        except Refused:
+            raise
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            self.files.pop(path, None)
+            return False
+        with fh:
+            st = os.fstat(fh.fileno())
+            state = self.files.get(path)
+            if state is None or state.inode != st.st_ino:
+                state = self.files[path] = LoggedFile(fmt, inode=st.st_ino)
+            head = fh.read(_HEAD_BYTES)
+            if st.st_size < state.offset or (state.head and head[:len(state.head)] != state.head):
+                # Rewritten from its start (a logger that truncates on restart): read it again.
+                state.offset, state.pending, state.unreadable = 0, None, False
+                state.cursor = {}
+            state.head = head
+            if state.unreadable or st.st_size == state.offset:
+                if st.st_size == state.offset:
+                    self._flush(path, state)
+                return False
+            state.mtime, state.seen_pending = st.st_mtime, False
+            fh.seek(state.offset)
+            want = st.st_size - state.offset
+            if budget is not None:
+                want = min(want, budget)
+            data = fh.read(want)
+            if fmt == "tensorboard":
+                self._tensorboard(path, state, data, st.st_mtime)
+            else:
+                self._wandb(path, state, data, st.st_mtime)
+            return state.offset < st.st_size and not state.unreadable and budget is not None \
+                and len(data) >= want
+
+    # -- per format ---------------------------------------------------------------------------
+
+    def _unreadable(self, path: Path, state: LoggedFile, why: str) -> None:
+        state.unreadable = True
+        self.error(path, "unreadable_format", why)
+
+    def _tensorboard(self, path: Path, state: LoggedFile, data: bytes, mtime: float) -> None:
+        if not state.run:
+            state.run = logger_run(path, self.root, "tensorboard")
+        try:
+            events, used, corrupt = tensorboard.read_events(data, at_start=state.offset == 0)
+        except tensorboard.FormatError as exc:
+            self._unreadable(path, state, f"no TensorBoard event file: {exc}")
+            return
+        for _ in range(corrupt):
+            self.error(path, "corrupt_record", "an event whose checksum or encoding is wrong")
+        state.offset += used
+        steps = list(tensorboard.by_step(([state.pending] if state.pending else []) + events))
+        state.pending = steps.pop() if steps else None
+        for event in steps:
+            self._apply_event(path, state, event, mtime)
+
+    def _flush(self, path: Path, state: LoggedFile) -> None:
+        """The file did not grow since the last read: its newest step is whole."""
+        if state.pending is not None:
+            event, state.pending = state.pending, None
+            self._apply_event(path, state, event, state.mtime)
+
+    def flush_all(self) -> None:
+        """Every file's newest step, as whole: for a tool that reads a folder once."""
+        for path, state in self.files.items():
+            self._flush(path, state)
+
+    def flush_idle(self) -> None:
+        """At each of the watcher's ticks: the newest step of every file that has not grown
+        since the last tick is whole (no event, no read: the file is quiet)."""
+        for path, state in self.files.items():
+            if state.pending is not None and state.seen_pending:
+                self._flush(path, state)
+            state.seen_pending = state.pending is not None
+
+    def _apply_event(self, path: Path, state: LoggedFile, event: tensorboard.Event,
+                     mtime: float) -> None:
+        row: dict[str, Any] = {"step": event.step}
+        if event.wall_time is not None:
+            row["time"] = event.wall_time
+        row.update({k: _float32_text(v) for k, v in event.scalars.items()})
+        self.apply(path, state.run, row, mtime)
+
+    def _wandb(self, path: Path, state: LoggedFile, data: bytes, mtime: float) -> None:
+        if not state.run:
+            state.run = logger_run(path, self.root, "wandb")
+        try:
+            read = wandb_file.read_records(data, at_start=state.offset == 0,
+                                           offset=state.offset)
+        except wandb_file.FormatError as exc:
+            self._unreadable(path, state, f"no W&B run file: {exc}")
+            return
+        for _ in range(read.corrupt):
+            self.error(path, "corrupt_record", "a W&B record whose checksum or encoding is wrong")
+        state.offset += read.consumed
+        if read.run_name:
+            state.run = read.run_name
+        for row in read.rows:
+            self.apply(path, state.run, row, mtime)
+
+    def _database(self, path: Path, fmt: str, budget: int | None) -> bool:
+        state = self.files.get(path)
+        if state is None:
+            state = self.files[path] = LoggedFile(fmt)
+        try:
+            # Checked, not opened: SQLite opens by name, read-only (safe_io refuses a link or
+            # a FIFO under that name before SQLite looks at it).
+            open_regular(self.root, path).close()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            self.files.pop(path, None)
+            return False
+        try:
+            read = databases.read_new(path, state.cursor, limit=None if budget is None else
+                                      max(budget // 64, 1000))
+        except databases.NotALoggerDatabase:
+            state.unreadable = True  # another program's database: none of ours, no error
+            return False
+        except databases.FormatError as exc:
+            if not state.unreadable:
+                self._unreadable(path, state, str(exc))
+            return False
+        except OSError as exc:
+            self.error(path, "read_error", os.strerror(exc.errno or errno.EIO))
+            return False
+        state.fmt, state.unreadable = read.fmt, False
+        state.cursor = read.cursor
+        mtime = os.stat(path, follow_symlinks=False).st_mtime
+        for run, row in read.rows:
+            state.run = run
+            self.apply(path, run, row, mtime)
+        return read.more

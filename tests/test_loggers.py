@@ -1,0 +1,249 @@
+"""Runs watched through the files their loggers already write (docs/loggers.md).
+
+Each format is written by its own library (W&B offline, tensorboardX, MLflow, Trackio) in the
+virtualenv ``make test`` makes for them (.venv-loggers), as a trainer writes it; a real exporter
+reads the folder and is scraped over HTTP. The same values logged through the SDK give the same
+signal series, and the hostile-folder guarantees hold for the new files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from polling import wait_for
+
+from conftest import ROOT, Running, Samples, value
+from grpo_monitor.contract.logger_layout import logger_format, logger_run
+from grpo_monitor.contract.logger_rows import as_snapshot_row, trainer_state_rows
+from grpo_monitor.sdk.writer import SnapshotWriter
+from grpo_monitor.tools.check import check
+
+LOGGERS_PYTHON = ROOT / ".venv-loggers" / "bin" / "python"
+WRITE_RUN = ROOT / "tests" / "loggers" / "write_run.py"
+STEPS = 30
+# Names as verl logs them; values a float32 holds to the digits written (TensorBoard's unit).
+NAMES = ("critic/score/mean", "actor/entropy", "actor/kl_loss", "response_length/mean",
+         "actor/grad_norm", "actor/pg_loss")
+
+
+def records() -> list[dict[str, float]]:
+    out = []
+    for step in range(1, STEPS + 1):
+        out.append({"step": step, "critic/score/mean": round(0.2 + 0.01 * step, 3),
+                    "actor/entropy": round(0.9 - 0.005 * step, 3),
+                    "actor/kl_loss": round(0.001 * step, 4),
+                    "response_length/mean": float(200 + step),
+                    "actor/grad_norm": round(1.5 - 0.01 * step, 3),
+                    "actor/pg_loss": math.nan if step == 17 else round(0.05 * (-1) ** step, 3)})
+    return out
+
+
+def write_with_logger(fmt: str, out: Path, name: str, tmp_path: Path) -> None:
+    assert LOGGERS_PYTHON.exists(), "run `make loggers-deps` (make test does) for .venv-loggers"
+    feed = tmp_path / f"{fmt}-records.jsonl"
+    feed.write_text("".join(json.dumps(r) + "\n" for r in records()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
+    env |= {"HOME": str(tmp_path / "home"), "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+            "WANDB_DATA_DIR": str(tmp_path / "wandb-data"), "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run([str(LOGGERS_PYTHON), str(WRITE_RUN), fmt, str(out), name, str(feed)],
+                          env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def write_with_sdk(root: Path, run: str) -> None:
+    writer = SnapshotWriter(root, run)
+    for rec in records():
+        step = rec.pop("step")
+        writer.log(rec, step)
+    writer.close(end=False)  # a logger's file carries no end mark either
+
+
+# Families that depend on when or how a record was written, not on its values.
+_WRITE_DEPENDENT = ("timestamp", "seconds", "interval", "pace", "stale", "hung", "framework",
+                    "snapshot", "info", "world", "records_read", "source")
+
+
+def signals_of(samples: Samples, run: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out = {}
+    for (name, labels), v in samples.items():
+        d = dict(labels)
+        if d.get("run") != run or any(w in name for w in _WRITE_DEPENDENT):
+            continue
+        d.pop("run")
+        out[(name, frozenset(d.items()))] = v
+    return out
+
+
+def same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("fmt", ["tensorboard", "wandb", "mlflow", "trackio"])
+def test_a_loggers_run_is_served_as_the_sdk_serves_the_same_values(
+        fmt: str, start_exporter, snapshot_dir: Path, tmp_path: Path) -> None:
+    write_with_logger(fmt, snapshot_dir / "trainer-output", "logged-run", tmp_path)
+    write_with_sdk(snapshot_dir, "sdk-run")
+    exporter: Running = start_exporter()
+    for run in ("logged-run", "sdk-run"):
+        exporter.wait_value("grpo_run_logged_steps", STEPS, timeout=20, run=run)
+    exporter.wait_value("grpo_reward_mean", 0.5, run="logged-run", rank="0")
+    samples = exporter.scrape()
+    logged, sdk = signals_of(samples, "logged-run"), signals_of(samples, "sdk-run")
+    assert logged.keys() == sdk.keys(), (sorted(logged.keys() - sdk.keys())[:5],
+                                          sorted(sdk.keys() - logged.keys())[:5])
+    differ = [k for k in sdk if not same(logged[k], sdk[k])]
+    assert not differ, [(k, logged[k], sdk[k]) for k in differ[:5]]
+    assert value(samples, "grpo_nonfinite_values_total", run="logged-run", rank="0",
+                 key="loss") == 1
+    assert exporter.errors("unreadable_format") == 0 and exporter.errors("corrupt_record") == 0
+
+
+def test_check_names_each_logger_and_the_runs_it_found(tmp_path: Path) -> None:
+    out_dir = tmp_path / "outputs"
+    write_with_logger("wandb", out_dir, "grpo-wandb", tmp_path)
+    write_with_logger("tensorboard", out_dir, "grpo-tb", tmp_path)
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    assert check(out_dir, out, err) in (0, 1), err.getvalue()
+    text = out.getvalue()
+    assert "run grpo-wandb:" in text and "run grpo-tb:" in text
+    assert "read from: W&B run file (wandb/offline-run-" in text
+    assert "read from: TensorBoard event file (runs/grpo-tb/events.out.tfevents." in text
+    assert "critic/score/mean -> reward/mean" in text
+    assert "the red-card pause needs the trainer to check the gate" in text
+    # W&B's own links (latest-run, debug logs) are neither followed nor errors.
+    assert "symlink" not in text
+
+
+@pytest.fixture(scope="module")
+def event_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("tb")
+    write_with_logger("tensorboard", where, "one", where)
+    (found,) = (where / "runs" / "one").glob("events.out.tfevents.*")
+    return found
+
+
+def test_hostile_logger_files_are_counted_and_never_block(
+        exporter: Running, snapshot_dir: Path, event_file: Path, tmp_path: Path) -> None:
+    run = snapshot_dir / "hostile"
+    run.mkdir()
+    # A corrupt record in the middle: counted, the records around it served.
+    data = bytearray(event_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (run / "events.out.tfevents.1.corrupt").write_bytes(bytes(data))
+    exporter.wait_value("grpo_run_logged_steps", lambda v: v is not None and v >= STEPS - 2,
+                        run="hostile")
+    wait_for(lambda: exporter.errors("corrupt_record") >= 1)
+    # No event file at all, under an event file's name: one unreadable_format, not an empty run.
+    (snapshot_dir / "notb").mkdir()
+    (snapshot_dir / "notb" / "events.out.tfevents.2.x").write_bytes(b"hello, world" * 10)
+    wait_for(lambda: exporter.errors("unreadable_format") == 1)
+    (snapshot_dir / "notb" / "events.out.tfevents.2.x").write_bytes(b"hello, world" * 11)
+    # A FIFO and a link under a logger's names: refused without opening, without blocking.
+    os.mkfifo(snapshot_dir / "notb" / "run-fifo.wandb")
+    outside = tmp_path / "outside.wandb"
+    outside.write_bytes(event_file.read_bytes())
+    os.symlink(outside, snapshot_dir / "notb" / "run-link.wandb")
+    wait_for(lambda: exporter.errors("not_regular") == 1 and exporter.errors("symlink") == 1)
+    # W&B's own links: not followed, not counted.
+    (snapshot_dir / "w" / "wandb" / "run-1-abc").mkdir(parents=True)
+    os.symlink("run-1-abc", snapshot_dir / "w" / "wandb" / "latest-run")
+    os.symlink("run-1-abc/logs/debug.log", snapshot_dir / "w" / "wandb" / "debug.log")
+    # Another program's database: none of ours, no error.
+    import sqlite3
+
+    with sqlite3.connect(snapshot_dir / "notb" / "cache.db") as db:
+        db.execute("CREATE TABLE t (x)")
+    # The exporter still reads on: a new snapshot run is served.
+    SnapshotWriter(snapshot_dir, "after").log({"loss": 1.0}, 1)
+    exporter.wait_value("grpo_loss", 1.0, run="after", rank="0")
+    assert exporter.errors("unreadable_format") == 1
+    assert exporter.errors("symlink") == 1 and exporter.errors("not_regular") == 1
+
+
+def test_an_event_file_rewritten_from_its_start_is_read_again(
+        exporter: Running, snapshot_dir: Path, event_file: Path) -> None:
+    path = snapshot_dir / "again" / "events.out.tfevents.1.host"
+    path.parent.mkdir()
+    path.write_bytes(event_file.read_bytes())
+    exporter.wait_value("grpo_run_logged_steps", STEPS, run="again")
+    # A logger that starts over truncates its file: the shorter file's steps are the run now.
+    data = event_file.read_bytes()
+    cut = data.index(b"critic/score/mean", len(data) // 3)
+    with path.open("r+b") as fh:
+        fh.truncate(0)
+    path.write_bytes(data[:cut - 40])
+    exporter.wait_value("grpo_run_logged_steps", lambda v: v is not None and v < STEPS,
+                        run="again")
+
+
+def test_framework_jsonl_rows_and_trainer_state_are_read_as_the_run_they_describe(
+        exporter: Running, snapshot_dir: Path) -> None:
+    swift = snapshot_dir / "out" / "v0-20261205-120000" / "logging.jsonl"
+    swift.parent.mkdir(parents=True)
+    swift.write_text("".join(json.dumps(
+        {"loss": 0.1, "reward": 0.1 * s, "completions/mean_length": 100.0 + s,
+         "global_step/max_steps": f"{s}/10", "percentage": f"{10 * s}%",
+         "elapsed_time": f"{s}s"}) + "\n" for s in range(1, 5)))
+    exporter.wait_value("grpo_reward_mean", 0.4, run="v0-20261205-120000", rank="0")
+    # A Hugging Face run's checkpoints: each holds the whole log so far.
+    hf = snapshot_dir / "hf" / "trl-out"
+    for upto in (2, 4):
+        ckpt = hf / f"checkpoint-{upto}"
+        ckpt.mkdir(parents=True)
+        history = [{"loss": 0.5, "reward": 0.1 * s, "step": s} for s in range(1, upto + 1)]
+        history.append({"eval_reward": 0.3, "step": upto})
+        (ckpt / "trainer_state.json").write_text(json.dumps(
+            {"global_step": upto, "log_history": history}))
+    exporter.wait_value("grpo_run_logged_steps", 4, run="trl-out")
+    samples = exporter.scrape()
+    assert value(samples, "grpo_reward_mean", run="trl-out", rank="0") == pytest.approx(0.4)
+    assert value(samples, "grpo_heldout_score", run="trl-out", rank="0") == 0.3
+    assert exporter.errors("invalid_value") == 0 and exporter.errors("invalid_record") == 0
+
+
+def test_logger_names_and_rows() -> None:
+    from pathlib import PurePath as P
+
+    root = P("/data")
+    assert logger_format("events.out.tfevents.1733400000.host.1.0") == "tensorboard"
+    assert logger_format("run-9pmdakzy.wandb") == "wandb"
+    assert logger_format("run-9pmdakzy.wandb.syncstate") is None
+    assert logger_format("mlflow.db") == "mlflow" and logger_format("metrics.jsonl") == "jsonl"
+    assert logger_run(P("/data/o/v1-x/runs/events.out.tfevents.1.h"), root, "tensorboard") == "v1-x"
+    assert logger_run(P("/data/o/checkpoint-500/trainer_state.json"), root, "trainer_state") == "o"
+    assert logger_run(P("/data/prime/run-a/metrics.jsonl"), root, "jsonl") == "run-a"
+    assert logger_run(P("/data/metrics.jsonl"), root, "jsonl") == "default"
+    assert as_snapshot_row({"current_steps": 5, "loss": 1.0, "elapsed_time": "0:00:05"}) == \
+        {"step": 5, "loss": 1.0}
+    assert as_snapshot_row({"step": 3, "recorded_at": "2026-12-05T12:00:00+00:00", "r": "0.5"}) \
+        == {"step": 3, "time": 1796472000.0, "r": "0.5"}
+    assert as_snapshot_row({"no": "step"}) == {"no": "step"}  # for the parser to count
+    assert trainer_state_rows({"log_history": [{"loss": 1, "step": 2}, {"eval_loss": 2, "step": 2},
+                                               {"loss": 0.5, "step": 1}]}) == \
+        [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 1, "eval_loss": 2}]
+
+
+def test_a_growing_wandb_file_read_in_slices_gives_every_row_once(tmp_path: Path) -> None:
+    """wandb-core writes whole 32 KiB blocks while a run lives: any cut, read on later."""
+    from grpo_monitor.runtime.loggers.wandb_file import read_records
+
+    write_with_logger("wandb", tmp_path / "o", "sliced", tmp_path)
+    (path,) = (tmp_path / "o" / "wandb").glob("offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    whole = read_records(data, at_start=True, offset=0)
+    assert whole.run_name == "sliced" and [r["step"] for r in whole.rows] == list(range(1, STEPS + 1))
+    rows, offset = [], 0
+    for cut in range(97, len(data) + 97, 97):
+        r = read_records(data[offset:cut], at_start=offset == 0, offset=offset)
+        rows += r.rows
+        offset += r.consumed
+    assert rows == whole.rows and offset == len(data)
+    shutil.rmtree(tmp_path / "o")
