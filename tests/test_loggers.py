@@ -219,6 +219,8 @@ def test_logger_names_and_rows() -> None:
     assert logger_format("mlflow.db") == "mlflow" and logger_format("metrics.jsonl") == "jsonl"
     assert logger_run(P("/data/o/v1-x/runs/events.out.tfevents.1.h"), root, "tensorboard") == "v1-x"
     assert logger_run(P("/data/o/checkpoint-500/trainer_state.json"), root, "trainer_state") == "o"
+    assert logger_run(P("/data/o/runs/Dec05_12-00-01_host/events.out.tfevents.1.h"), root,
+                      "tensorboard") == "o"  # a Hugging Face Trainer's default logging folder
     assert logger_run(P("/data/prime/run-a/metrics.jsonl"), root, "jsonl") == "run-a"
     assert logger_run(P("/data/metrics.jsonl"), root, "jsonl") == "default"
     assert as_snapshot_row({"current_steps": 5, "loss": 1.0, "elapsed_time": "0:00:05"}) == \
@@ -247,3 +249,103 @@ def test_a_growing_wandb_file_read_in_slices_gives_every_row_once(tmp_path: Path
         offset += r.consumed
     assert rows == whole.rows and offset == len(data)
     shutil.rmtree(tmp_path / "o")
+
+
+def test_report_reads_a_logger_runs_folder(tmp_path: Path) -> None:
+    from grpo_monitor.tools.report.load import load_run
+
+    write_with_logger("wandb", tmp_path / "o", "reported", tmp_path)
+    (run_dir,) = (tmp_path / "o" / "wandb").glob("offline-run-*")
+    data = load_run(run_dir)
+    assert data.steps == list(range(1, STEPS + 1)) and data.bad_lines == 0
+    last = records()[-1]
+    assert data.train[STEPS]["reward/mean"] == last["critic/score/mean"]
+    assert data.train[STEPS]["response/len_mean"] == last["response_length/mean"]
+    assert math.isnan(data.train[17]["loss"])
+
+
+def test_a_real_trl_run_reported_to_tensorboard_is_watched_without_a_callback(
+        tmp_path: Path, snapshot_dir: Path, exporter: Running) -> None:
+    """TRL's GRPOTrainer with report_to=["tensorboard"] and nothing of ours in the trainer."""
+    from datasets import Dataset
+    from tiny_model import tiny_model_dir
+    from trl import GRPOConfig, GRPOTrainer
+
+    model_path, tokenizer = tiny_model_dir(tmp_path)
+    out = snapshot_dir / "trl-tb"
+    args = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=8, max_steps=4, logging_steps=1,
+        report_to=["tensorboard"], use_cpu=True, beta=0.1, save_strategy="no", seed=0,
+        disable_tqdm=True)
+    trainer = GRPOTrainer(model=model_path, reward_funcs=lambda completions, **_: [
+        sum(c in "aeiou" for c in text) / 8 for text in completions], args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1=?", "2+3=?", "ab?", "cd?"] * 4}),
+        processing_class=tokenizer)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert [h["step"] for h in logged] == [1, 2, 3, 4]
+    exporter.wait_value("grpo_step", 4, timeout=20, run="trl-tb", rank="0")
+    lbl = {"run": "trl-tb", "rank": "0"}
+    exporter.wait_value("grpo_reward_mean", lambda v: v is not None and math.isclose(
+        v, logged[-1]["reward"], rel_tol=1e-6, abs_tol=1e-7), **lbl)
+    s = exporter.scrape()
+    for metric, name in (("grpo_kl_mean", "kl"), ("grpo_entropy_mean", "entropy"),
+                         ("grpo_response_length_mean_tokens", "completions/mean_length")):
+        assert value(s, metric, **lbl) == pytest.approx(logged[-1][name], rel=1e-6, abs=1e-7)
+    assert exporter.errors("corrupt_record") == 0 and exporter.errors("unreadable_format") == 0
+
+
+def test_csv_tables_a_w_and_b_export_a_sweep_and_a_loops_log(
+        exporter: Running, snapshot_dir: Path) -> None:
+    """W&B's Export CSV gives one file per panel: merged by step into the run it names."""
+    run = snapshot_dir / "exports"
+    run.mkdir()
+    (run / "entropy.csv").write_text('"Step","grpo-a - actor/entropy","grpo-a - actor/entropy__MIN",'
+                                     '"grpo-a - actor/entropy__MAX"\n' + "".join(
+                                         f'"{s}","{0.5 - s / 100}","0","1"\n' for s in range(1, 11)))
+    (run / "reward.csv").write_text('"Step","grpo-a - critic/score/mean"\n' + "".join(
+        f'"{s}","{s / 10}"\n' for s in range(0, 11, 2)))
+    # Someone else's CSV in the same folder: no step column, none of ours, no error.
+    (run / "prompts.csv").write_text("prompt,answer\n1+1,2\n")
+    exporter.wait_value("grpo_run_logged_steps", 11, run="grpo-a")
+    s = exporter.scrape()
+    assert value(s, "grpo_entropy_mean", run="grpo-a", rank="0") == pytest.approx(0.4)
+    assert value(s, "grpo_reward_mean", run="grpo-a", rank="0") == pytest.approx(1.0)
+    # A long table of a sweep: one run per name.
+    (snapshot_dir / "sweep").mkdir()
+    (snapshot_dir / "sweep" / "sweep.csv").write_text("run_name,metric,step,value\n" + "".join(
+        f"lr-{lr},actor/entropy,{s},{lr * s}\n" for lr in (1, 2) for s in range(1, 6)))
+    exporter.wait_value("grpo_entropy_mean", 10.0, run="lr-2", rank="0")
+    # A loop's own log, growing a row at a time: each new row is a step.
+    log = snapshot_dir / "loop" / "training_metrics.csv"
+    log.parent.mkdir()
+    log.write_text("global_step,wall_iso,reward_mean\n1,2026-12-05T12:00:00,0.1\n")
+    exporter.wait_value("grpo_reward_mean", 0.1, run="loop", rank="0")
+    with log.open("a") as fh:
+        fh.write("2,2026-12-05T12:00:30,0.2\n")
+    exporter.wait_value("grpo_reward_mean", 0.2, run="loop", rank="0")
+    assert value(exporter.scrape(), "grpo_run_logged_steps", run="loop") == 2
+    assert exporter.errors("invalid_value") == 0 and exporter.errors("invalid_record") == 0
+
+
+def test_csv_table_shapes() -> None:
+    from grpo_monitor.contract.logger_rows import csv_table
+
+    assert csv_table("prompt,answer\n1+1,2\n") is None
+    assert csv_table('"Step","r - a/b","r - a/b__MIN"\n"3","0.5","0.1"\n') == {"r": {3: {"a/b": 0.5}}}
+    assert csv_table("metric,step,value\nloss,2,0.5\nloss,x,1\n") == {None: {2: {"loss": 0.5}}}
+    assert csv_table("update,note,reward\n1,warmup,0.5\n2,,\n") == {None: {1: {"reward": 0.5}}}
+
+
+def test_every_red_card_says_when_nothing_pauses_its_run() -> None:
+    """A run read from a logger's files has no gate: each red card's description says so
+    (grpo_run_info{source}; prometheus/tests/grpo-loggers.test.yml renders one)."""
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "prometheus" / "rules" / "grpo-alerts.yml").read_text())
+    red = [r for g in rules["groups"] for r in g["rules"]
+           if r.get("labels", {}).get("severity") == "critical"]
+    assert red and all("docs/loggers.md#pausing" in r["annotations"]["description"]
+                       and 'source!~\\"|snapshots\\"' in r["annotations"]["description"]
+                       for r in red), [r["alert"] for r in red]

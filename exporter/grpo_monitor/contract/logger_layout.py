@@ -23,7 +23,7 @@ from pathlib import PurePath
 from grpo_monitor.contract.run_layout import DEFAULT_RUN, run_label
 
 __all__ = [
-    "APPENDED_FORMATS", "BINARY_FORMATS", "FRAMEWORK_JSONL", "LOGGER_FORMATS", "TRAINER_STATE",
+    "APPENDED_FORMATS", "READER_FORMATS", "FRAMEWORK_JSONL", "LOGGER_FORMATS", "TRAINER_STATE",
     "is_logger_link", "logger_format", "logger_run", "wandb_run_id",
 ]
 
@@ -39,12 +39,12 @@ FRAMEWORK_JSONL: dict[str, str] = {
 # What a Hugging Face Trainer (TRL, Unsloth) saves with each checkpoint: its whole log so far.
 TRAINER_STATE = "trainer_state.json"
 
-# The formats, as the ``format`` label and check name them.
-LOGGER_FORMATS = ("wandb", "tensorboard", "mlflow", "trackio", "jsonl", "trainer_state")
+# The formats, as check names them.
+LOGGER_FORMATS = ("wandb", "tensorboard", "mlflow", "trackio", "jsonl", "trainer_state", "csv")
 # Read by the ingest's JSONL and JSON machinery (offsets, rotation, truncation).
 APPENDED_FORMATS = frozenset({"jsonl", "trainer_state"})
 # Read by a reader of their own (runtime/loggers).
-BINARY_FORMATS = frozenset({"wandb", "tensorboard", "mlflow", "trackio"})
+READER_FORMATS = frozenset({"wandb", "tensorboard", "mlflow", "trackio", "csv"})
 
 _TFEVENTS = "events.out.tfevents."
 # W&B's run file: run-<id>.wandb in run-<YYYYMMDD_HHMMSS>-<id>/ (offline-run-... offline).
@@ -57,6 +57,9 @@ _DB_SUFFIX = ".db"
 # Folders whose name says nothing of the run: the run is named by the folder above.
 _GENERIC_FOLDERS = frozenset({"runs", "tensorboard", "tensorboard_log", "tensorboard_logs",
                               "tb", "tb_logs", "logs", "log", "events", "files", "wandb"})
+# The log folder SummaryWriter makes when given none (torch, tensorboardX, Hugging Face's
+# Trainer): runs/<Mon><DD>_<HH-MM-SS>_<host>[<comment>].
+_DEFAULT_LOGDIR = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
 # W&B's links to the newest run and to its debug logs.
 _WANDB_LINKS = frozenset({"latest-run", "debug.log", "debug-internal.log", "debug-core.log"})
 
@@ -75,6 +78,10 @@ def logger_format(name: str) -> str | None:
         return "mlflow"
     if name.endswith(_DB_SUFFIX) and len(name) > len(_DB_SUFFIX):
         return "trackio"  # confirmed by its tables when opened (runtime/loggers/databases.py)
+    if name.endswith(".csv") and len(name) > 4:
+        # A table of metrics by step (a W&B export, a loop's own log), confirmed by its header
+        # (contract/logger_rows.py): any other CSV is left alone.
+        return "csv"
     return None
 
 
@@ -97,9 +104,11 @@ def logger_run(path: PurePath, root: PurePath, fmt: str) -> str:
     * ``trainer_state.json``: the output folder above its ``checkpoint-N`` folder, so that every
       checkpoint of a run is the one run;
     * a TensorBoard event file: its log folder (``logdir/<run>/``), or the one above when that
-      says nothing (``runs``, ``tensorboard``: ms-swift's ``<output>/vN-<date>/runs``);
+      says nothing (``runs``, ``tensorboard``: ms-swift's ``<output>/vN-<date>/runs``; the
+      default ``runs/<time>_<host>`` of PyTorch and a Hugging Face Trainer's output folder);
     * W&B: the run folder's id (``run-<date>-<id>``: the id), until the file names the run;
-    * a database: the database file's name (its runs are named by their own rows).
+    * a database: the database file's name (its runs are named by their own rows);
+    * a CSV: the folder it lies in (a W&B export or a long table names its runs itself).
 
     A file in ``root`` itself (or in a folder of no name of its own there) is in the run
     ``default``, as a snapshot file there is.
@@ -113,8 +122,12 @@ def logger_run(path: PurePath, root: PurePath, fmt: str) -> str:
         return run_label(wandb_run_id(path.name) or path.name)
     if fmt in ("mlflow", "trackio"):
         return run_label(path.name.removesuffix(_DB_SUFFIX))
+    # A CSV without run names of its own is the run of its folder, as a framework's JSONL file.
     if fmt == "trainer_state" and folders and folders[-1].startswith("checkpoint-"):
         folders.pop()
+    if fmt == "tensorboard" and len(folders) > 1 and folders[-2] == "runs" \
+            and _DEFAULT_LOGDIR.fullmatch(folders[-1]):
+        folders.pop()  # PyTorch's and Hugging Face's runs/<time>_<host>: the run is above
     while fmt == "tensorboard" and folders and folders[-1].lower() in _GENERIC_FOLDERS:
         folders.pop()
     return run_label(folders[-1]) if folders else DEFAULT_RUN

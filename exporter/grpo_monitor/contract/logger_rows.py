@@ -12,16 +12,29 @@ trainer logged, with the step under a name of their own (docs/loggers.md):
 
 They also hold text that is no metric and no error (``"elapsed_time": "0:01:02"``,
 ``"percentage": "12%"``): left out, as a logger's display fields, not counted as bad values.
-Numbers written as text stay numbers. Standard library only.
+Numbers written as text stay numbers.
+
+A CSV file of metrics (``csv_table``) comes in three shapes:
+
+* W&B's "Export CSV" of a panel: ``"Step","<run> - <key>","<run> - <key>__MIN",...``, one file
+  per panel: the run's name before `` - ``, the ``__MIN`` and ``__MAX`` columns left out;
+* a long table, one value a row: ``run_name,metric,step,value`` (``run`` or no run column,
+  ``key`` or ``name`` for the metric);
+* a wide table, one step a row: a step column (``step``, ``global_step``, ``update``,
+  ``iteration``...) and a column per metric, as loops write them.
+
+Standard library only.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from datetime import datetime
 from typing import Any
 
-__all__ = ["as_snapshot_row", "trainer_state_rows"]
+__all__ = ["CsvTable", "as_snapshot_row", "csv_table", "log_rows", "trainer_state_rows"]
 
 # Names under which a framework's row carries its step, first found wins.
 _STEP_FIELDS = ("step", "_step", "global_step", "current_steps", "training_step")
@@ -96,15 +109,105 @@ def as_snapshot_row(row: Any) -> Any:
     return out
 
 
+def log_rows(document: Any) -> list[dict[str, Any]] | None:
+    """A whole log in one JSON document as flat records, one a step in step order: a Hugging
+    Face ``trainer_state.json`` (its ``log_history``, under any file name), or a list of step
+    rows. None when the document is no such log (a single record); [] for a log none of whose
+    entries has a step."""
+    if isinstance(document, dict) and isinstance(document.get("log_history"), list):
+        return trainer_state_rows(document)
+    if isinstance(document, list) and document and all(isinstance(e, dict) for e in document):
+        rows = _merged_by_step(document)
+        return rows or None  # no step anywhere: read (and refused) as one record
+    return None
+
+
 def trainer_state_rows(state: Any) -> list[dict[str, Any]]:
     """A ``trainer_state.json``'s log, one flat record a step (its training and evaluation
     entries of one step merged), in step order; [] when it holds none."""
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
         return []
+    return _merged_by_step(history)
+
+
+def _merged_by_step(history: list[Any]) -> list[dict[str, Any]]:
     by_step: dict[int, dict[str, Any]] = {}
     for entry in history:
         row = as_snapshot_row(entry)
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row is not entry:
             by_step.setdefault(row["step"], {}).update(row)
     return [by_step[s] for s in sorted(by_step)]
+
+
+# run name (None: the file names none) -> step -> metric -> value
+CsvTable = dict[str | None, dict[int, dict[str, float]]]
+_CSV_STEPS = ("step", "_step", "global_step", "steps", "update", "iteration", "iter",
+              "training_step", "current_steps", "trainer/global_step")
+_CSV_RUNS = ("run_name", "run", "name")
+_CSV_KEYS = ("metric", "key", "name", "tag")
+# W&B's export: each value column comes with its min and max over the bucket, and a step column.
+_WANDB_EXTRA = ("__MIN", "__MAX", "__step")
+_WANDB_RUN_SEP = " - "
+
+
+def _csv_number(cell: str) -> float | None:
+    cell = cell.strip()
+    if not cell:
+        return None
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _csv_step(cell: str) -> int | None:
+    value = _csv_number(cell)
+    if value is None or not math.isfinite(value) or not value.is_integer() or value < 0:
+        return None
+    return int(value)
+
+
+def csv_table(text: str) -> CsvTable | None:
+    """The metrics of a CSV file by run and step; None when the file is no such table (no step
+    column in its header): a CSV of anything else is none of ours. Cells that are no number
+    (a timestamp, a word) and rows without a step are left out."""
+    rows = csv.reader(io.StringIO(text))
+    header = next(rows, None)
+    if not header:
+        return None
+    lower = [h.strip().lower() for h in header]
+    step_col = next((lower.index(n) for n in _CSV_STEPS if n in lower), None)
+    if step_col is None:
+        return None
+    table: CsvTable = {}
+    key_col = next((lower.index(n) for n in _CSV_KEYS if n in lower), None)
+    if key_col is not None and "value" in lower:
+        run_col = next((lower.index(n) for n in _CSV_RUNS if n in lower and lower.index(n) != key_col), None)
+        value_col = lower.index("value")
+        for row in rows:
+            if len(row) <= max(step_col, key_col, value_col):
+                continue
+            step, value = _csv_step(row[step_col]), _csv_number(row[value_col])
+            key = row[key_col].strip()
+            if step is None or value is None or not key:
+                continue
+            run = row[run_col].strip() or None if run_col is not None and run_col < len(row) else None
+            table.setdefault(run, {}).setdefault(step, {})[key] = value
+        return table
+    columns: list[tuple[int, str | None, str]] = []
+    for i, name in enumerate(header):
+        if i == step_col or name.endswith(_WANDB_EXTRA) or not name.strip():
+            continue
+        run, sep, key = name.partition(_WANDB_RUN_SEP)
+        columns.append((i, run.strip(), key.strip()) if sep else (i, None, name.strip()))
+    for row in rows:
+        if len(row) <= step_col:
+            continue
+        step = _csv_step(row[step_col])
+        if step is None:
+            continue
+        for i, run, key in columns:
+            if i < len(row) and (value := _csv_number(row[i])) is not None:
+                table.setdefault(run, {}).setdefault(step, {})[key] = value
+    return table

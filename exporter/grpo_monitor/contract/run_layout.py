@@ -23,7 +23,7 @@ from pathlib import Path
 from grpo_monitor.contract.safe_io import replace_file, walk
 
 __all__ = [
-    "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES",
+    "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES", "NOT_SNAPSHOTS",
     "PAUSE_RECORD", "REBASELINE_REQUEST", "REPORT_FOLDER", "ROLLBACK_TARGET", "SNAPSHOT_SUFFIXES",
     "check_run_name", "folder_name", "is_appended", "is_run_label", "run_label", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
     "rotation_of", "run_files", "run_name_from", "run_name_problem", "runs_in", "segment_file",
@@ -199,10 +199,23 @@ def is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+# JSON files a trainer's output folder holds beside its logs, which are no records: a model's and
+# tokenizer's configuration in every checkpoint, W&B's run metadata. Pointed at that folder
+# (docs/loggers.md), the exporter leaves them alone rather than count each as a bad record.
+NOT_SNAPSHOTS = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "adapter_config.json",
+    "preprocessor_config.json", "processor_config.json", "chat_template.json",
+    "model.safetensors.index.json", "pytorch_model.bin.index.json", "training_args.json",
+    "wandb-summary.json", "wandb-metadata.json", "rng_state.json", "scheduler.json",
+    "latest_checkpointed_iteration.json",
+})
+
+
 def is_snapshot_path(path: Path, root: Path) -> bool:
     """Whether ``path`` under ``root`` names a snapshot file: a ``*.jsonl`` or ``*.json`` file
-    not hidden, and in no hidden folder below ``root``."""
-    if path.suffix not in SNAPSHOT_SUFFIXES:
+    not hidden, in no hidden folder below ``root``, and none of the NOT_SNAPSHOTS."""
+    if path.suffix not in SNAPSHOT_SUFFIXES or path.name in NOT_SNAPSHOTS:
         return False
     # String work, not pathlib's relative_to: the ingest asks for every file event.
     full, top = str(path), str(root)
@@ -245,6 +258,7 @@ def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True,
                                 descend=lambda name: nested and not is_hidden(name)):
         for entry in entries:
             if (entry.name.endswith(SNAPSHOT_SUFFIXES) and not is_hidden(entry.name)
+                    and entry.name not in NOT_SNAPSHOTS
                     and not entry.is_dir(follow_symlinks=False)):
                 found.append(folder / entry.name)
     found.sort(key=lambda p: _written_order(p, top))

@@ -188,6 +188,8 @@ class Snapshot:
     # Problems that cost part of the record, as (reason, detail) for the error counter.
     problems: list[tuple[str, str]] = field(default_factory=list)
     framework: str | None = None  # a native record's own word on who wrote it
+    # What it was read from: "snapshots", or the format of a logger's file (logger_layout.py).
+    source: str = "snapshots"
 
 
 class RecordError(ValueError):

@@ -94,7 +94,8 @@ RUN_LOG_INTERVAL = Family(
 RUN_INFO = Family(
     "grpo_run_info", "gauge",
     "Constant 1: who wrote the run (framework: a native record's own word, else the shape of its "
-    "records' key names; empty when unknown).")
+    "records' key names; empty when unknown) and what it was read from (source: snapshots, or a "
+    "logger's files).")
 RUN_LOGGED_STEPS = Family(
     "grpo_run_logged_steps", "gauge", "Steps the run has logged a record for (its busiest rank's count).")
 SIGNAL_LOGGED = Family(

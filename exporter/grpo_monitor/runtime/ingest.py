@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from grpo_monitor.contract.run_layout import (
     MAX_CONTROL_BYTES,
+    NOT_SNAPSHOTS,
     REBASELINE_REQUEST,
     SNAPSHOT_SUFFIXES,
     is_appended,
@@ -45,9 +46,9 @@ from grpo_monitor.contract.snapshot import (
     parse_record,
 )
 from grpo_monitor.contract.logger_layout import (
-    BINARY_FORMATS, TRAINER_STATE, is_logger_link, logger_format,
+    READER_FORMATS, is_logger_link, logger_format,
 )
-from grpo_monitor.contract.logger_rows import as_snapshot_row, trainer_state_rows
+from grpo_monitor.contract.logger_rows import as_snapshot_row, log_rows
 from grpo_monitor.contract.key_map import KEY_MAP_FILE, MAX_KEY_MAP_BYTES, KeyMap, KeyMapError
 from grpo_monitor.runtime.loggers.sources import LoggerFiles
 from grpo_monitor.runtime.rebaseline import RebaselineRequest
@@ -177,7 +178,8 @@ class Ingestor:
         # run folder name -> its key map over the flag's (None: neither has one), read at the
         # run's first record and again whenever its file changes.
         self._run_key_maps: dict[str, KeyMap | None] = {}
-        # The last step applied of each run read from trainer_state.json files (one a checkpoint).
+        # The last step applied of each run read from whole logs in one JSON document
+        # (trainer_state.json, one a checkpoint: _log_rows).
         self._logged_upto: dict[str, int] = {}
         self.store = store
         self.health = health
@@ -474,8 +476,9 @@ class Ingestor:
                     name = entry.name
                     if is_hidden(name) and name not in _CONTROL_NAMES:
                         continue
-                    if not name.endswith(SNAPSHOT_SUFFIXES) and name not in _CONTROL_NAMES \
-                            and logger_format(name) not in BINARY_FORMATS:
+                    if (not name.endswith(SNAPSHOT_SUFFIXES) or name in NOT_SNAPSHOTS) \
+                            and name not in _CONTROL_NAMES \
+                            and logger_format(name) not in READER_FORMATS:
                         if entry.is_symlink() and not is_logger_link(folder, name):
                             self._refuse(folder / name, Refused(folder / name, SYMLINK,
                                                                 "a symbolic link"))
@@ -542,6 +545,7 @@ class Ingestor:
         self._finished.clear()
         self._vacated &= current.keys()
         self._seen = current
+        self.loggers.settle()
 
     def _scan_all(self, current: dict[Path, tuple[int, ...]]) -> None:
         listed = self.scan()
@@ -569,6 +573,7 @@ class Ingestor:
             self.process(path, st.st_ino if st is not None else None, history=st is None,
                          budget=None)
             read.add(path)
+        self.loggers.settle()
         return read
 
     # -- reading -----------------------------------------------------------------------------
@@ -588,7 +593,7 @@ class Ingestor:
             self._run_key_maps.pop(self._run_folder(path) or "", None)  # read at its next record
             self._refused.pop(path, None)
             return
-        if (fmt := logger_format(path.name)) in BINARY_FORMATS:
+        if (fmt := logger_format(path.name)) in READER_FORMATS:
             if self._visible(path):
                 self._logger_file(path, fmt, budget)
             return
@@ -972,24 +977,28 @@ class Ingestor:
         state.digest = digest
         # A *.json file that stops mid-document is most likely still being written: counted as
         # incomplete, and read again on its next change.
-        if path.name == TRAINER_STATE:
-            self._trainer_state(path, data, _dated(st.st_mtime, written_after), state.inode)
-            return
-        self._record(path, data, _dated(st.st_mtime, written_after), whole_file=True,
-                     inode=state.inode)
-
-    def _trainer_state(self, path: Path, data: bytes, mtime: float, inode: int) -> None:
-        """A Hugging Face checkpoint's ``trainer_state.json``: the whole log so far, saved again
-        with every checkpoint. Only the steps past what the run's earlier checkpoints gave are
-        applied, so that a new checkpoint adds its steps and an old one (read late) adds none."""
+        mtime = _dated(st.st_mtime, written_after)
         try:
-            state = decode_record(data, whole_file=True)
+            obj = decode_record(data, whole_file=True)
         except RecordError as exc:
             self.error(path, exc.reason, str(exc))
             return
-        rows = trainer_state_rows(state)
-        if not rows and state:
-            self.error(path, "invalid_record", "a trainer_state.json with no step in its log_history")
+        rows = log_rows(obj)
+        if rows is not None:
+            self._log_rows(path, rows, mtime, state.inode)
+            return
+        snap = self.parse_object(path, obj, mtime)
+        if snap is not None:
+            self._apply(path, snap, mtime, state.inode)
+
+    def _log_rows(self, path: Path, rows: list[dict[str, Any]], mtime: float, inode: int) -> None:
+        """A whole log in one JSON document (a Hugging Face checkpoint's ``trainer_state.json``,
+        a loop's list of step rows), saved again as it grows: only the steps past what the run's
+        earlier documents gave are applied, so that a new checkpoint adds its steps and an old
+        one (read late) adds none."""
+        if not rows:
+            self.error(path, "invalid_record", "a log with no step in its entries")
+            return
         run = identity_from_path(path, self.root)[0]
         done = self._logged_upto.get(run, -1)
         for row in rows:
@@ -1059,6 +1068,7 @@ class Ingestor:
             if count:
                 self.error(path, exc.reason, str(exc))
             return None
+        snap.source = logger_format(path.name) or "snapshots"
         for reason, detail in snap.problems if count else ():
             self.error(path, reason, detail)
         if snap.run != run and path.parent != self.root:

@@ -328,6 +328,9 @@ class RunState:
     pace: tuple[float, float] | None = None
     blocks: dict[str, str] = field(default_factory=dict)
     framework: str = ""  # who wrote the run, once known (grpo_run_info)
+    # What its first record was read from: a logger's format, or snapshots ("": a state saved
+    # before loggers' files were read, when there was nothing but snapshots).
+    source: str = ""
     key_ranks: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # canonical key -> ranks
     closest: dict[str, list[str]] = field(default_factory=dict)  # unknown key -> likely meant
     armed: list[Armed] = field(default_factory=list)  # the armed table, as last rendered
@@ -389,7 +392,8 @@ class RunState:
         unknown = "".join(
             f'{ex.UNKNOWN_KEY_INFO.name}{{run="{run}",key="{ex.escape_label(k)}",'
             f'closest="{ex.escape_label(",".join(c))}"}} 1\n' for k, c in self.closest.items())
-        return {ex.RUN_INFO.name: f'{ex.RUN_INFO.name}{{run="{run}",framework="{ex.escape_label(self.framework)}"}} 1\n',
+        return {ex.RUN_INFO.name: f'{ex.RUN_INFO.name}{{run="{run}",framework="{ex.escape_label(self.framework)}",'
+                                  f'source="{self.source or "snapshots"}"}} 1\n',
                 ex.RUN_LOGGED_STEPS.name: f'{ex.RUN_LOGGED_STEPS.name}{{run="{run}"}} {steps}\n',
                 ex.SIGNAL_LOGGED.name: logged, ex.CARD_ARMED.name: cards, ex.UNKNOWN_KEY_INFO.name: unknown}
 
@@ -568,6 +572,7 @@ class RunStore:
                 run.last_write = min(wrote_at, time.time())
                 self._dirty = {d for d in self._dirty if d[0] != snap.run}
                 rank = None
+            run.source = run.source or snap.source
             run.note_end(snap, ending)
             run.paused_ranks.discard(snap.rank)  # it wrote a step: it is not waiting
             if rank is not None and (snap.step < rank.step or ROLLBACK in types):

@@ -171,6 +171,7 @@ class SnapshotWatcher:
             if batch or unfinished:
                 self._handle(batch)
                 self._read_changed(dict.fromkeys(p for p in unfinished if p in self.ingestor.unfinished))
+                self._safe(self.ingestor.loggers.settle)  # CSV tables: their folder's, merged
                 self._safe(self.ingestor.store.flush)
             if filling:  # a turn of the backfill after each batch: new records are not held up
                 self._safe(self._backfill_turn)

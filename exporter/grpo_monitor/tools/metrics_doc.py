@@ -89,7 +89,7 @@ Which cards can fire on the run, and what it logs of the minimum curves
 | `{card_armed}` | gauge | run, card, severity, reason, needs | one per card of the catalog: 1 when it can fire on the run now; 0 with `reason` `missing_signal` (`needs`: the keys to log, comma-separated), `baseline_pending` or `not_applicable` |
 | `{signal_logged}` | gauge | run, key | per minimum curve ({curves}): 1 once a rank of the run logged it, else 0 (GRPOSignalMissing) |
 | `{logged_steps}` | gauge | run | steps the run has logged a record for, its busiest rank's count |
-| `{run_info}` | gauge | run, framework | constant 1: who wrote the run (a native record's `framework`, else the first key name only one framework logs; empty when unknown) |
+| `{run_info}` | gauge | run, framework, source | constant 1: who wrote the run (a native record's `framework`, else the first key name only one framework logs; empty when unknown), and what it was read from (`source`: `snapshots`, or a logger's files: `wandb`, `tensorboard`, `mlflow`, `trackio`, `jsonl`, `trainer_state`, `csv` — [loggers.md](loggers.md); a run read from a logger's files has no pause gate unless its trainer adds one) |
 | `{unknown_info}` | gauge | run, key, closest | constant 1 per key that maps to no signal (under the same cap as `{unknown}`), `closest` the known names it most likely meant (within two edits, not another statistic of a signal), empty when none |
 
 A run that has not ended stays in `/metrics` for at least {retain} of its log intervals (before its

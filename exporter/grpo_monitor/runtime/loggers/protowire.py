@@ -41,7 +41,11 @@ def fields(data: bytes | memoryview) -> Iterator[tuple[int, int, int | bytes]]:
     array). WireError on bytes that end mid-field or use a group or unknown wire type."""
     pos, end = 0, len(data)
     while pos < end:
-        tag, pos = _varint(data, pos)
+        tag = data[pos]
+        if tag < 0x80:  # a one-byte tag (fields 1-15): the common case, inline
+            pos += 1
+        else:
+            tag, pos = _varint(data, pos)
         number, wire = tag >> 3, tag & 7
         if wire == VARINT:
             value, pos = _varint(data, pos)
@@ -57,7 +61,11 @@ def fields(data: bytes | memoryview) -> Iterator[tuple[int, int, int | bytes]]:
             yield number, wire, int.from_bytes(data[pos:pos + 4], "little")
             pos += 4
         elif wire == LENGTH:
-            size, pos = _varint(data, pos)
+            if pos < end and data[pos] < 0x80:
+                size = data[pos]
+                pos += 1
+            else:
+                size, pos = _varint(data, pos)
             if pos + size > end:
                 raise WireError("a length-delimited field runs past the message")
             yield number, wire, bytes(data[pos:pos + size])

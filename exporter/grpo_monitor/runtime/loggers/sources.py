@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.contract.logger_layout import logger_run
+from grpo_monitor.contract.logger_rows import CsvTable, csv_table
 from grpo_monitor.contract.safe_io import Refused, open_regular
 from grpo_monitor.runtime.loggers import databases, tensorboard, wandb_file
 
@@ -38,6 +39,10 @@ Apply = Callable[[Path, str, dict[str, Any], float], None]
 Error = Callable[[Path, str, str], None]
 # First bytes kept of a file: a rewrite in place to the same or a larger size is told by them.
 _HEAD_BYTES = 64
+# A CSV table is read whole at each change: an export or a loop's log, far below this.
+MAX_CSV_BYTES = 16 << 20
+# Its header line, read first to tell a table of metrics from any other CSV.
+_CSV_HEADER_BYTES = 64 << 10
 
 
 @dataclass
@@ -71,6 +76,17 @@ def _float32_text(value: float) -> float:
     return value
 
 
+@dataclass
+class CsvFolder:
+    """The CSV tables of one folder, merged into runs by ``settle``."""
+
+    tables: dict[Path, CsvTable] = field(default_factory=dict)
+    mtimes: dict[Path, float] = field(default_factory=dict)
+    applied: dict[str, int] = field(default_factory=dict)  # run -> last step applied
+    rewritten: bool = False
+    dirty: bool = False
+
+
 class LoggerFiles:
     """Every logger file the ingest has found, and how far each was read."""
 
@@ -79,9 +95,11 @@ class LoggerFiles:
         self.apply = apply
         self.error = error
         self.files: dict[Path, LoggedFile] = {}
+        self.csv_folders: dict[Path, CsvFolder] = {}
 
     def forget(self, path: Path) -> None:
         self.files.pop(path, None)
+        self._csv_gone(path)
 
     def formats(self) -> dict[str, set[str]]:
         """The runs read from each format (for ``check`` and the log)."""
@@ -95,6 +113,9 @@ class LoggerFiles:
         """Read what is new in ``path``; True when ``budget`` left some of it for later."""
         if fmt in ("mlflow", "trackio"):
             return self._database(path, fmt, budget)
+        if fmt == "csv":
+            self._csv(path)
+            return False
         try:
             fh = open_regular(self.root, path)
         except Refused:
@@ -160,6 +181,7 @@ class LoggerFiles:
 
     def flush_all(self) -> None:
         """Every file's newest step, as whole: for a tool that reads a folder once."""
+        self.settle()
         for path, state in self.files.items():
             self._flush(path, state)
 
@@ -196,6 +218,72 @@ class LoggerFiles:
         for row in read.rows:
             self.apply(path, state.run, row, mtime)
 
+    def _csv(self, path: Path) -> None:
+        """A CSV table of metrics (contract/logger_rows.py), read whole: its folder's tables are
+        merged by run and step at the next ``settle`` (W&B exports one file per panel)."""
+        try:
+            fh = open_regular(self.root, path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            self._csv_gone(path)
+            return
+        with fh:
+            st = os.fstat(fh.fileno())
+            state = self.files.get(path)
+            if state is None or state.inode != st.st_ino:
+                state = self.files[path] = LoggedFile("csv", inode=st.st_ino)
+            header = fh.readline(_CSV_HEADER_BYTES)
+            if state.mtime == st.st_mtime and state.offset == st.st_size:
+                return  # read already, unchanged
+            grew = bool(state.head) and st.st_size >= state.offset and header == state.head
+            state.head, state.offset, state.mtime = header, st.st_size, st.st_mtime
+            if csv_table(header.decode("utf-8", "replace")) is None:
+                state.unreadable = True  # a CSV of something else (a data set): none of ours
+                self._csv_gone(path)
+                return
+            state.unreadable = False
+            if st.st_size > MAX_CSV_BYTES:
+                self.error(path, "oversized", f"a CSV table of {st.st_size} bytes > {MAX_CSV_BYTES}")
+                self._csv_gone(path)
+                return
+            table = csv_table((header + fh.read(MAX_CSV_BYTES)).decode("utf-8", "replace"))
+        folder = self.csv_folders.setdefault(path.parent, CsvFolder())
+        folder.tables[path] = table or {}
+        folder.mtimes[path] = st.st_mtime
+        folder.rewritten |= not grew
+        folder.dirty = True
+
+    def _csv_gone(self, path: Path) -> None:
+        folder = self.csv_folders.get(path.parent)
+        if folder is not None and folder.tables.pop(path, None) is not None:
+            folder.rewritten = folder.dirty = True
+
+    def settle(self) -> None:
+        """Apply what the CSV tables read since the last call add, merged by run and step: all
+        of a run again when a table appeared, went or was rewritten (its steps go back: the
+        store builds the run anew), else the steps past those applied (a table that grew)."""
+        for where, folder in self.csv_folders.items():
+            if not folder.dirty:
+                continue
+            folder.dirty = False
+            full, folder.rewritten = folder.rewritten, False
+            merged: dict[str, dict[int, dict[str, float]]] = {}
+            for path in sorted(folder.tables):
+                for run, steps in folder.tables[path].items():
+                    name = run or logger_run(path, self.root, "csv")
+                    into = merged.setdefault(name, {})
+                    for step, values in steps.items():
+                        into.setdefault(step, {}).update(values)
+            if not folder.tables:
+                continue
+            source = min(folder.tables)  # the file named as the rows' source
+            mtime = max(folder.mtimes.get(p, 0.0) for p in folder.tables)
+            for run, steps in merged.items():
+                done = -1 if full else folder.applied.get(run, -1)
+                for step in sorted(s for s in steps if s > done):
+                    self.apply(source, run, {"step": step, **steps[step]}, mtime)
+                if steps:
+                    folder.applied[run] = max(steps)
+
     def _database(self, path: Path, fmt: str, budget: int | None) -> bool:
         state = self.files.get(path)
         if state is None:
@@ -227,3 +315,15 @@ class LoggerFiles:
             state.run = run
             self.apply(path, run, row, mtime)
         return read.more
+
+
+def read_file(root: Path, path: Path, fmt: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """Every record of one logger file at once, for a tool (``report``): (run, flat record)
+    pairs in the order written, and the problems met (as ``reason: detail``)."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    problems: list[str] = []
+    files = LoggerFiles(root, lambda _p, run, row, _m: rows.append((run, row)),
+                        lambda _p, reason, detail: problems.append(f"{reason}: {detail}"))
+    files.process(path, fmt, None)
+    files.flush_all()
+    return rows, problems

@@ -21,8 +21,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from grpo_monitor.contract.run_layout import is_appended, run_files, run_label
-from grpo_monitor.contract.safe_io import Refused, lines, open_regular, printable
+from grpo_monitor.contract.logger_layout import READER_FORMATS, logger_format
+from grpo_monitor.contract.logger_rows import as_snapshot_row, log_rows
+from grpo_monitor.contract.run_layout import is_appended, is_hidden, run_files, run_label
+from grpo_monitor.contract.safe_io import Refused, lines, open_regular, printable, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
     Snapshot,
@@ -33,6 +35,7 @@ from grpo_monitor.contract.snapshot import (
 )
 from grpo_monitor.runtime.ingest import DEFAULT_MAX_FILE_BYTES as MAX_FILE_BYTES
 from grpo_monitor.runtime.ingest import DEFAULT_MAX_LINE_BYTES as MAX_LINE_BYTES
+from grpo_monitor.runtime.loggers.sources import read_file
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -67,7 +70,9 @@ class RunData:
 
 
 def load_run(run_dir: Path | str) -> RunData:
-    """Every record of the run folder (all ranks, rotated segments, *.json), bad lines skipped."""
+    """Every record of the run folder (all ranks, rotated segments, *.json), bad lines skipped;
+    and of the loggers' files below it (docs/loggers.md): a W&B run folder, a TensorBoard log
+    folder, a folder with a framework's JSONL file or a trainer's checkpoints is a run too."""
     run_dir = Path(run_dir)
     # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
     reader = _Reader(RunData(run=run_label(run_dir.name), path=run_dir))
@@ -83,7 +88,43 @@ def load_run(run_dir: Path | str) -> RunData:
             continue
         with fh:
             reader.file(fh, path, run, rank)
+    _logger_files(run_dir, reader)
     return reader.data
+
+
+def _logger_files(run_dir: Path, reader: _Reader) -> None:
+    """The W&B run files, TensorBoard event files and databases below ``run_dir``, oldest
+    first; their runs are reported as one (say so when they are several)."""
+    found: list[tuple[float, Path, str]] = []
+    for folder, entries in walk(run_dir, descend=lambda name: not is_hidden(name)):
+        for entry in entries:
+            fmt = logger_format(entry.name)
+            if fmt in READER_FORMATS and entry.is_file(follow_symlinks=False):
+                found.append((entry.stat(follow_symlinks=False).st_mtime, folder / entry.name, fmt))
+    names: set[str] = set()
+    for mtime, path, fmt in sorted(found):
+        try:
+            rows, problems = read_file(run_dir, path, fmt)
+        except Refused as exc:
+            reader.data.refused.append(path)
+            log.warning("%s: %s, not read", printable(path), exc.what)
+            continue
+        except OSError:
+            continue
+        for problem in problems:
+            log.warning("%s: %s", printable(path), printable(problem))
+        reader.data.bad_lines += sum(not p.startswith("unreadable_format") for p in problems)
+        for run, row in rows:
+            names.add(run)
+            try:
+                snap = parse_record(row, run=run, rank=0, mtime=mtime)
+            except RecordError:
+                reader.data.bad_lines += 1
+                continue
+            reader.record(snap, True)
+    if len(names) > 1:
+        log.warning("%s holds %d logger runs (%s): reported as one; give one run's folder",
+                    printable(run_dir), len(names), ", ".join(sorted(names)))
 
 
 class _Reader:
@@ -105,6 +146,7 @@ class _Reader:
         else:
             whole = fh.read(MAX_FILE_BYTES + 1)
             raws = [None if len(whole) > MAX_FILE_BYTES else whole]
+        fmt = logger_format(path.name)
         for raw in raws:
             if raw is not None and not raw.strip():
                 continue
@@ -113,6 +155,10 @@ class _Reader:
                     raise RecordError("oversized", "over the size read")
                 obj = decode_record(raw)
                 objs = obj if isinstance(obj, list) and not appended else [obj]
+                if fmt == "jsonl":  # a framework's own row (contract/logger_rows.py)
+                    objs = [as_snapshot_row(o) for o in objs]
+                elif not appended and (rows := log_rows(obj)) is not None:
+                    objs = rows  # a whole log in one document (trainer_state.json)
                 snaps = [parse_record(o, run=run, rank=rank, mtime=mtime) for o in objs]
             except RecordError:
                 self.data.bad_lines += 1
