@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -86,3 +87,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    # Without finalizing, as the example does (plain_pytorch.leave says why).
+    load_example().leave(int(os.environ.get("WORLD_SIZE", "1")) > 1)

@@ -97,6 +97,12 @@ def _series(n: int) -> Callable[[list[dict[str, Any]]], bool]:
     return lambda result: len(result) == n
 
 
+def _series_at(n: int, value: float) -> Callable[[list[dict[str, Any]]], bool]:
+    """``n`` series, each at ``value``: a job that has exited is scraped at its end only at the
+    next scrape, and its ranks may exit within one scrape interval of their last step."""
+    return lambda result: len(result) == n and all(float(r["value"][1]) == value for r in result)
+
+
 def _empty(result: list[dict[str, Any]]) -> bool:
     return not result
 
@@ -128,14 +134,15 @@ def test_file_sd_finds_both_nodes_and_the_run_spans_them(fleet: Fleet, jobs: Job
     assert {r["metric"]["node"] for r in up} == {"127.0.0.1"}
 
     # The run is whole only across both exporters: 2 ranks on each, 4 in all.
-    ranks = fleet.wait_query(f'grpo_step{{run="{PLAIN}"}}', _series(4), DEADLINE_S,
-                             what="4 ranks")
+    ranks = fleet.wait_query(f'grpo_step{{run="{PLAIN}"}}', _series_at(4, PLAIN_STEPS),
+                             DEADLINE_S, what="4 ranks at their last step")
     assert _by(ranks, "rank", "instance") == {
         ("0", a.target): PLAIN_STEPS, ("1", a.target): PLAIN_STEPS,
         ("2", b.target): PLAIN_STEPS, ("3", b.target): PLAIN_STEPS}
     assert _one(fleet.query(f'count by (run) (grpo_step{{run="{PLAIN}"}})')) == 4
     assert _one(fleet.query(f'max by (run) (grpo_world_size{{run="{PLAIN}"}})')) == 4
-    assert _one(fleet.query(f'max by (run) (grpo_run_ended{{run="{PLAIN}"}})')) == 1
+    fleet.wait_query(f'max by (run) (grpo_run_ended{{run="{PLAIN}"}})', _series_at(1, 1),
+                     DEADLINE_S, what="the run's end mark")
 
     # A node joins and leaves through the file_sd folder alone: a rewritten file adds and
     # removes a target, a new file adds one and deleting it removes it, all without a
@@ -296,8 +303,8 @@ def test_remote_write_receiver_answers_the_dashboards_like_the_fleet(fleet: Flee
     assert ext == yaml.safe_load(FLEET_YML.read_text())["global"]["external_labels"]
     assert {"monitor", "cluster"} <= ext.keys()
     # The store holds the exporters' series with the fleet's external labels added.
-    stored = fleet.wait_query(f'grpo_step{{run="{PLAIN}"}}', _series(4), DEADLINE_S,
-                              url=fleet.receiver_url, what="4 ranks")
+    stored = fleet.wait_query(f'grpo_step{{run="{PLAIN}"}}', _series_at(4, PLAIN_STEPS),
+                              DEADLINE_S, url=fleet.receiver_url, what="4 ranks at their last step")
     for r in stored:
         m = r["metric"]
         assert (m["monitor"], m["cluster"], m["job"], m["node"]) == \

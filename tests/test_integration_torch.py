@@ -25,6 +25,7 @@ dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=int(sys.argv[3
 plain_pytorch.main(sys.argv[4:])
 dist.barrier()  # leave together (examples/plain_pytorch.py says why)
 dist.destroy_process_group()
+plain_pytorch.leave(True)  # without finalizing: Gloo's workers may still hold tensors
 """
 
 

@@ -60,3 +60,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from plain_pytorch import leave
+
+    leave(True)  # without finalizing: Gloo's workers may still hold tensors (plain_pytorch.leave)
