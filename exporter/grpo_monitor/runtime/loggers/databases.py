@@ -108,18 +108,25 @@ def _went_back(conn: sqlite3.Connection, cursor: dict[str, Any], table: str, key
     return top < last
 
 
-def _mlflow(conn: sqlite3.Connection, cursor: dict[str, Any], limit: int) -> Read:
-    if _went_back(conn, cursor, "metrics", "rowid"):
+def _page(conn: sqlite3.Connection, fmt: str, columns: str, key: str, cursor: dict[str, Any],
+          limit: int) -> tuple[list[tuple[Any, ...]], Read]:
+    """The metric rows past the cursor's (by ``key``, which only grows), ``limit`` at most,
+    and the Read that will carry them; from the first row when the table's rows went back."""
+    if _went_back(conn, cursor, "metrics", key):
         cursor = {}
-    names = dict(conn.execute(
-        "SELECT r.run_uuid, COALESCE(NULLIF(r.name, ''), r.run_uuid) FROM runs r").fetchall())
-    rows = conn.execute(
-        "SELECT rowid, run_uuid, step, key, value, is_nan, timestamp FROM metrics "
-        "WHERE rowid > ? ORDER BY rowid LIMIT ?", (cursor.get("last", 0), limit + 1)).fetchall()
+    rows = conn.execute(f"SELECT {key}, {columns} FROM metrics WHERE {key} > ? ORDER BY {key} "
+                        "LIMIT ?", (cursor.get("last", 0), limit + 1)).fetchall()
     more = len(rows) > limit
     rows = rows[:limit]
-    out = Read("mlflow", cursor={"last": rows[-1][0] if rows else cursor.get("last", 0)},
-               more=more)
+    return rows, Read(fmt, cursor={"last": rows[-1][0] if rows else cursor.get("last", 0)},
+                      more=more)
+
+
+def _mlflow(conn: sqlite3.Connection, cursor: dict[str, Any], limit: int) -> Read:
+    names = dict(conn.execute(
+        "SELECT r.run_uuid, COALESCE(NULLIF(r.name, ''), r.run_uuid) FROM runs r").fetchall())
+    rows, out = _page(conn, "mlflow", "run_uuid, step, key, value, is_nan, timestamp", "rowid",
+                      cursor, limit)
     grouped: dict[tuple[str, int], dict[str, Any]] = {}
     for _, run_uuid, step, key, value, is_nan, timestamp in rows:
         record = grouped.get((run_uuid, step))
@@ -138,15 +145,7 @@ def _mlflow(conn: sqlite3.Connection, cursor: dict[str, Any], limit: int) -> Rea
 
 
 def _trackio(conn: sqlite3.Connection, cursor: dict[str, Any], limit: int) -> Read:
-    if _went_back(conn, cursor, "metrics", "id"):
-        cursor = {}
-    rows = conn.execute(
-        "SELECT id, run_name, step, metrics, timestamp FROM metrics WHERE id > ? ORDER BY id "
-        "LIMIT ?", (cursor.get("last", 0), limit + 1)).fetchall()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    out = Read("trackio", cursor={"last": rows[-1][0] if rows else cursor.get("last", 0)},
-               more=more)
+    rows, out = _page(conn, "trackio", "run_name, step, metrics, timestamp", "id", cursor, limit)
     for _, run_name, step, metrics, timestamp in rows:
         try:
             values = json.loads(metrics)

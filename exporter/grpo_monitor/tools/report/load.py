@@ -81,8 +81,7 @@ def load_run(run_dir: Path | str) -> RunData:
         try:
             fh = open_regular(run_dir, path)
         except Refused as exc:
-            reader.data.refused.append(path)
-            log.warning("%s: %s, not read", printable(path), exc.what)
+            reader.refused(path, exc)
             continue
         except OSError:
             continue
@@ -106,8 +105,7 @@ def _logger_files(run_dir: Path, reader: _Reader) -> None:
         try:
             rows, problems = read_file(run_dir, path, fmt)
         except Refused as exc:
-            reader.data.refused.append(path)
-            log.warning("%s: %s, not read", printable(path), exc.what)
+            reader.refused(path, exc)
             continue
         except OSError:
             continue
@@ -135,6 +133,11 @@ class _Reader:
         self.latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
         self.timeline = Timeline()
         self.order = 0
+
+    def refused(self, path: Path, exc: Refused) -> None:
+        """A link, FIFO or device where a file of the run would be read: skipped, named."""
+        self.data.refused.append(path)
+        log.warning("%s: %s, not read", printable(path), exc.what)
 
     def file(self, fh: BinaryIO, path: Path, run: str, rank: int) -> None:
         """One file, streamed: memory stays bounded whatever it holds (a line over
