@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from polling import wait_for
 
-from conftest import ROOT, Running, Samples, value
+from conftest import ROOT, Running, Samples, parse_samples, value
 from grpo_monitor.contract.logger_layout import logger_format, logger_run
 from grpo_monitor.contract.logger_rows import as_snapshot_row, trainer_state_rows
 from grpo_monitor.sdk.writer import SnapshotWriter
@@ -145,7 +145,8 @@ def test_hostile_logger_files_are_counted_and_never_block(
     (snapshot_dir / "notb").mkdir()
     (snapshot_dir / "notb" / "events.out.tfevents.2.x").write_bytes(b"hello, world" * 10)
     wait_for(lambda: exporter.errors("unreadable_format") == 1)
-    (snapshot_dir / "notb" / "events.out.tfevents.2.x").write_bytes(b"hello, world" * 11)
+    with (snapshot_dir / "notb" / "events.out.tfevents.2.x").open("ab") as fh:
+        fh.write(b"hello, world")  # it grows: still the one file, counted once
     # A FIFO and a link under a logger's names: refused without opening, without blocking.
     os.mkfifo(snapshot_dir / "notb" / "run-fifo.wandb")
     outside = tmp_path / "outside.wandb"
@@ -349,3 +350,34 @@ def test_every_red_card_says_when_nothing_pauses_its_run() -> None:
     assert red and all("docs/loggers.md#pausing" in r["annotations"]["description"]
                        and 'source!~\\"|snapshots\\"' in r["annotations"]["description"]
                        for r in red), [r["alert"] for r in red]
+
+
+def test_a_logger_file_is_read_a_budget_at_a_time_and_a_torn_tail_waits_for_its_change(
+        tmp_path: Path, event_file: Path) -> None:
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
+
+    path = tmp_path / "r" / "events.out.tfevents.1.h"
+    path.parent.mkdir()
+    data = event_file.read_bytes()
+    path.write_bytes(data[:-7])  # the last record torn: its writer has not flushed the rest
+    ingest = Ingestor(tmp_path, RunStore(), ExporterHealth())
+    turns = 0
+    ingest.process(path, budget=512)
+    while ingest.unfinished:
+        turns += 1
+        for p in list(ingest.unfinished):
+            ingest.process(p, budget=512)
+    assert turns >= 3 and not ingest.unfinished  # in slices, and no turn for the torn record
+
+    def loss() -> float | None:
+        ingest.loggers.flush_all()
+        ingest.store.flush()
+        samples = parse_samples("".join(ingest.store.render()))
+        return value(samples, "grpo_loss", run="r", rank="0")
+
+    assert loss() == -0.05 and ingest.store.max_step("r") == STEPS  # step 30's loss is torn
+    path.write_bytes(data)  # the rest lands
+    ingest.process(path, budget=512)
+    assert not ingest.unfinished and loss() == 0.05

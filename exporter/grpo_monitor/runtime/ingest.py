@@ -417,6 +417,8 @@ class Ingestor:
         for table in (self._refused, self.unfinished):
             for p in [p for p in table if _under(p, gone)]:
                 del table[p]
+        for p in [p for p in self.loggers.files if _under(p, gone) and not p.exists()]:
+            self.loggers.forget(p)  # a CSV table gone takes its part of its folder's runs
 
     def moved(self, src: Path, dest: Path) -> None:
         """A rename: keep reading where we were, under the new name. The event may be late:

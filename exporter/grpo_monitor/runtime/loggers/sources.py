@@ -140,16 +140,16 @@ class LoggerFiles:
                 return False
             state.mtime, state.seen_pending = st.st_mtime, False
             fh.seek(state.offset)
-            want = st.st_size - state.offset
-            if budget is not None:
-                want = min(want, budget)
-            data = fh.read(want)
+            left = st.st_size - state.offset
+            cut = budget is not None and left > budget  # the rest waits for the next turn
+            data = fh.read(budget if cut else left)
             if fmt == "tensorboard":
                 self._tensorboard(path, state, data, st.st_mtime)
             else:
                 self._wandb(path, state, data, st.st_mtime)
-            return state.offset < st.st_size and not state.unreadable and budget is not None \
-                and len(data) >= want
+            # A record not whole yet at the end (a block W&B is still filling) is no reason to
+            # come back before the file changes.
+            return cut and not state.unreadable
 
     # -- per format ---------------------------------------------------------------------------
 
