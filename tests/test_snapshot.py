@@ -47,10 +47,23 @@ def test_shapes_detected() -> None:
 def test_record_errors() -> None:
     kw = {"run": "r", "rank": 0, "mtime": 1.0}
     for bad in ([], 3, {"metrics": {}}, {"step": -1, "metrics": {}}, {"step": 1.5, "x": 1},
-                {"step": 1, "time": "noon", "metrics": {}}, {"step": 1, "rank": -2, "metrics": {}}):
+                {"step": 1, "rank": -2, "metrics": {}}):
         with pytest.raises(RecordError) as exc:
             parse_record(bad, **kw)
         assert exc.value.reason == "invalid_record"
+
+
+@pytest.mark.parametrize("record", [
+    {"step": 1, "time": "noon", "metrics": {"loss": math.nan}},
+    {"step": 1, "time": math.nan, "metrics": {"loss": math.nan}},
+    {"step": 1, "time": math.inf, "metrics": {"loss": math.nan}},
+    {"step": 1, "_timestamp": -math.inf, "loss": math.nan},
+    {"step": 1, "timestamp": [3], "loss": math.nan},
+])
+def test_a_bad_time_costs_the_time_not_the_metrics(record: dict[str, object]) -> None:
+    snap = parse_record(record, run="r", rank=0, mtime=7.0)
+    assert snap.time == 7.0 and math.isnan(snap.metrics["loss"])
+    assert [reason for reason, _ in snap.problems] == ["invalid_time"]
 
 
 def test_alias_table_is_unambiguous_and_complete() -> None:

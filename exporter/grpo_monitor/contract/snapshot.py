@@ -150,8 +150,10 @@ class FlatRecord(_Envelope):
 _FLAT_RESERVED = frozenset(
     {"run", "rank", "world_size", "step", "_step", "global_step", "trainer/global_step", "time",
      "_timestamp", "timestamp", "_runtime", "events"})
-# Fields whose validation errors cost only themselves: the record's metrics survive.
-_DROPPABLE = ("samples", "events", "by_type", "framework")
+# Fields whose validation errors cost only themselves: the record's metrics survive. A bad time
+# (NaN, infinite, a word) loses the time, under any of its names: the record is timed by its file.
+_TIME_NAMES = ("time", "_timestamp", "timestamp")
+_DROPPABLE = ("samples", "events", "by_type", "framework", *_TIME_NAMES)
 
 
 def json_schema() -> dict[str, Any]:
@@ -391,7 +393,7 @@ def _validate(model: type[BaseModel], obj: dict[str, Any], problems: list[tuple[
             errors = exc.errors()
         else:
             for name in sorted(droppable):
-                problems.append((f"invalid_{name}", name))
+                problems.append(("invalid_time" if name in _TIME_NAMES else f"invalid_{name}", name))
             return rec
     first = errors[0]
     where = as_text(".".join(str(p) for p in first["loc"])) or "record"

@@ -44,6 +44,8 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
                     "text (a lone surrogate escape, `\\ud800`)", "the rest of the record"),
     "invalid_samples": ("a malformed `samples` list", "the record's metrics"),
     "invalid_events": ("a malformed `events` list", "the record's metrics"),
+    "invalid_time": ("a record's `time` (or `_timestamp`, `timestamp`) that is no finite number",
+                     "the record, timed by its file's modification time"),
     "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),
     "invalid_control": ("a malformed `.grpo-baseline.json` re-baseline request", "the current baseline"),
     "invalid_key_map": ("a run folder's `.grpo-keys.toml` that is no key map (bad TOML, a name "
