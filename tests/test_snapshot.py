@@ -93,3 +93,17 @@ def test_alias_table_is_unambiguous_and_complete() -> None:
               "train/reward": "reward/mean", "train/loss": "loss"}
     assert {name: canonical_key(name) for name in design} == design
     assert canonical_key("train/lr") == "train/lr" and canonical_key("unheard/of") is None
+
+
+@pytest.mark.parametrize("to_step", [-1, math.nan, "20", 10**30, 71, None, True, 2.5])
+def test_a_malformed_rollback_mark_is_counted_and_undoes_nothing(to_step: object) -> None:
+    mark = {"type": "rollback", "from_step": 70}
+    if to_step is not None:
+        mark["to_step"] = to_step
+    snap = parse_record({"step": 70, "metrics": {}, "events": [mark, {"type": "checkpoint_save"}]},
+                        run="r", rank=0, mtime=1.0)
+    assert [e.type for e in snap.events] == ["checkpoint_save"]
+    assert [reason for reason, _ in snap.problems] == ["invalid_events"]
+    good = parse_record({"step": 20, "events": [{"type": "rollback", "from_step": 70, "to_step": 20}]},
+                        run="r", rank=0, mtime=1.0)
+    assert [e.type for e in good.events] == ["rollback"] and not good.problems

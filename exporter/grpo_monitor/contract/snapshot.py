@@ -435,7 +435,8 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float,
             run=rec.run or run, rank=rank if rec.rank is None else rec.rank, step=rec.step,
             time=mtime if rec.time is None else rec.time, shape=shape, world_size=rec.world_size,
             metrics=metrics, names=names, unknown=unknown, by_type=by_type,
-            by_type_unknown=by_type_unknown, samples=rec.samples, events=rec.events,
+            by_type_unknown=by_type_unknown, samples=rec.samples,
+            events=_marks_checked(rec.events, problems),
             placement=placement, problems=problems, framework=rec.framework)
     if shape == "verl":
         verl = _validate(VerlRecord, obj, problems)
@@ -456,13 +457,35 @@ def parse_record(obj: Any, *, run: str, rank: int, mtime: float,
     return Snapshot(
         run=flat.run or run, rank=rank if flat.rank is None else flat.rank, step=flat.step,
         time=mtime if flat.time is None else flat.time, shape=shape, world_size=flat.world_size,
-        metrics=metrics, names=names, unknown=unknown, events=flat.events, problems=problems)
+        metrics=metrics, names=names, unknown=unknown, events=_marks_checked(flat.events, problems),
+        problems=problems)
 
 
 
 # A trainer that went back to a checkpoint says so: {"type": "rollback", "from_step": 70,
 # "to_step": 20}. The steps after to_step are undone (docs/signals.md#a-runs-timeline).
 ROLLBACK = "rollback"
+
+
+def _step_number(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
+
+
+def _marks_checked(events: list[Event], problems: list[tuple[str, str]]) -> list[Event]:
+    """The events, less the rollback marks whose ``to_step`` is no step (missing, negative, not
+    an integer, past 2^53) or lies after their ``from_step``: each is counted (invalid_events)
+    and undoes nothing."""
+    kept = []
+    for event in events:
+        if event.type == ROLLBACK:
+            extra = event.model_extra or {}
+            to, back_from = extra.get("to_step"), extra.get("from_step")
+            if not _step_number(to) or (_step_number(back_from) and to > back_from):  # type: ignore[operator]
+                problems.append(("invalid_events", f"a rollback mark whose to_step is no step "
+                                 f"before its from_step: {as_text(repr(to))[:40]}"))
+                continue
+        kept.append(event)
+    return kept
 
 
 def rollback_to(events: list[Event]) -> int | None:

@@ -43,7 +43,9 @@ ERROR_REASONS: dict[str, tuple[str, str]] = {
     "invalid_key": ("an empty or over-long (> 200 characters) metric key, or one that is no Unicode "
                     "text (a lone surrogate escape, `\\ud800`)", "the rest of the record"),
     "invalid_samples": ("a malformed `samples` list", "the record's metrics"),
-    "invalid_events": ("a malformed `events` list", "the record's metrics"),
+    "invalid_events": ("a malformed `events` list, or a rollback mark whose `to_step` is no step "
+                       "at or before its `from_step` (that mark undoes nothing)",
+                       "the record's metrics (and its other events)"),
     "invalid_time": ("a record's `time` (or `_timestamp`, `timestamp`) that is no finite number",
                      "the record, timed by its file's modification time"),
     "invalid_by_type": ("a malformed `by_type` map", "the record's metrics"),
