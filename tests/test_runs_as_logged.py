@@ -279,3 +279,19 @@ def test_a_key_map_flag_that_is_no_key_map_is_one_line(tmp_path: Path, snapshot_
     with pytest.raises(ValueError, match=r"--snapshot.key-map: .*did you mean 'reward/mean'"):
         Exporter(ExporterConfig(snapshot_dir=snapshot_dir, listen_address="127.0.0.1:0",
                                 key_map_file=bad))
+
+
+def test_a_key_map_nested_thousands_deep_is_one_bad_key_map(tmp_path: Path, snapshot_dir: Path) -> None:
+    """A few KB of inline tables nested 3,000 deep: counted once as a bad key map in a run
+    folder (the run still read, with the flag's names), one line for the flag, for check."""
+    deep = ('"reward" = ' + "{ x = " * 3000 + "1" + " }" * 3000 + "\n").encode()
+    with pytest.raises(KeyMapError, match="nested deeper"):
+        KeyMap.parse(deep, "deep.toml")
+    played = play_records([{"step": s, "reward": 0.5} for s in (1, 2, 3)], tmp_path,
+                          key_map=deep.decode())
+    assert any(k.startswith("grpo_window_") and 'key="reward/mean"' in k for k in played.series)
+    flag = tmp_path / "deep.toml"
+    flag.write_bytes(deep)
+    with pytest.raises(ValueError, match=r"--snapshot.key-map: .*nested deeper"):
+        Exporter(ExporterConfig(snapshot_dir=snapshot_dir, listen_address="127.0.0.1:0",
+                                key_map_file=flag))

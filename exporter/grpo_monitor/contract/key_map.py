@@ -76,6 +76,9 @@ class KeyMap:
             raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise KeyMapError(f"{where}: {exc}") from None
+        except RecursionError:
+            # Inline tables nested thousands deep: a few KB that would exhaust the parser's stack.
+            raise KeyMapError(f"{where}: nested deeper than a key map can be") from None
         return cls.from_mapping(raw, where)
 
     @classmethod
