@@ -18,6 +18,7 @@ Standard library only, like the rest of the contract.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import PurePath
 
 from grpo_monitor.contract.run_layout import DEFAULT_RUN, run_label
@@ -64,8 +65,10 @@ _DEFAULT_LOGDIR = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
 _WANDB_LINKS = frozenset({"latest-run", "debug.log", "debug-internal.log", "debug-core.log"})
 
 
+@lru_cache(maxsize=4096)
 def logger_format(name: str) -> str | None:
-    """The logger that writes files called ``name``: one of LOGGER_FORMATS, or None."""
+    """The logger that writes files called ``name``: one of LOGGER_FORMATS, or None. Cached:
+    asked for every record, of a few file names (``rank-0.jsonl``)."""
     if name in FRAMEWORK_JSONL:
         return "jsonl"
     if name == TRAINER_STATE:

@@ -106,9 +106,9 @@ HEAD_CHUNK = 64 << 10
 # longer line), and how close to the last line that reaches back far enough the tail starts: a
 # dozen perf records.
 PROBE_BYTES = 4 << 10
-# Hidden files the scan hands to process(): a run's re-baseline request and key map.
 # Formats named per run in Ingestor.sources (a run is written by one or two loggers).
 MAX_SOURCES_NAMED = 8
+# Hidden files the scan hands to process(): a run's re-baseline request and key map.
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
 
 
@@ -237,8 +237,9 @@ class Ingestor:
         # W&B run files, TensorBoard event files, MLflow and Trackio databases below the root:
         # read by readers of their own, their records parsed and applied as a snapshot's.
         self.loggers = LoggerFiles(root, self._logged_row, self.error)
-        # run -> the formats it was read from -> the first file of each (for check).
-        self.sources: dict[str, dict[str, Path]] = {}
+        # run -> the formats it was read from -> the first file of each: kept for a tool that
+        # asks (check sets it to {}), not by a long-running exporter.
+        self.sources: dict[str, dict[str, Path]] | None = None
 
     # -- a saved state (saved_state.py) ------------------------------------------------------
 
@@ -1086,9 +1087,8 @@ class Ingestor:
         return self._apply(path, snap, mtime, inode)
 
     def _apply(self, path: Path, snap: Snapshot, mtime: float, inode: int | None) -> bool:
-        if snap.run not in self.sources or len(self.sources[snap.run]) < MAX_SOURCES_NAMED:
-            self.sources.setdefault(snap.run, {}).setdefault(
-                logger_format(path.name) or "snapshots", path)
+        if self.sources is not None and len(self.sources.get(snap.run, ())) < MAX_SOURCES_NAMED:
+            self.sources.setdefault(snap.run, {}).setdefault(snap.source, path)
         if self.store.apply(snap, wrote_at=mtime) is False:
             self.error(path, "run_limit", self._run_limit())
             return False

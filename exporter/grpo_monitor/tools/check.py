@@ -47,11 +47,12 @@ def read_sources(folder: Path) -> tuple[RunStore, ExporterHealth, dict[str, dict
     root = folder if runs else folder.parent
     store, health = RunStore(), ExporterHealth()
     ingestor = Ingestor(root, store, health)
+    ingestor.sources = {}  # which files each run is read from, for describe()
     for run_dir in runs or [folder]:
         ingestor.scan_folder(run_dir)  # the start-up replay's way: oldest first, to the end
     ingestor.loggers.flush_all()
     store.flush()
-    return store, health, ingestor.sources
+    return store, health, ingestor.sources or {}
 
 
 def _names(key: str) -> str:

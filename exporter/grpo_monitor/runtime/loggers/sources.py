@@ -29,7 +29,7 @@ from typing import Any
 
 from grpo_monitor.contract.logger_layout import logger_run
 from grpo_monitor.contract.logger_rows import CsvTable, csv_table
-from grpo_monitor.contract.safe_io import Refused, open_regular
+from grpo_monitor.contract.safe_io import open_regular
 from grpo_monitor.runtime.loggers import databases, tensorboard, wandb_file
 
 __all__ = ["LoggedFile", "LoggerFiles"]
@@ -101,14 +101,6 @@ class LoggerFiles:
         self.files.pop(path, None)
         self._csv_gone(path)
 
-    def formats(self) -> dict[str, set[str]]:
-        """The runs read from each format (for ``check`` and the log)."""
-        out: dict[str, set[str]] = {}
-        for state in self.files.values():
-            if state.run:
-                out.setdefault(state.fmt, set()).add(state.run)
-        return out
-
     def process(self, path: Path, fmt: str, budget: int | None) -> bool:
         """Read what is new in ``path``; True when ``budget`` left some of it for later."""
         if fmt in ("mlflow", "trackio"):
@@ -117,9 +109,7 @@ class LoggerFiles:
             self._csv(path)
             return False
         try:
-            fh = open_regular(self.root, path)
-        except Refused:
-            raise
+            fh = open_regular(self.root, path)  # Refused (a link, a FIFO): the caller counts it
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             self.files.pop(path, None)
             return False
