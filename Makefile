@@ -3,9 +3,10 @@
 #               the package alone (no torch, trl, transformers or matplotlib) and Debian's
 #               prometheus and prometheus-alertmanager
 #               (`make demo ARGS=--trainer`: the tiny real trainer instead, and the torch extra)
-#   make test   everything the tests need (virtualenv with every extra, Debian's prometheus
-#               tools, docker-compose, and podman, runc, debootstrap for the compose stack in
-#               real containers), then the whole suite
+#   make test   everything the tests need (virtualenv with every extra, the loggers' own
+#               libraries in .venv-loggers, Debian's prometheus tools, docker-compose, and
+#               podman, runc, debootstrap for the compose stack in real containers), then the
+#               whole suite
 #   make dist   the wheel, in dist/: `pip install 'dist/grpo_monitor-VERSION-py3-none-any.whl[trl]'`
 #               in a trainer's environment (docs/sdk.md#install)
 # Set-up installs only what is missing, so a warm machine starts at once.
