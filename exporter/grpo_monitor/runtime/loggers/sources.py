@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,19 +60,6 @@ class LoggedFile:
     cursor: dict[str, Any] = field(default_factory=dict)  # a database's rows read so far
     mtime: float = 0.0  # the file's, when it last grew
     seen_pending: bool = False  # the pending step was there at the last rescan already
-
-
-def _float32_text(value: float) -> float:
-    """A float32 as the shortest decimal that is the same float32 (0.1, not 0.100000001):
-    the value the trainer logged, as the SDK would have written it."""
-    if value != value or value in (float("inf"), float("-inf")):
-        return value
-    packed = struct.pack("<f", value)
-    for digits in range(6, 10):
-        short = float(f"{value:.{digits}g}")
-        if struct.pack("<f", short) == packed:
-            return short
-    return value
 
 
 @dataclass
@@ -188,7 +174,7 @@ class LoggerFiles:
         row: dict[str, Any] = {"step": event.step}
         if event.wall_time is not None:
             row["time"] = event.wall_time
-        row.update({k: _float32_text(v) for k, v in event.scalars.items()})
+        row.update({k: tensorboard.float32_text(v) for k, v in event.scalars.items()})
         self.apply(path, state.run, row, mtime)
 
     def _wandb(self, path: Path, state: LoggedFile, data: bytes, mtime: float) -> None:

@@ -25,7 +25,7 @@ from grpo_monitor.runtime.loggers.protowire import (
     FIXED32, FIXED64, LENGTH, VARINT, WireError, as_double, as_float, as_int64, fields,
 )
 
-__all__ = ["Event", "FormatError", "masked_crc32c", "read_events"]
+__all__ = ["Event", "FormatError", "float32_text", "masked_crc32c", "read_events"]
 
 _HEADER = 12  # length (8) and its crc (4)
 # No scalar event is near this: a length beyond it is a corrupt header, not a record to wait for.
@@ -186,6 +186,19 @@ def read_events(buf: bytes, at_start: bool) -> tuple[list[Event], int, int]:
         if event is not None:
             events.append(event)
     return events, pos, corrupt
+
+
+def float32_text(value: float) -> float:
+    """A float32 as the shortest decimal that is the same float32 (0.1, not 0.100000001):
+    the value the trainer logged, as the SDK would have written it."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return value
+    packed = struct.pack("<f", value)
+    for digits in range(6, 10):
+        short = float(f"{value:.{digits}g}")
+        if struct.pack("<f", short) == packed:
+            return short
+    return value
 
 
 def by_step(events: list[Event]) -> Iterator[Event]:
