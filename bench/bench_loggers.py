@@ -9,6 +9,11 @@ tensorboardX, W&B offline, MLflow's SQLite store, Trackio. For each, a fresh Run
 Ingestor (no watcher, no HTTP) run one rescan -- the first start's read: decode, parse,
 validate, features -- and a store flush (the pre-render), timed with perf_counter(); the best
 of -n runs is kept, steps / seconds reported. One thread: the rate of one core.
+
+NeMo-RL's per-sample files (no library writes them but NeMo-RL, which needs GPUs): --sample-steps
+files ``train_data_step<N>.jsonl`` of --samples rows each, as its logger writes them (a row a
+sample: text, reward, input length, --tokens token ids, loss mask, advantages, two rows of
+log-probabilities), read the same way; steps per second, and samples per second.
 """
 
 from __future__ import annotations
@@ -64,6 +69,25 @@ def write(folder: Path, fmt: str, records: list[dict[str, float]]) -> None:
                         "HF_HOME": str(folder.parent / "hf")})
 
 
+def write_samples(folder: Path, steps: int, samples: int, tokens: int) -> None:
+    """NeMo-RL's ``log_batched_dict_as_jsonl`` output: each field the one-sample slice of its
+    batch (a scalar as a one-element list, a sequence as a list of one list)."""
+    logs = folder / "logs" / "exp_001"
+    logs.mkdir(parents=True)
+    ids = list(range(tokens))
+    for step in range(1, steps + 1):
+        with (logs / f"train_data_step{step}.jsonl").open("w") as fh:
+            for i in range(samples):
+                reward = float((i * 7 + step) % 3 == 0)
+                fh.write(json.dumps({
+                    "content": [f"a response of sample {i}"], "rewards": [reward],
+                    "input_lengths": [tokens], "token_ids": [ids],
+                    "token_loss_mask": [[0] * 64 + [1] * (tokens - 64)], "sample_loss_mask": [1],
+                    "advantages": [[reward - 0.33] * tokens],
+                    "generation_logprobs": [[-0.25] * tokens], "prev_logprobs": [[-0.25] * tokens],
+                    "idx": i}) + "\n")
+
+
 def rate(folder: Path, steps: int, n: int) -> tuple[float, int]:
     best, served = float("inf"), 0
     for _ in range(n):
@@ -83,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("-n", type=int, default=3)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--sample-steps", type=int, default=100)
+    ap.add_argument("--samples", type=int, default=256, help="a NeMo-RL step's samples")
+    ap.add_argument("--tokens", type=int, default=1024, help="each sample's tokens")
     args = ap.parse_args(argv)
     if not LOGGERS_PYTHON.exists():
         print("bench_loggers: needs .venv-loggers (make loggers-deps)", file=sys.stderr)
@@ -103,6 +130,19 @@ def main(argv: list[str] | None = None) -> int:
                         "write_s": round(wrote_s, 1)}
             print(f"{fmt:>11}: {per_s:>8,.0f} steps/s on one core ({served} of {args.steps} "
                   f"served, {size / 1e6:.1f} MB on disk, written in {wrote_s:.1f} s)", flush=True)
+        folder = Path(tmp) / "samples"
+        t0 = time.perf_counter()
+        write_samples(folder, args.sample_steps, args.samples, args.tokens)
+        wrote_s = time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        per_s, served = rate(folder, args.sample_steps, args.n)
+        out["samples"] = {"steps_per_s": round(per_s, 1), "samples_per_s": round(per_s * args.samples),
+                          "steps_served": served, "bytes": size, "write_s": round(wrote_s, 1),
+                          "steps": args.sample_steps, "samples_a_step": args.samples,
+                          "tokens": args.tokens}
+        print(f"NeMo-RL samples: {per_s:,.1f} steps/s on one core ({per_s * args.samples:,.0f} "
+              f"samples/s of {args.tokens} tokens; {served} of {args.sample_steps} served, "
+              f"{size / 1e6:.1f} MB on disk)", flush=True)
     write_result(args.out, {**out, "machine": machine()})
     return 0
 

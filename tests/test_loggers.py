@@ -152,7 +152,26 @@ def test_hostile_logger_files_are_counted_and_never_block(
     outside = tmp_path / "outside.wandb"
     outside.write_bytes(event_file.read_bytes())
     os.symlink(outside, snapshot_dir / "notb" / "run-link.wandb")
-    wait_for(lambda: exporter.errors("not_regular") == 1 and exporter.errors("symlink") == 1)
+    os.mkfifo(snapshot_dir / "notb" / "train_data_step3.jsonl")
+    os.symlink(outside, snapshot_dir / "notb" / "train_data_step4.jsonl")
+    wait_for(lambda: exporter.errors("not_regular") == 2 and exporter.errors("symlink") == 2)
+    # A per-sample file whose row is longer than a turn's read: skipped to its end, counted once,
+    # the rows after it read (tests/test_ingest covers the turn's budget; here a small one).
+    from grpo_monitor.runtime.loggers.sources import LoggerFiles
+
+    rows: list[dict] = []
+    errors: list[str] = []
+    files = LoggerFiles(snapshot_dir, lambda _p, _r, row, _m: rows.append(row),
+                        lambda _p, reason, _d: errors.append(reason))
+    big = snapshot_dir / "notb" / "train_data_step7.jsonl"
+    big.write_text(json.dumps({"rewards": [1.0], "token_ids": [list(range(2000))]}) + "\n"
+                   + "not json\n" + json.dumps({"rewards": [0.0]}) + "\n")
+    while files.process(big, "samples", 4096):
+        pass
+    files.flush_all()
+    assert errors == ["oversized", "invalid_json"]
+    assert rows == [{"step": 7, "reward/mean": 0.0, "reward/std": 0.0, "reward/min": 0.0,
+                     "reward/max": 0.0}]
     # W&B's own links: not followed, not counted.
     (snapshot_dir / "w" / "wandb" / "run-1-abc").mkdir(parents=True)
     os.symlink("run-1-abc", snapshot_dir / "w" / "wandb" / "latest-run")
@@ -166,7 +185,7 @@ def test_hostile_logger_files_are_counted_and_never_block(
     SnapshotWriter(snapshot_dir, "after").log({"loss": 1.0}, 1)
     exporter.wait_value("grpo_loss", 1.0, run="after", rank="0")
     assert exporter.errors("unreadable_format") == 1
-    assert exporter.errors("symlink") == 1 and exporter.errors("not_regular") == 1
+    assert exporter.errors("symlink") == 2 and exporter.errors("not_regular") == 2
 
 
 def test_an_event_file_rewritten_from_its_start_is_read_again(
@@ -183,6 +202,49 @@ def test_an_event_file_rewritten_from_its_start_is_read_again(
     path.write_bytes(data[:cut - 40])
     exporter.wait_value("grpo_run_logged_steps", lambda v: v is not None and v < STEPS,
                         run="again")
+
+
+def _event_records(data: bytes) -> list[tuple[int, bytes]]:
+    """An event file's records (TFRecord framing: length, its CRC, data, its CRC) as (the step
+    of the event, its bytes); the file-version record first, at step -1."""
+    from grpo_monitor.runtime.loggers import tensorboard
+
+    out, pos = [], 0
+    while pos < len(data):
+        end = pos + 16 + int.from_bytes(data[pos:pos + 8], "little")
+        events, _, _ = tensorboard.read_events(data[pos:end], at_start=pos == 0)
+        out.append((events[0].step if events else -1, data[pos:end]))
+        pos = end
+    return out
+
+
+def test_a_run_two_loggers_write_is_read_from_one_of_them(
+        exporter: Running, snapshot_dir: Path, event_file: Path) -> None:
+    """ms-swift writes logging.jsonl and TensorBoard files of one run, both growing a step at a
+    time: the run is read from its JSONL file alone, each step once (never going back)."""
+    out = snapshot_dir / "swift-out" / "v1-20261205-090000"
+    (out / "runs").mkdir(parents=True)
+    jsonl, events = out / "logging.jsonl", out / "runs" / event_file.name
+    records_ = _event_records(event_file.read_bytes())
+    steps = 8
+    for step in range(1, steps + 1):
+        # Values of its own in the JSONL file: TensorBoard's (0.2 + 0.01 step) must never show.
+        with jsonl.open("a") as fh:
+            fh.write(json.dumps({"global_step/max_steps": f"{step}/{steps}",
+                                 "reward": 0.5 + step, "loss": 0.1}) + "\n")
+        with events.open("ab") as fh:
+            fh.write(b"".join(r for at, r in records_ if at < step))
+        records_ = [(at, r) for at, r in records_ if at >= step]
+        exporter.wait_value("grpo_run_logged_steps", step, run="v1-20261205-090000")
+        samples = exporter.scrape()
+        assert value(samples, "grpo_reward_mean", run="v1-20261205-090000",
+                     rank="0") == 0.5 + step
+    # The TensorBoard file's last step, flushed once the file is quiet, changes nothing.
+    exporter.wait_value("grpo_run_info", 1, run="v1-20261205-090000", framework="",
+                        source="jsonl")
+    samples = exporter.scrape()
+    assert value(samples, "grpo_reward_mean", run="v1-20261205-090000", rank="0") == 0.5 + steps
+    assert value(samples, "grpo_run_logged_steps", run="v1-20261205-090000") == steps
 
 
 def test_framework_jsonl_rows_and_trainer_state_are_read_as_the_run_they_describe(
@@ -218,6 +280,9 @@ def test_logger_names_and_rows() -> None:
     assert logger_format("run-9pmdakzy.wandb") == "wandb"
     assert logger_format("run-9pmdakzy.wandb.syncstate") is None
     assert logger_format("mlflow.db") == "mlflow" and logger_format("metrics.jsonl") == "jsonl"
+    assert logger_format("train_data_step12.jsonl") == "samples"
+    assert logger_format("val_data_step12.jsonl") is None  # validation samples: not read
+    assert logger_run(P("/data/logs/exp_003/train_data_step1.jsonl"), root, "samples") == "exp_003"
     assert logger_run(P("/data/o/v1-x/runs/events.out.tfevents.1.h"), root, "tensorboard") == "v1-x"
     assert logger_run(P("/data/o/checkpoint-500/trainer_state.json"), root, "trainer_state") == "o"
     assert logger_run(P("/data/o/runs/Dec05_12-00-01_host/events.out.tfevents.1.h"), root,
@@ -232,6 +297,104 @@ def test_logger_names_and_rows() -> None:
     assert trainer_state_rows({"log_history": [{"loss": 1, "step": 2}, {"eval_loss": 2, "step": 2},
                                                {"loss": 0.5, "step": 1}]}) == \
         [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 1, "eval_loss": 2}]
+
+
+def _nemo_rl_samples(step: int, n: int = 8) -> tuple[str, list[float], list[float]]:
+    """A NeMo-RL ``train_data_step<N>.jsonl`` as its logger writes it: a row a sample, each
+    field the one-sample slice of a batch (a scalar as a one-element list, tokens as a list of
+    one list); with the rewards and response lengths it holds."""
+    rows, rewards, lengths = [], [], []
+    for i in range(n):
+        reward = 1.0 if (i + step) % 3 == 0 else 0.0
+        length = 3 + (i % 4)
+        mask = [0, 0] + [1] * length
+        group_same = i < 4  # the first group's rewards all equal: its advantages all zero
+        rows.append({"content": [f"answer {i}"], "rewards": [reward], "input_lengths": [len(mask)],
+                     "token_ids": [list(range(len(mask)))], "token_loss_mask": [mask],
+                     "sample_loss_mask": [1],
+                     "advantages": [[0.0] * len(mask) if group_same else [0.0, 0.0] + [0.5] * length],
+                     "generation_logprobs": [[-0.1] * len(mask)], "idx": i})
+        rewards.append(reward)
+        lengths.append(float(length))
+    return "".join(json.dumps(r) + "\n" for r in rows), rewards, lengths
+
+
+def test_nemo_rl_per_sample_files_are_read_as_their_steps_statistics(
+        exporter: Running, snapshot_dir: Path, event_file: Path) -> None:
+    import numpy as np
+
+    logs = snapshot_dir / "nemo" / "logs" / "exp_001"
+    logs.mkdir(parents=True)
+    for step in (1, 2, 9, 10):  # step10 after step9, not by its name
+        text, _, _ = _nemo_rl_samples(step)
+        (logs / f"train_data_step{step}.jsonl").write_text(text)
+        (logs / f"val_data_step{step}.jsonl").write_text(text)  # validation: not read
+    exporter.wait_value("grpo_run_logged_steps", 4, run="exp_001")
+    _, rewards, lengths = _nemo_rl_samples(10)
+    samples = exporter.scrape()
+    at = {"run": "exp_001", "rank": "0"}
+    assert value(samples, "grpo_reward_mean", **at) == pytest.approx(np.mean(rewards))
+    assert value(samples, "grpo_reward_std", **at) == pytest.approx(np.std(rewards))
+    assert value(samples, "grpo_reward_max", **at) == max(rewards)
+    assert value(samples, "grpo_reward_quantile", quantile="0.75", **at) == \
+        pytest.approx(np.quantile(rewards, 0.75))
+    assert value(samples, "grpo_response_length_mean_tokens", **at) == pytest.approx(np.mean(lengths))
+    assert value(samples, "grpo_group_zero_std_ratio", **at) == 0.5
+    assert exporter.errors("invalid_record") == 0 and exporter.errors("invalid_json") == 0
+    # NeMo-RL's TensorBoard folder beside them: the run is read from it, its samples not opened.
+    both = snapshot_dir / "nemo" / "logs" / "exp_002"
+    (both / "tensorboard").mkdir(parents=True)
+    shutil.copy(event_file, both / "tensorboard" / event_file.name)
+    for step in range(1, 4):
+        (both / f"train_data_step{step}.jsonl").write_text(_nemo_rl_samples(step)[0])
+    exporter.wait_value("grpo_run_logged_steps", STEPS, run="exp_002")
+    exporter.wait_value("grpo_run_info", 1, run="exp_002", framework="verl", source="tensorboard")
+    assert value(exporter.scrape(), "grpo_reward_mean", run="exp_002", rank="0") == \
+        pytest.approx(0.2 + 0.01 * STEPS)
+
+
+def test_a_restart_reads_only_what_the_loggers_wrote_since(
+        start_exporter, snapshot_dir: Path, event_file: Path, tmp_path: Path) -> None:
+    """With ``--storage.path``, a logger's file is followed from where the saved state left it,
+    as a snapshot file is: a restart reads what was written since, and serves what an exporter
+    that read every file from its start serves."""
+    write_with_logger("mlflow", snapshot_dir / "mlflow-out", "ml-run", tmp_path)
+    events = _event_records(event_file.read_bytes())
+    tb = snapshot_dir / "tb-out" / "tb-run" / event_file.name
+    tb.parent.mkdir(parents=True)
+    half = STEPS // 2
+    tb.write_bytes(b"".join(r for at, r in events if at <= half))
+    logs = snapshot_dir / "nemo" / "logs" / "exp_001"
+    logs.mkdir(parents=True)
+    for step in (1, 2, 3):
+        (logs / f"train_data_step{step}.jsonl").write_text(_nemo_rl_samples(step)[0])
+
+    def ingested(running: Running) -> float:
+        samples = running.scrape()
+        return sum(v for (name, _), v in samples.items() if name == "grpo_snapshots_ingested_total")
+
+    state = {"storage_path": tmp_path / "state"}
+    first = start_exporter(**state)
+    first.wait_value("grpo_run_logged_steps", half, run="tb-run")
+    first.wait_value("grpo_run_logged_steps", 3, run="exp_001")
+    first.wait_value("grpo_run_logged_steps", STEPS, run="ml-run")
+    assert ingested(first) == half + 3 + STEPS
+    first.exporter.stop()  # a clean stop saves the state
+
+    tb.open("ab").write(b"".join(r for at, r in events if at > half))
+    (logs / "train_data_step4.jsonl").write_text(_nemo_rl_samples(4)[0])
+    second = start_exporter(**state)
+    assert value(second.scrape(), "grpo_exporter_state_restores_total", result="restored") == 1
+    second.wait_value("grpo_run_logged_steps", STEPS, run="tb-run")
+    second.wait_value("grpo_run_logged_steps", 4, run="exp_001")
+    assert ingested(second) == (STEPS - half) + 1  # not one record read again
+    fresh = start_exporter()
+    fresh.wait_value("grpo_run_logged_steps", STEPS, run="tb-run")
+    fresh.wait_value("grpo_run_logged_steps", 4, run="exp_001")
+    fresh.wait_value("grpo_run_logged_steps", STEPS, run="ml-run")
+    after, whole = second.scrape(), fresh.scrape()
+    for run in ("tb-run", "exp_001", "ml-run"):
+        assert signals_of(after, run) == signals_of(whole, run), run
 
 
 def test_a_growing_wandb_file_read_in_slices_gives_every_row_once(tmp_path: Path) -> None:

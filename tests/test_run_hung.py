@@ -86,6 +86,21 @@ def test_pace_is_the_median_on_the_trainer_clock_of_the_slowest_rank() -> None:
     assert _get(store, "grpo_run_log_interval_seconds", run="r") == 12.0
 
 
+def test_a_trainer_clock_that_jumps_back_and_forth_keeps_the_pace_of_the_writes() -> None:
+    """A trainer writing every 0.3 s whose clock steps an hour ahead and back at every record: its
+    pace is its writes', not an hour (which would hold the hung card off for ten)."""
+    store = RunStore()
+    t0 = 1_764_400_000.0
+    for step in range(1, 42):
+        _apply(store, _rec(step, t0 + 0.3 * step + (3600 if step % 2 else 0)))
+    assert _get(store, "grpo_run_log_interval_seconds", run="r") <= 0.6
+    # Nor a clock that stepped back once and stays behind: no negative time, no hour.
+    store = RunStore()
+    for step in range(1, 42):
+        _apply(store, _rec(step, t0 + 0.3 * step - (3600 if step > 20 else 0)))
+    assert 0 <= _get(store, "grpo_run_log_interval_seconds", run="r") <= 0.3 + 1e-9
+
+
 def test_last_write_is_the_newest_file_mtime_capped_at_the_exporter_clock() -> None:
     store = RunStore()
     # A record stamped with a simulated clock far ahead: the file's mtime counts, not `time`.

@@ -6,9 +6,11 @@ counted and every file read instead. Real exporters on real files, scraped over 
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,12 @@ from conftest import Running, value
 from polling import wait_for
 from processes import start_listening
 
-from grpo_monitor.runtime.saved_state import FILE_NAME, FORMAT, LEGACY_FILE_NAMES, MAGIC, RESTORE_RESULTS
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.saved_state import (FILE_NAME, FORMAT, LEGACY_FILE_NAMES, MAGIC, MAX_PAYLOAD_BYTES,
+                                              RESTORE_RESULTS, StateFile)
 from grpo_monitor.runtime.state_codec import SCHEMA
-from grpo_monitor.runtime.store import Limits
+from grpo_monitor.runtime.store import Limits, RunStore
 from grpo_monitor.sdk.writer import SnapshotWriter
 from grpo_monitor.tools import simulate
 from grpo_monitor.tools.stack import Child
@@ -123,10 +128,12 @@ def test_written_while_it_was_down_is_read_at_the_restart(
 
 
 def _tamper_header(path: Path, **changes: object) -> None:
+    """The header's keys changed as ``changes`` says; one given None is removed."""
     data = path.read_bytes()
     head = data[len(MAGIC):].split(b"\n", 1)
     meta = json.loads(head[0])
     meta.update(changes)
+    meta = {key: value for key, value in meta.items() if value is not None}
     path.write_bytes(MAGIC + json.dumps(meta).encode() + b"\n" + head[1])
 
 
@@ -137,12 +144,14 @@ def _tamper_header(path: Path, **changes: object) -> None:
     # The package's version does not set a state aside (its schema does): the next release
     # restarts on it, reading nothing again.
     (lambda p: _tamper_header(p, version="0.0.1"), "restored"),
+    # A release before "payload_bytes" stated no size: its state is restored all the same.
+    (lambda p: _tamper_header(p, payload_bytes=None), "restored"),
     (lambda p: _tamper_header(p, schema=SCHEMA + 1), "stale"),  # a newer release's objects
     (lambda p: _tamper_header(p, format=FORMAT + 1), "stale"),  # a newer release's layout
     (lambda p: _tamper_header(p, root="/elsewhere"), "stale"),
     (lambda p: p.chmod(0o666), "refused"),  # another user could have written it
     (lambda p: (p.unlink(), p.symlink_to(p.parent / "elsewhere")), "refused"),
-], ids=["cut-short", "flipped-bit", "not-a-state", "another-release", "newer-schema", "newer-format", "other-folder", "world-writable", "link"])
+], ids=["cut-short", "flipped-bit", "not-a-state", "another-release", "no-payload-size", "newer-schema", "newer-format", "other-folder", "world-writable", "link"])
 def test_a_state_is_used_when_it_is_this_exporters_else_counted_and_every_file_read(
         snapshot_dir: Path, state_dir: Path, start_exporter: Callable[..., Running],
         damage: Callable[[Path], object], result: str) -> None:
@@ -159,6 +168,99 @@ def test_a_state_is_used_when_it_is_this_exporters_else_counted_and_every_file_r
     caught_up(second, read_again)
     assert ingested(second) == read_again
     assert run_families(second) == before
+
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+BOUNDED = 1 * MiB  # what a refusal before the payload may hold: the capped reads, a log line
+
+
+def saved_state(snapshot_dir: Path, state_dir: Path) -> StateFile:
+    """A state this release saved of a small live job; its head (magic, header, digest lines)
+    is what a genuine state file starts with."""
+    Job(snapshot_dir).write(1, 21)
+    store = RunStore()
+    ingestor = Ingestor(snapshot_dir, store, ExporterHealth())
+    ingestor.rescan()
+    store.flush()
+    state = StateFile(state_dir, snapshot_dir)
+    state.save(store, ingestor)
+    return state
+
+
+def head_of(path: Path) -> bytes:
+    """The lines before the payload."""
+    data = path.read_bytes()
+    return data[:len(b"".join(data.split(b"\n", 3)[:3])) + 3]
+
+
+def grown_to(path: Path, size: int) -> None:
+    """``path`` cut to its head, then ``size`` bytes long: sparse, no disk spent."""
+    head = head_of(path)
+    with path.open("r+b") as fh:
+        fh.truncate(len(head))
+        fh.truncate(size)
+
+
+def load_measured(state: StateFile) -> tuple[str, int]:
+    """A new exporter's load of ``state``'s file: its result, and the most memory it held at
+    once (tracemalloc's peak)."""
+    fresh = StateFile(state.directory, Path(state.root), state.settings)
+    started = not tracemalloc.is_tracing()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        result, _ = fresh.load()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
+@pytest.mark.parametrize("header, size, result, why", [
+    # This release's header states the payload's size: 1 GiB is not it.
+    ({}, GiB, "corrupt", "where the header says"),
+    # An earlier release's header states none: the limit still holds, before any payload byte.
+    ({"payload_bytes": None}, MAX_PAYLOAD_BYTES + 64 * KiB, "corrupt", f"above the limit of {MAX_PAYLOAD_BYTES}"),
+    # Set aside by its header alone: not one byte more is read.
+    ({"root": "/elsewhere"}, GiB, "stale", "saved by version"),
+], ids=["wrong-size", "over-the-limit", "other-folder"])
+def test_a_big_file_behind_a_genuine_head_is_refused_before_its_payload_is_read(
+        snapshot_dir: Path, state_dir: Path, caplog: pytest.LogCaptureFixture,
+        header: dict[str, object], size: int, result: str, why: str) -> None:
+    state = saved_state(snapshot_dir, state_dir)
+    _tamper_header(state.path, **header)
+    grown_to(state.path, size)
+    assert state.path.stat().st_size == size
+    caplog.set_level(logging.INFO, logger="grpo_monitor.runtime.saved_state")
+    loaded, peak = load_measured(state)
+    assert loaded == result
+    assert peak < BOUNDED
+    assert why in caplog.text
+
+
+def test_a_header_line_that_never_ends_is_refused_after_a_bounded_read(
+        snapshot_dir: Path, state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    state = saved_state(snapshot_dir, state_dir)
+    state.path.write_bytes(MAGIC + b"{" + b" " * (10 * MiB))
+    result, peak = load_measured(state)
+    assert result == "corrupt"
+    assert peak < BOUNDED
+    assert "no header line of at most" in caplog.text
+
+
+def test_a_payload_of_another_checksum_is_corrupt_and_held_once(
+        snapshot_dir: Path, state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The payload is read whole to be checked, but into one buffer: a file of the header's
+    size whose checksum fails costs its payload once, not a copy more."""
+    state = saved_state(snapshot_dir, state_dir)
+    assert load_measured(state)[0] == "restored"  # as saved: what follows is the checksum's doing
+    payload = 64 * MiB
+    _tamper_header(state.path, payload_bytes=payload)
+    grown_to(state.path, len(head_of(state.path)) + payload)
+    result, peak = load_measured(state)
+    assert result == "corrupt"
+    assert peak < payload + BOUNDED
+    assert "a wrong checksum" in caplog.text
 
 
 def test_a_state_of_the_pickle_format_is_set_aside_once(

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
-from grpo_monitor.contract.run_layout import DEFAULT_RUN, run_label
+from grpo_monitor.contract.run_layout import (
+    DEFAULT_RUN, PER_SAMPLE_FILE, is_hidden, run_files, run_label,
+)
+from grpo_monitor.contract.safe_io import walk
 
 __all__ = [
-    "APPENDED_FORMATS", "READER_FORMATS", "FRAMEWORK_JSONL", "LOGGER_FORMATS", "TRAINER_STATE",
-    "is_logger_link", "logger_format", "logger_run", "wandb_run_id",
+    "APPENDED_FORMATS", "READER_FORMATS", "FRAMEWORK_JSONL", "LOGGER_FORMATS", "SOURCE_PRECEDENCE",
+    "TRAINER_STATE", "holds_logger_files", "is_logger_link", "run_folders", "logger_format", "logger_run",
+    "sample_file_step", "wandb_run_id",
 ]
 
 # A framework's own JSONL file, one row a logged step, by its file name; the frameworks that
@@ -41,11 +45,24 @@ FRAMEWORK_JSONL: dict[str, str] = {
 TRAINER_STATE = "trainer_state.json"
 
 # The formats, as check names them.
-LOGGER_FORMATS = ("wandb", "tensorboard", "mlflow", "trackio", "jsonl", "trainer_state", "csv")
+LOGGER_FORMATS = ("wandb", "tensorboard", "mlflow", "trackio", "jsonl", "trainer_state", "csv",
+                  "samples")
 # Read by the ingest's JSONL and JSON machinery (offsets, rotation, truncation).
 APPENDED_FORMATS = frozenset({"jsonl", "trainer_state"})
 # Read by a reader of their own (runtime/loggers).
-READER_FORMATS = frozenset({"wandb", "tensorboard", "mlflow", "trackio", "csv"})
+READER_FORMATS = frozenset({"wandb", "tensorboard", "mlflow", "trackio", "csv", "samples"})
+
+# One run, one source: a trainer that logs to two loggers at once (ms-swift's logging.jsonl and its
+# TensorBoard files; a Trainer's event files and its checkpoints' trainer_state.json; verl's W&B
+# run and its TensorBoard folder, both named after the experiment) would feed the run every step
+# twice, its steps going back at each. The run is read from the first of these it has files of,
+# the others' rows left out (check names them): our snapshots (every rank, the pause's gate), a
+# framework's JSONL (a line a step, written at once), TensorBoard (flushed by Trainers at each
+# log), W&B (32 KiB blocks), the databases, a checkpoint's whole log (every save_steps), tables,
+# and last NeMo-RL's per-sample files (the statistics of a few signals, where no logger is on).
+SOURCE_PRECEDENCE: tuple[str, ...] = (
+    "snapshots", "jsonl", "tensorboard", "wandb", "mlflow", "trackio", "trainer_state", "csv",
+    "samples")
 
 _TFEVENTS = "events.out.tfevents."
 # W&B's run file: run-<id>.wandb in run-<YYYYMMDD_HHMMSS>-<id>/ (offline-run-... offline).
@@ -75,6 +92,8 @@ def logger_format(name: str) -> str | None:
         return "trainer_state"
     if name.startswith(_TFEVENTS):
         return "tensorboard"
+    if sample_file_step(name) is not None:
+        return "samples"
     if _WANDB_FILE.fullmatch(name):
         return "wandb"
     if name in _MLFLOW_DB:
@@ -91,6 +110,37 @@ def logger_format(name: str) -> str | None:
 def is_logger_link(folder: PurePath, name: str) -> bool:
     """A link a logger makes on purpose: never followed, and no error of the folder."""
     return name in _WANDB_LINKS and folder.name in ("wandb", "logs")
+
+
+def sample_file_step(name: str) -> int | None:
+    """The step of a NeMo-RL training step's per-sample file (``train_data_step12.jsonl``: 12);
+    None for any other name (its validation samples, ``val_data_step*``, are not read)."""
+    m = PER_SAMPLE_FILE.fullmatch(name)
+    return int(m.group("step")) if m and m.group("split") == "train" else None
+
+
+def holds_logger_files(folder: PurePath) -> bool:
+    """Whether a logger's file lies anywhere below ``folder`` (no link followed, no dot folder
+    entered)."""
+    for _, entries in walk(folder, descend=lambda name: not is_hidden(name)):
+        if any(logger_format(e.name) and not e.is_dir(follow_symlinks=False) for e in entries):
+            return True
+    return False
+
+
+def run_folders(folder: PurePath) -> list[Path]:
+    """The run folders of ``folder`` when it is a snapshot folder or a trainer's output folder
+    (no snapshot file of its own; sub-folders that hold snapshot files or a logger's files), else
+    []: run_layout.runs_in, for the tools, with the loggers' runs."""
+    root = Path(folder)
+    if run_files(root, nested=False):
+        return []
+    try:
+        subs = sorted(p for p in root.iterdir() if not is_hidden(p.name) and p.is_dir()
+                      and not p.is_symlink())
+    except OSError:
+        return []
+    return [p for p in subs if run_files(p) or holds_logger_files(p)]
 
 
 def wandb_run_id(name: str) -> str | None:
@@ -111,6 +161,7 @@ def logger_run(path: PurePath, root: PurePath, fmt: str) -> str:
       default ``runs/<time>_<host>`` of PyTorch and a Hugging Face Trainer's output folder);
     * W&B: the run folder's id (``run-<date>-<id>``: the id), until the file names the run;
     * a database: the database file's name (its runs are named by their own rows);
+    * NeMo-RL's per-sample files: their log folder (``logs/exp_001/``), as its event files';
     * a CSV: the folder it lies in (a W&B export or a long table names its runs itself).
 
     A file in ``root`` itself (or in a folder of no name of its own there) is in the run

@@ -23,6 +23,9 @@ A CSV file of metrics (``csv_table``) comes in three shapes:
 * a wide table, one step a row: a step column (``step``, ``global_step``, ``update``,
   ``iteration``...) and a column per metric, as loops write them.
 
+NeMo-RL's ``train_data_step<N>.jsonl`` holds one row a sample of step N (``StepSamples``): the
+step's record is their aggregate.
+
 Standard library only.
 """
 
@@ -31,10 +34,13 @@ from __future__ import annotations
 import csv
 import io
 import math
+import statistics
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["CsvTable", "as_snapshot_row", "csv_table", "log_rows", "trainer_state_rows"]
+__all__ = ["CsvTable", "StepSamples", "as_snapshot_row", "csv_table", "log_rows",
+           "trainer_state_rows"]
 
 # Names under which a framework's row carries its step, first found wins.
 _STEP_FIELDS = ("step", "_step", "global_step", "current_steps", "training_step")
@@ -211,3 +217,81 @@ def csv_table(text: str) -> CsvTable | None:
             if i < len(row) and (value := _csv_number(row[i])) is not None:
                 table.setdefault(run, {}).setdefault(step, {})[key] = value
     return table
+
+
+def _sample_number(value: Any) -> float | None:
+    """A per-sample scalar: a number, or the one-element list a batch sliced a sample at a time
+    gives (NeMo-RL's rows)."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _flat(value: Any) -> list[Any]:
+    """A per-token list (``[[...]]`` or ``[...]``) as one flat list; [] for anything else."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
+        value = value[0]
+    return value if isinstance(value, list) else []
+
+
+@dataclass
+class StepSamples:
+    """One step's samples, as NeMo-RL logs them (``train_data_step<N>.jsonl``, a row a sample:
+    ``rewards``, ``advantages`` and ``token_loss_mask`` among token ids and text), folded into
+    the step's record as they are read:
+
+    * ``rewards``: the step's reward mean, standard deviation (of the batch, ddof 0), min, max and
+      quartiles with the 95th percentile (linear interpolation, as numpy's default);
+    * ``token_loss_mask``: a sample's response length is the tokens the loss reads (its mask's
+      sum): the length's mean and max;
+    * ``advantages``: the share of samples whose advantages are all zero, the share of groups
+      whose rewards were all equal when groups are the same size (GRPO's advantage is the reward
+      less its group's mean).
+
+    Fields it does not know (token ids, log-probabilities, text) are left out, not counted."""
+
+    rewards: list[float] = field(default_factory=list)
+    lengths: list[float] = field(default_factory=list)
+    with_advantages: int = 0
+    zero_advantages: int = 0
+    samples: int = 0
+
+    def add(self, row: Any) -> bool:
+        """Fold one sample in; False when the row is no sample (no JSON object)."""
+        if not isinstance(row, dict):
+            return False
+        self.samples += 1
+        if (reward := _sample_number(row.get("rewards"))) is not None:
+            self.rewards.append(reward)
+        mask = _flat(row.get("token_loss_mask"))
+        if mask and all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in mask):
+            self.lengths.append(float(sum(mask)))
+        advantages = row.get("advantages")
+        if (one := _sample_number(advantages)) is not None:
+            values: list[Any] = [one]
+        else:
+            values = _flat(advantages)
+        if values and all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in values):
+            self.with_advantages += 1
+            self.zero_advantages += all(a == 0 for a in values)
+        return True
+
+    def row(self, step: int) -> dict[str, Any]:
+        """The step's record: ``{"step", <canonical key>: value}``."""
+        out: dict[str, Any] = {"step": step}
+        if self.rewards:
+            r = self.rewards
+            out |= {"reward/mean": statistics.fmean(r), "reward/std": statistics.pstdev(r),
+                    "reward/min": min(r), "reward/max": max(r)}
+            if len(r) > 1:
+                cuts = statistics.quantiles(r, n=100, method="inclusive")
+                out |= {"reward/p25": cuts[24], "reward/p50": cuts[49], "reward/p75": cuts[74],
+                        "reward/p95": cuts[94]}
+        if self.lengths:
+            out |= {"response/len_mean": statistics.fmean(self.lengths),
+                    "response/len_max": max(self.lengths)}
+        if self.with_advantages:
+            out["group/zero_std_frac"] = self.zero_advantages / self.with_advantages
+        return out

@@ -24,8 +24,9 @@ from grpo_monitor.contract.safe_io import replace_file, walk
 
 __all__ = [
     "DEFAULT_RUN", "DERIVED_RUN_NAME_CHARS", "MAX_CONTROL_BYTES", "MAX_RUN_NAME_BYTES", "NOT_SNAPSHOTS",
+    "PER_SAMPLE_FILE",
     "PAUSE_RECORD", "REBASELINE_REQUEST", "REPORT_FOLDER", "ROLLBACK_TARGET", "SNAPSHOT_SUFFIXES",
-    "check_run_name", "folder_name", "is_appended", "is_run_label", "run_label", "is_hidden", "is_run_name", "is_snapshot_path", "rank_file",
+    "check_run_name", "folder_name", "is_appended", "is_run_label", "run_label", "is_hidden", "is_not_snapshot", "is_run_name", "is_snapshot_path", "rank_file",
     "rotation_of", "run_files", "run_name_from", "run_name_problem", "runs_in", "segment_file",
     "write_control_file",
 ]
@@ -210,12 +211,20 @@ NOT_SNAPSHOTS = frozenset({
     "wandb-summary.json", "wandb-metadata.json", "rng_state.json", "scheduler.json",
     "latest_checkpointed_iteration.json",
 })
+# NeMo-RL's per-sample logs, a file a step (train_data_step12.jsonl, val_data_step12.jsonl): no
+# records of ours. Its training samples are read by the loggers' reader (logger_layout.py).
+PER_SAMPLE_FILE = re.compile(r"(?P<split>train|val)_data_step(?P<step>\d{1,15})\.jsonl")
+
+
+def is_not_snapshot(name: str) -> bool:
+    """A ``*.json`` or ``*.jsonl`` name that is no snapshot file (NOT_SNAPSHOTS, PER_SAMPLE_FILE)."""
+    return name in NOT_SNAPSHOTS or PER_SAMPLE_FILE.fullmatch(name) is not None
 
 
 def is_snapshot_path(path: Path, root: Path) -> bool:
     """Whether ``path`` under ``root`` names a snapshot file: a ``*.jsonl`` or ``*.json`` file
-    not hidden, in no hidden folder below ``root``, and none of the NOT_SNAPSHOTS."""
-    if path.suffix not in SNAPSHOT_SUFFIXES or path.name in NOT_SNAPSHOTS:
+    not hidden, in no hidden folder below ``root``, and no other program's (is_not_snapshot)."""
+    if path.suffix not in SNAPSHOT_SUFFIXES or is_not_snapshot(path.name):
         return False
     # String work, not pathlib's relative_to: the ingest asks for every file event.
     full, top = str(path), str(root)
@@ -258,7 +267,7 @@ def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True,
                                 descend=lambda name: nested and not is_hidden(name)):
         for entry in entries:
             if (entry.name.endswith(SNAPSHOT_SUFFIXES) and not is_hidden(entry.name)
-                    and entry.name not in NOT_SNAPSHOTS
+                    and not is_not_snapshot(entry.name)
                     and not entry.is_dir(follow_symlinks=False)):
                 found.append(folder / entry.name)
     found.sort(key=lambda p: _written_order(p, top))
@@ -267,7 +276,8 @@ def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True,
 
 def runs_in(folder: str | os.PathLike[str]) -> list[Path]:
     """The run folders of ``folder`` when it is a snapshot folder (no snapshot files of its
-    own, sub-folders that hold some), else []: a run folder is one run, read as one."""
+    own, sub-folders that hold some), else []: a run folder is one run, read as one. The tools
+    ask logger_layout.run_folders, which counts a logger's files too."""
     root = Path(folder)
     if run_files(root, nested=False):
         return []

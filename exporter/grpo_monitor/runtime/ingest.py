@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from grpo_monitor.contract.run_layout import (
     MAX_CONTROL_BYTES,
-    NOT_SNAPSHOTS,
     REBASELINE_REQUEST,
     SNAPSHOT_SUFFIXES,
     is_appended,
     is_hidden,
+    is_not_snapshot,
     is_snapshot_path,
     rotation_of,
     run_label,
 )
-from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, read_regular, walk
+from grpo_monitor.contract.safe_io import SYMLINK, Refused, open_regular, printable, read_regular, walk
 from grpo_monitor.contract.snapshot import (
     RecordError,
     Snapshot,
@@ -46,7 +46,7 @@ from grpo_monitor.contract.snapshot import (
     parse_record,
 )
 from grpo_monitor.contract.logger_layout import (
-    READER_FORMATS, is_logger_link, logger_format,
+    READER_FORMATS, SOURCE_PRECEDENCE, is_logger_link, logger_format,
 )
 from grpo_monitor.contract.logger_rows import as_snapshot_row, log_rows
 from grpo_monitor.contract.key_map import KEY_MAP_FILE, MAX_KEY_MAP_BYTES, KeyMap, KeyMapError
@@ -108,6 +108,8 @@ HEAD_CHUNK = 64 << 10
 PROBE_BYTES = 4 << 10
 # Formats named per run in Ingestor.sources (a run is written by one or two loggers).
 MAX_SOURCES_NAMED = 8
+# A source's rank among those that may feed one run (contract/logger_layout.py): lower wins.
+_PRECEDENCE = {fmt: i for i, fmt in enumerate(SOURCE_PRECEDENCE)}
 # Hidden files the scan hands to process(): a run's re-baseline request and key map.
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
 
@@ -236,7 +238,7 @@ class Ingestor:
         self.backfill: Backfill | None = None
         # W&B run files, TensorBoard event files, MLflow and Trackio databases below the root:
         # read by readers of their own, their records parsed and applied as a snapshot's.
-        self.loggers = LoggerFiles(root, self._logged_row, self.error)
+        self.loggers = LoggerFiles(root, self._logged_row, self.error, self._wants)
         # run -> the formats it was read from -> the first file of each: kept for a tool that
         # asks (check sets it to {}), not by a long-running exporter.
         self.sources: dict[str, dict[str, Path]] | None = None
@@ -269,6 +271,8 @@ class Ingestor:
         files): equal marks, nothing to save again."""
         return hash((tuple((p, st.inode, st.offset, st.signature, st.digest, st.skipping)
                            for p, st in self.files.items()),
+                     tuple((p, st.inode, st.offset, st.pending is None)
+                           for p, st in self.loggers.files.items()),
                      tuple(self._controls.items())))
 
     def restore(self, files: dict[Path, FileState], controls: dict[Path, bytes]) -> None:
@@ -479,7 +483,7 @@ class Ingestor:
                     name = entry.name
                     if is_hidden(name) and name not in _CONTROL_NAMES:
                         continue
-                    if (not name.endswith(SNAPSHOT_SUFFIXES) or name in NOT_SNAPSHOTS) \
+                    if (not name.endswith(SNAPSHOT_SUFFIXES) or is_not_snapshot(name)) \
                             and name not in _CONTROL_NAMES \
                             and logger_format(name) not in READER_FORMATS:
                         if entry.is_symlink() and not is_logger_link(folder, name):
@@ -496,7 +500,9 @@ class Ingestor:
                     found.append((st.st_mtime if st else 0.0, str(path), path, st))
         except Refused as exc:  # ``top`` itself is a link
             self._refuse(top, exc)
-        found.sort(key=lambda f: (f[0], f[1]))
+        # Oldest first; NeMo-RL's per-sample files last, so that a run its logger writes too is
+        # known to be read from that logger before they are opened (_wants).
+        found.sort(key=lambda f: (logger_format(f[2].name) == "samples", f[0], f[1]))
         if top == self.root:
             self._unreadable = unreadable
         else:
@@ -1089,6 +1095,8 @@ class Ingestor:
     def _apply(self, path: Path, snap: Snapshot, mtime: float, inode: int | None) -> bool:
         if self.sources is not None and len(self.sources.get(snap.run, ())) < MAX_SOURCES_NAMED:
             self.sources.setdefault(snap.run, {}).setdefault(snap.source, path)
+        if not self._from_its_source(snap):
+            return False
         if self.store.apply(snap, wrote_at=mtime) is False:
             self.error(path, "run_limit", self._run_limit())
             return False
@@ -1096,6 +1104,29 @@ class Ingestor:
         if self.backfill is not None and inode is not None:
             self.backfill.tee(inode, path, snap, mtime)
         return True
+
+    def _from_its_source(self, snap: Snapshot) -> bool:
+        """Whether ``snap`` comes from the source its run is read from: a run that two loggers
+        write (SOURCE_PRECEDENCE) is read from the first of them only, else each step would come
+        twice and the run's steps go back at each. A better source than the run's is read from
+        its first record on: the run is built again from it."""
+        run = self.store.run_state(snap.run)
+        if run is None or not run.source or run.source == snap.source:
+            return True
+        if _PRECEDENCE.get(snap.source, len(_PRECEDENCE)) >= \
+                _PRECEDENCE.get(run.source, len(_PRECEDENCE)):
+            return False  # check names the files left out (sources)
+        log.info("run %s: read from its %s files from now on, no longer from its %s files",
+                 printable(snap.run), snap.source, run.source)
+        self.store.forget_run(snap.run)
+        return True
+
+    def _wants(self, run_name: str, fmt: str) -> bool:
+        """Whether rows of ``fmt`` would be read into the run ``run_name`` (_from_its_source):
+        asked before a costly file is read (a NeMo-RL step's samples, token ids and all)."""
+        run = self.store.run_state(run_name)
+        return run is None or not run.source or \
+            _PRECEDENCE.get(fmt, len(_PRECEDENCE)) <= _PRECEDENCE.get(run.source, len(_PRECEDENCE))
 
     # -- a first start: a long file's head and tail (the backfill reads its middle) ----------
 

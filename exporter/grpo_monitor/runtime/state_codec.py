@@ -37,6 +37,7 @@ import msgpack
 
 from grpo_monitor.runtime.forecast import LawSums
 from grpo_monitor.runtime.ingest import FileState
+from grpo_monitor.runtime.loggers.sources import LoggedFile
 from grpo_monitor.runtime.signals import (
     HeldOutTracker,
     KeyHistory,
@@ -173,6 +174,7 @@ CLASSES: tuple[StateClass, ...] = (
     StateClass("heldout_tracker", HeldOutTracker, HeldOutTracker),
     StateClass("step_log", StepLog, StepLog),
     StateClass("file", FileState, lambda: FileState(0)),
+    StateClass("logger_file", LoggedFile, lambda: LoggedFile(""), omitted=("pending", "seen_pending")),
 )
 BY_NAME = {c.name: c for c in CLASSES}
 BY_CLASS = {c.cls: c for c in CLASSES}

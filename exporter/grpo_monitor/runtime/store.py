@@ -134,7 +134,13 @@ class RankState:
         return self.steps_logged.count
 
     def note_pace(self, step: int, when: float) -> None:
+        """A new step at the trainer's ``when``. The trainer's clock counts only while it moves
+        forward: a clock that steps back counts as no time passed, so that a clock that jumps
+        back and forth by an hour yields no hour-long interval (which would hold GRPORunHung
+        off for hours); the rule's floor keeps the zero intervals from raising it."""
         if self.steps_logged.add(step):
+            if self.pace and when < self.pace[-1][1]:
+                when = self.pace[-1][1]
             self.pace.append((step, when))
 
     def rewind(self, keep_through: int) -> None:
@@ -179,15 +185,13 @@ class RankState:
 
     def intervals(self) -> tuple[float, float] | None:
         """(seconds per step, seconds per record): medians over the pace window; None before
-        PACE_MIN_INTERVALS intervals. A clock that stepped back yields no sample, rather than a
-        negative one."""
+        PACE_MIN_INTERVALS intervals (note_pace keeps the pace's clock from going back)."""
         per_step: list[float] = []
         per_record: list[float] = []
         pace = list(self.pace)[-(INTERVAL_STEPS + 1):]
         for (s0, t0), (s1, t1) in zip(pace, pace[1:]):
-            if t1 >= t0:
-                per_step.append((t1 - t0) / (s1 - s0))
-                per_record.append(t1 - t0)
+            per_step.append((t1 - t0) / (s1 - s0))
+            per_record.append(t1 - t0)
         if len(per_step) < PACE_MIN_INTERVALS:
             return None
         return statistics.median(per_step), statistics.median(per_record)

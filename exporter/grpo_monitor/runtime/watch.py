@@ -215,6 +215,7 @@ class SnapshotWatcher:
         if saved is not None:
             self.ingestor.store.restore(saved.runs)
             self.ingestor.restore(saved.files, saved.controls)
+            self.ingestor.loggers.restore(saved.loggers)
 
     def _save(self) -> None:
         """Save the state, unless nothing changed since the last save (an idle exporter writes

@@ -25,7 +25,7 @@ from grpo_monitor.contract.keys import (
     match_key,
     proposals,
 )
-from grpo_monitor.contract.run_layout import runs_in
+from grpo_monitor.contract.logger_layout import run_folders
 from grpo_monitor.runtime.health import ERROR_REASONS, ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunState, RunStore
@@ -43,7 +43,7 @@ def read(folder: Path) -> tuple[RunStore, ExporterHealth]:
 def read_sources(folder: Path) -> tuple[RunStore, ExporterHealth, dict[str, dict[str, Path]]]:
     """``read``, and which files each run was read from, by format (snapshots, or a logger's:
     contract/logger_layout.py)."""
-    runs = runs_in(folder)
+    runs = run_folders(folder)
     root = folder if runs else folder.parent
     store, health = RunStore(), ExporterHealth()
     ingestor = Ingestor(root, store, health)
@@ -161,13 +161,20 @@ def describe(run: RunState, out: TextIO) -> bool:
 LOGGER_NAMES = {"snapshots": "grpo-monitor snapshots", "wandb": "W&B run file",
                 "tensorboard": "TensorBoard event file", "mlflow": "MLflow database",
                 "trackio": "Trackio database", "jsonl": "its framework's JSONL file",
-                "trainer_state": "a Hugging Face checkpoint's trainer_state.json"}
+                "trainer_state": "a Hugging Face checkpoint's trainer_state.json",
+                "csv": "a CSV table"}
 
 
-def _describe_sources(sources: dict[str, Path], folder: Path, out: TextIO) -> None:
-    for fmt, path in sources.items():
+def _describe_sources(sources: dict[str, Path], read_from: str, folder: Path, out: TextIO) -> None:
+    """Where the run was read from; the other loggers that write it too, left out (one run, one
+    source: contract/logger_layout.py's SOURCE_PRECEDENCE)."""
+    for fmt, path in sorted(sources.items(), key=lambda item: item[0] != read_from):
         shown = path.relative_to(folder) if path.is_relative_to(folder) else path
-        out.write(f"  read from: {LOGGER_NAMES.get(fmt, fmt)} ({shown})\n")
+        if fmt == read_from or len(sources) == 1:
+            out.write(f"  read from: {LOGGER_NAMES.get(fmt, fmt)} ({shown})\n")
+        else:
+            out.write(f"  also written to: {LOGGER_NAMES.get(fmt, fmt)} ({shown}), not read: the "
+                      f"same steps as the file read from\n")
     if sources and "snapshots" not in sources:
         # Watching needs no change to the trainer; pausing it on a red card does.
         out.write("  the red-card pause needs the trainer to check the gate: add the one line "
@@ -186,7 +193,7 @@ def check(folder: Path, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> i
     complete = True
     for run in runs:
         complete = describe(run, out) and complete
-        _describe_sources(sources.get(run.name, {}), folder, out)
+        _describe_sources(sources.get(run.name, {}), run.source or "snapshots", folder, out)
     counts = {reason: health.registry.get_sample_value("grpo_snapshot_errors_total", {"reason": reason})
               for reason in ERROR_REASONS}
     rejected = {reason: int(n) for reason, n in counts.items() if n}

@@ -1,7 +1,7 @@
 """Follow the files other loggers write: what each appended since the last read, as records.
 
-The ingest thread hands every W&B run file, TensorBoard event file and MLflow or Trackio
-database it finds below the snapshot folder to ``LoggerFiles.process``, as it hands snapshot
+The ingest thread hands every W&B run file, TensorBoard event file, MLflow or Trackio database
+and NeMo-RL per-sample file it finds below the snapshot folder to ``LoggerFiles.process``, as it hands snapshot
 files to its own reader; the records come back through ``apply`` as flat snapshot records
 (``{"step", "time", <name>: value}``) of a run, and go through the same parser, key maps,
 vocabulary and store as a snapshot's. The guarantees of the snapshot folder hold here too:
@@ -22,13 +22,14 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.contract.logger_layout import logger_run
-from grpo_monitor.contract.logger_rows import CsvTable, csv_table
+from grpo_monitor.contract.logger_layout import logger_run, sample_file_step
+from grpo_monitor.contract.logger_rows import CsvTable, StepSamples, csv_table
 from grpo_monitor.contract.safe_io import open_regular
+from grpo_monitor.contract.snapshot import RecordError, decode_record
 from grpo_monitor.runtime.loggers import databases, tensorboard, wandb_file
 
 __all__ = ["LoggedFile", "LoggerFiles"]
@@ -36,6 +37,9 @@ __all__ = ["LoggedFile", "LoggerFiles"]
 # What apply() receives: the file, the run, one flat record, the time its bytes were read at.
 Apply = Callable[[Path, str, dict[str, Any], float], None]
 Error = Callable[[Path, str, str], None]
+# Whether the ingest wants a run's rows from a format (a run two loggers write is read from one:
+# contract/logger_layout.py's SOURCE_PRECEDENCE); asked before a per-sample file is read.
+Wanted = Callable[[str, str], bool]
 # First bytes kept of a file: a rewrite in place to the same or a larger size is told by them.
 _HEAD_BYTES = 64
 # A CSV table is read whole at each change: an export or a loop's log, far below this.
@@ -55,8 +59,9 @@ class LoggedFile:
     run: str = ""
     unreadable: bool = False  # counted once, until the file changes from its start
     # The newest step's scalars, held until a later step shows it is whole (a writer logs a
-    # step's scalars one event each, and may flush between them).
-    pending: tensorboard.Event | None = None
+    # step's scalars one event each, and may flush between them); a per-sample file's samples,
+    # until the file is quiet (NeMo-RL writes it whole, once).
+    pending: tensorboard.Event | StepSamples | None = None
     cursor: dict[str, Any] = field(default_factory=dict)  # a database's rows read so far
     mtime: float = 0.0  # the file's, when it last grew
     seen_pending: bool = False  # the pending step was there at the last rescan already
@@ -76,12 +81,37 @@ class CsvFolder:
 class LoggerFiles:
     """Every logger file the ingest has found, and how far each was read."""
 
-    def __init__(self, root: Path, apply: Apply, error: Error) -> None:
+    def __init__(self, root: Path, apply: Apply, error: Error,
+                 wanted: Wanted = lambda _run, _fmt: True) -> None:
         self.root = root
         self.apply = apply
         self.error = error
+        self.wanted = wanted
         self.files: dict[Path, LoggedFile] = {}
         self.csv_folders: dict[Path, CsvFolder] = {}
+
+    def saved(self) -> dict[Path, LoggedFile]:
+        """What a saved state keeps of the files (runtime/saved_state.py): where each was read
+        to, with a TensorBoard step held back (in its ``cursor``, as ``held``). A per-sample
+        file whose step is not applied yet, and the CSV tables, are read again from their start
+        after a restart (a step's file, a table: read whole at each change anyway)."""
+        out: dict[Path, LoggedFile] = {}
+        for path, state in self.files.items():
+            if state.fmt == "csv" or isinstance(state.pending, StepSamples):
+                continue
+            if isinstance(state.pending, tensorboard.Event):
+                held = state.pending
+                state = replace(state, cursor={"held": [held.step, held.wall_time, held.scalars]})
+            out[path] = state
+        return out
+
+    def restore(self, files: dict[Path, LoggedFile]) -> None:
+        """Follow ``files`` from where a saved state left them (``saved``)."""
+        self.files = dict(files)
+        for state in self.files.values():
+            held = state.cursor.pop("held", None) if state.fmt == "tensorboard" else None
+            if held is not None:
+                state.pending = tensorboard.Event(int(held[0]), held[1], dict(held[2]))
 
     def forget(self, path: Path) -> None:
         self.files.pop(path, None)
@@ -110,6 +140,8 @@ class LoggerFiles:
                 state.offset, state.pending, state.unreadable = 0, None, False
                 state.cursor = {}
             state.head = head
+            if fmt == "samples" and state.offset == 0 and not self._samples_wanted(path, state):
+                state.offset = st.st_size  # a run read from its logger: not read, not counted
             if state.unreadable or st.st_size == state.offset:
                 if st.st_size == state.offset:
                     self._flush(path, state)
@@ -121,6 +153,8 @@ class LoggerFiles:
             data = fh.read(budget if cut else left)
             if fmt == "tensorboard":
                 self._tensorboard(path, state, data, st.st_mtime)
+            elif fmt == "samples":
+                self._samples(path, state, data, cut)
             else:
                 self._wandb(path, state, data, st.st_mtime)
             # A record not whole yet at the end (a block W&B is still filling) is no reason to
@@ -149,24 +183,73 @@ class LoggerFiles:
         for event in steps:
             self._apply_event(path, state, event, mtime)
 
+    def _samples_wanted(self, path: Path, state: LoggedFile) -> bool:
+        if not state.run:
+            state.run = logger_run(path, self.root, "samples")
+        return self.wanted(state.run, "samples")
+
+    def _samples(self, path: Path, state: LoggedFile, data: bytes, cut: bool) -> None:
+        """NeMo-RL's ``train_data_step<N>.jsonl``: a JSON row a sample, folded into the step's
+        record (contract/logger_rows.py's StepSamples), applied once the file is quiet."""
+        if not isinstance(state.pending, StepSamples):
+            state.pending = StepSamples()
+        start = 0
+        if state.cursor.pop("skip_line", False):  # the rest of a line longer than a turn reads
+            start = data.find(b"\n") + 1
+            if start == 0:
+                state.offset += len(data)
+                state.cursor["skip_line"] = True
+                return
+        end = data.rfind(b"\n") + 1
+        if end <= start:
+            if cut:  # one line longer than a turn's budget: skipped to its end, counted
+                self.error(path, "oversized", f"a per-sample row longer than {len(data)} bytes")
+                state.offset += len(data)
+                state.cursor["skip_line"] = True
+            return
+        for line in data[start:end].split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                row = decode_record(line)
+            except RecordError as exc:
+                self.error(path, exc.reason, str(exc))
+                continue
+            if not state.pending.add(row):
+                self.error(path, "invalid_record", "a per-sample row that is no JSON object")
+        state.offset += end
+
     def _flush(self, path: Path, state: LoggedFile) -> None:
         """The file did not grow since the last read: its newest step is whole."""
-        if state.pending is not None:
-            event, state.pending = state.pending, None
-            self._apply_event(path, state, event, state.mtime)
+        if state.pending is None:
+            return
+        pending, state.pending = state.pending, None
+        if isinstance(pending, StepSamples):
+            step = sample_file_step(path.name)
+            if pending.samples and step is not None:
+                self.apply(path, state.run, pending.row(step), state.mtime)
+        else:
+            self._apply_event(path, state, pending, state.mtime)
+
+    @staticmethod
+    def _in_step_order(items: list[tuple[Path, LoggedFile]]) -> list[tuple[Path, LoggedFile]]:
+        """Per-sample files by their step (step10 after step9), the others as found."""
+        return sorted(items, key=lambda item: sample_file_step(item[0].name) or 0)
 
     def flush_all(self) -> None:
         """Every file's newest step, as whole: for a tool that reads a folder once."""
         self.settle()
-        for path, state in self.files.items():
+        for path, state in self._in_step_order(list(self.files.items())):
             self._flush(path, state)
 
     def flush_idle(self) -> None:
         """At each of the watcher's ticks: the newest step of every file that has not grown
         since the last tick is whole (no event, no read: the file is quiet)."""
-        for path, state in self.files.items():
-            if state.pending is not None and state.seen_pending:
-                self._flush(path, state)
+        quiet = [(path, state) for path, state in self.files.items()
+                 if state.pending is not None and state.seen_pending]
+        for path, state in self._in_step_order(quiet):
+            self._flush(path, state)
+        for state in self.files.values():
             state.seen_pending = state.pending is not None
 
     def _apply_event(self, path: Path, state: LoggedFile, event: tensorboard.Event,
