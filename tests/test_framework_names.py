@@ -87,7 +87,8 @@ RECORDS: dict[str, dict[str, str | None]] = {
 FALSE_FRIENDS = ("completion_tokens", "eval_completion_tokens", "elapsed_s", "elapsed_time",
                  "eval_perplexity", "_step_inferred", "train/ppo_kl", "rollout/rewards", "loss/kl_div",
                  "objective/kl", "train/kl3", "validation/pass_k", "eval/all/pass_at_8",
-                 "val/gsm8k/pass@8", "env/all/by_group/frac_mixed", "train/global_step")
+                 "val/gsm8k/pass@8", "env/all/by_group/frac_mixed", "train/global_step",
+                 "progress/step", "progress/done_frac", "progress/batch")
 
 
 @pytest.mark.parametrize("framework", sorted(RECORDS))

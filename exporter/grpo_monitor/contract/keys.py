@@ -305,6 +305,9 @@ KNOWN_UNMAPPED: tuple[str, ...] = (
     "response_length/std*", "response_length_non_aborted/*", "response/aborted_ratio", "timing_s/*",
     "timing_per_token_ms/*",
     "timing/*", "perf/*", "training/*", "val-aux/*",
+    # the Tinker cookbook's and loops' progress counters (progress/done_frac, progress/batch,
+    # progress/step): where a run is, never a timing or a rate
+    "progress/*",
     # look-alikes whose meaning differs by framework: +entropy in OpenRLHF, -entropy in
     # Stable-Baselines3; OpenRLHF's KL between the rollout policy and the updated one
     "entropy_loss", "ppo_kl",
