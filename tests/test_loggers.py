@@ -131,7 +131,8 @@ def event_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_hostile_logger_files_are_counted_and_never_block(
-        exporter: Running, snapshot_dir: Path, event_file: Path, tmp_path: Path) -> None:
+        exporter: Running, snapshot_dir: Path, event_file: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     run = snapshot_dir / "hostile"
     run.mkdir()
     # A corrupt record in the middle: counted, the records around it served.
@@ -156,8 +157,11 @@ def test_hostile_logger_files_are_counted_and_never_block(
     os.symlink(outside, snapshot_dir / "notb" / "train_data_step4.jsonl")
     wait_for(lambda: exporter.errors("not_regular") == 2 and exporter.errors("symlink") == 2)
     # A per-sample file whose row is longer than a turn's read: skipped to its end, counted once,
-    # the rows after it read (tests/test_ingest covers the turn's budget; here a small one).
+    # the rows after it read (a turn reads 64 MiB at least; here 4 KiB).
+    from grpo_monitor.runtime.loggers import sources
     from grpo_monitor.runtime.loggers.sources import LoggerFiles
+
+    monkeypatch.setattr(sources, "_WHOLE_RECORD_BYTES", 4096)
 
     rows: list[dict] = []
     errors: list[str] = []
@@ -516,10 +520,13 @@ def test_every_red_card_says_when_nothing_pauses_its_run() -> None:
 
 
 def test_a_logger_file_is_read_a_budget_at_a_time_and_a_torn_tail_waits_for_its_change(
-        tmp_path: Path, event_file: Path) -> None:
+        tmp_path: Path, event_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from grpo_monitor.runtime.health import ExporterHealth
     from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.loggers import sources
     from grpo_monitor.runtime.store import RunStore
+
+    monkeypatch.setattr(sources, "_WHOLE_RECORD_BYTES", 512)  # a turn reads 64 MiB at least
 
     path = tmp_path / "r" / "events.out.tfevents.1.h"
     path.parent.mkdir()

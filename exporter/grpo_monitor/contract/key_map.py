@@ -74,7 +74,7 @@ class KeyMap:
                 raise KeyMapError(f"{where}: not UTF-8 ({exc.reason})") from None
         try:
             raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
+        except ValueError as exc:  # TOMLDecodeError, or int()'s for an integer of 4300+ digits
             raise KeyMapError(f"{where}: {exc}") from None
         except RecursionError:
             # Inline tables nested thousands deep: a few KB that would exhaust the parser's stack.
@@ -85,6 +85,8 @@ class KeyMap:
     def from_mapping(cls, raw: Mapping[str, Any], where: str = "key map") -> KeyMap:
         names: dict[str, Target] = {}
         for name, value in raw.items():
+            if not isinstance(name, str):  # a mapping the SDK is given: no name logged matches it
+                raise KeyMapError(f"{where}: {name!r} is no name (a name is text)")
             names[name] = _entry(name, value, where)
         return cls(names)
 
@@ -117,7 +119,8 @@ def _entry(name: str, value: Any, where: str) -> Target:
     if isinstance(value, Mapping):
         unknown = set(value) - {"key", "scale"}
         if unknown:
-            raise KeyMapError(f"{where}: {name!r}: unknown field(s) {', '.join(sorted(unknown))} "
+            fields = ", ".join(sorted(map(str, unknown)))  # a mapping's keys: of any type
+            raise KeyMapError(f"{where}: {name!r}: unknown field(s) {fields} "
                               f"(a line is \"name\" = \"key\" or {{ key = \"...\", scale = ... }})")
         key, scale = value.get("key"), value.get("scale", 1.0)
     else:
@@ -126,10 +129,17 @@ def _entry(name: str, value: Any, where: str) -> Target:
         close = closest_names(key) if isinstance(key, str) else []
         hint = f" (did you mean {close[0]!r}?)" if close else " (docs/metrics.md lists the keys)"
         raise KeyMapError(f"{where}: {name!r} maps to {key!r}, which is no canonical key{hint}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not _finite(scale) \
             or scale == 0:
         raise KeyMapError(f"{where}: {name!r}: scale must be a finite number other than 0")
     return Target(key, float(scale))
+
+
+def _finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an integer beyond float's range (TOML's integers have no bound here)
+        return False
 
 
 def render_line(name: str, key: str) -> str:

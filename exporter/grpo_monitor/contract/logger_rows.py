@@ -35,6 +35,7 @@ import csv
 import io
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,6 +51,26 @@ _TIME_FIELDS = ("time", "_timestamp", "timestamp", "recorded_at")
 # Bookkeeping of the frameworks' rows: no signal of the run.
 _NOT_METRICS = frozenset({"total_steps", "max_steps", "training_step", "current_steps",
                           "recorded_at", _SWIFT_STEP})
+
+
+def _finite(value: Any) -> float | None:
+    """A number as a finite float; None for anything else: a bool, NaN, ±inf, and an integer
+    beyond float's range (JSON's integers have no bound: float() raises OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of finite floats, finite however near float's max (fmean's sum would overflow)."""
+    try:
+        return statistics.fmean(values)
+    except OverflowError:
+        return float(statistics.mean(values))  # exact, as fractions
 
 
 def _number(value: Any) -> bool:
@@ -84,12 +105,12 @@ def _step_of(row: dict[str, Any]) -> int | None:
 def _time_of(row: dict[str, Any]) -> float | None:
     for name in _TIME_FIELDS:
         value = row.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
+        if (when := _finite(value)) is not None:
+            return when
         if isinstance(value, str):
             try:
                 return datetime.fromisoformat(value).timestamp()
-            except ValueError:
+            except (ValueError, OverflowError):  # OverflowError: past the calendar's ends
                 continue
     return None
 
@@ -174,11 +195,25 @@ def _csv_step(cell: str) -> int | None:
     return int(value)
 
 
+def _csv_rows(text: str) -> Iterator[list[str]]:
+    """The rows of a CSV text; a row the csv module refuses (a cell over its field size limit)
+    is left out, not the rest of the file. ``newline=""``, as the csv module asks: a carriage
+    return ends a row, or stays in a quoted cell, and is no error in an unquoted one."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error:
+            continue
+
+
 def csv_table(text: str) -> CsvTable | None:
     """The metrics of a CSV file by run and step; None when the file is no such table (no step
     column in its header): a CSV of anything else is none of ours. Cells that are no number
     (a timestamp, a word) and rows without a step are left out."""
-    rows = csv.reader(io.StringIO(text))
+    rows = _csv_rows(text.removeprefix("\ufeff"))  # a BOM (Excel's UTF-8 export): no name's part
     header = next(rows, None)
     if not header:
         return None
@@ -224,9 +259,7 @@ def _sample_number(value: Any) -> float | None:
     gives (NeMo-RL's rows)."""
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return _finite(value)
 
 
 def _flat(value: Any) -> list[Any]:
@@ -267,7 +300,8 @@ class StepSamples:
             self.rewards.append(reward)
         mask = _flat(row.get("token_loss_mask"))
         if mask and all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in mask):
-            self.lengths.append(float(sum(mask)))
+            if (length := _finite(sum(mask))) is not None:  # no length of inf, NaN, 10**400
+                self.lengths.append(length)
         advantages = row.get("advantages")
         if (one := _sample_number(advantages)) is not None:
             values: list[Any] = [one]
@@ -283,14 +317,17 @@ class StepSamples:
         out: dict[str, Any] = {"step": step}
         if self.rewards:
             r = self.rewards
-            out |= {"reward/mean": statistics.fmean(r), "reward/std": statistics.pstdev(r),
+            out |= {"reward/mean": _mean(r), "reward/std": statistics.pstdev(r),
                     "reward/min": min(r), "reward/max": max(r)}
             if len(r) > 1:
                 cuts = statistics.quantiles(r, n=100, method="inclusive")
-                out |= {"reward/p25": cuts[24], "reward/p50": cuts[49], "reward/p75": cuts[74],
-                        "reward/p95": cuts[94]}
+                # Rewards near float's max overflow the interpolation: such a cut is left out.
+                for name, at in (("reward/p25", 24), ("reward/p50", 49), ("reward/p75", 74),
+                                 ("reward/p95", 94)):
+                    if math.isfinite(cuts[at]):
+                        out[name] = cuts[at]
         if self.lengths:
-            out |= {"response/len_mean": statistics.fmean(self.lengths),
+            out |= {"response/len_mean": _mean(self.lengths),
                     "response/len_max": max(self.lengths)}
         if self.with_advantages:
             out["group/zero_std_frac"] = self.zero_advantages / self.with_advantages

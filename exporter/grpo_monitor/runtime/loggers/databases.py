@@ -87,7 +87,7 @@ def read_new(path: Path, cursor: dict[str, Any], limit: int | None = None) -> Re
             if "metrics" in tables and {"run_name", "metrics", "step"} <= _columns(conn, "metrics"):
                 return _trackio(conn, cursor, limit or DEFAULT_LIMIT)
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+            if _busy(exc):
                 return Read("mlflow" if "experiments" in tables else "trackio", cursor=cursor,
                             more=True)  # the writer's turn: read at the next one
             raise FormatError(f"{exc}") from None
@@ -98,14 +98,40 @@ def read_new(path: Path, cursor: dict[str, Any], limit: int | None = None) -> Re
         conn.close()
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """The writer holds the database (SQLITE_BUSY, SQLITE_LOCKED): not any message that says
+    "locked" (sqlite3's error for a cell of no UTF-8 quotes the cell's text)."""
+    name = getattr(exc, "sqlite_errorname", None)  # Python 3.11+
+    if name is not None:
+        return str(name).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    return str(exc).startswith(("database is locked", "database table is locked",
+                                "database schema is locked"))
+
+
+def _whole(value: Any) -> int | None:
+    """A step cell as the int it holds; None for NULL, text, a blob, a fraction, ±inf: a
+    user's file, whose columns (SQLite's) take any type whatever they are declared."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def _went_back(conn: sqlite3.Connection, cursor: dict[str, Any], table: str, key: str) -> bool:
+    # Compared by SQLite, as the pages are (ORDER BY, >): a user's table may hold text keys
+    # among the numbers, which Python cannot order.
     last = cursor.get("last", 0)
-    top = conn.execute(f"SELECT MAX({key}) FROM {table}").fetchone()[0] or 0
-    return top < last
+    return bool(conn.execute(f"SELECT COALESCE(MAX({key}), 0) < ? FROM {table}",
+                             (last,)).fetchone()[0])
 
 
 def _page(conn: sqlite3.Connection, fmt: str, columns: str, key: str, cursor: dict[str, Any],
@@ -129,18 +155,30 @@ def _mlflow(conn: sqlite3.Connection, cursor: dict[str, Any], limit: int) -> Rea
                       cursor, limit)
     grouped: dict[tuple[str, int], dict[str, Any]] = {}
     for _, run_uuid, step, key, value, is_nan, timestamp in rows:
-        record = grouped.get((run_uuid, step))
+        # Any cell may hold any type (a user's file): a row of no run is left out, a step that
+        # is no integer gives {"step": None} (counted by the record parser), a time that is no
+        # number no time, a key that is no text or a value that is no number no value.
+        run = names.get(run_uuid, run_uuid)
+        if not isinstance(run, (str, int)):
+            continue
+        run, step, when = str(run), _whole(step), _finite(timestamp)
+        record = grouped.get((run, step))
         if record is None:
-            record = grouped[(run_uuid, step)] = {"step": int(step), "time": timestamp / 1000.0}
-            out.rows.append((names.get(run_uuid, run_uuid), record))
+            record = grouped[(run, step)] = {"step": step}
+            out.rows.append((run, record))
+        if when is not None:
+            record["time"] = max(record.get("time", -math.inf), when / 1000.0)
+        if not isinstance(key, str):
+            continue
         if is_nan:
             value = math.nan
+        elif not isinstance(value, (int, float)):
+            continue
         elif value >= _MLFLOW_INF:
             value = math.inf
         elif value <= -_MLFLOW_INF:
             value = -math.inf
         record[key] = value
-        record["time"] = max(record["time"], timestamp / 1000.0)
     return out
 
 
@@ -149,12 +187,13 @@ def _trackio(conn: sqlite3.Connection, cursor: dict[str, Any], limit: int) -> Re
     for _, run_name, step, metrics, timestamp in rows:
         try:
             values = json.loads(metrics)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # RecursionError: nested thousands deep
             values = None
+        step = _whole(step)  # text, a blob, a fraction, ±inf: no step
         if not isinstance(values, dict) or step is None:
             out.rows.append((str(run_name), {"step": None}))  # counted by the record parser
             continue
-        record: dict[str, Any] = {"step": int(step)}
+        record: dict[str, Any] = {"step": step}
         when = _iso(timestamp)
         if when is not None:
             record["time"] = when

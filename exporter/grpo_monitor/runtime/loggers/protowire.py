@@ -14,6 +14,7 @@ from collections.abc import Iterator
 __all__ = ["WireError", "fields", "as_double", "as_float", "as_int64"]
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
+_MASK64 = (1 << 64) - 1
 
 
 class WireError(ValueError):
@@ -29,7 +30,9 @@ def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
         pos += 1
         result |= (b & 0x7F) << shift
         if not b & 0x80:
-            return result, pos
+            # A varint is 64 bits: the bits a tenth byte carries past them are dropped, as
+            # protobuf's own parsers do (an int64 read from it stays an int64: as_int64).
+            return result & _MASK64, pos
         shift += 7
         if shift > 63:
             raise WireError("a varint longer than 10 bytes")

@@ -42,6 +42,9 @@ Error = Callable[[Path, str, str], None]
 Wanted = Callable[[str, str], bool]
 # First bytes kept of a file: a rewrite in place to the same or a larger size is told by them.
 _HEAD_BYTES = 64
+# The most a turn reads of a W&B or TensorBoard file is at least one record of the longest either
+# reader takes (a longer one is no such file, or a corrupt record).
+_WHOLE_RECORD_BYTES = max(tensorboard.MAX_RECORD_BYTES, wandb_file.MAX_RECORD_BYTES) + (64 << 10)
 # A CSV table is read whole at each change: an export or a loop's log, far below this.
 MAX_CSV_BYTES = 16 << 20
 # Its header line, read first to tell a table of metrics from any other CSV.
@@ -149,6 +152,10 @@ class LoggerFiles:
             state.mtime, state.seen_pending = st.st_mtime, False
             fh.seek(state.offset)
             left = st.st_size - state.offset
+            if budget is not None:
+                # Never less than one record: a turn that reads less than its first record
+                # would consume nothing, and come back to it forever.
+                budget = max(budget, _WHOLE_RECORD_BYTES)
             cut = budget is not None and left > budget  # the rest waits for the next turn
             data = fh.read(budget if cut else left)
             if fmt == "tensorboard":
@@ -257,7 +264,7 @@ class LoggerFiles:
         row: dict[str, Any] = {"step": event.step}
         if event.wall_time is not None:
             row["time"] = event.wall_time
-        row.update({k: tensorboard.float32_text(v) for k, v in event.scalars.items()})
+        row.update(event.scalars)
         self.apply(path, state.run, row, mtime)
 
     def _wandb(self, path: Path, state: LoggedFile, data: bytes, mtime: float) -> None:

@@ -70,6 +70,8 @@ def masked_crc32c(data: bytes) -> int:
 class Event:
     step: int
     wall_time: float | None
+    # A float32 (simple_value, a DT_FLOAT tensor) as the decimal the trainer logged
+    # (float32_text); a double or an integer as it is.
     scalars: dict[str, float]
 
 
@@ -81,12 +83,13 @@ def _tensor_number(data: bytes) -> float | None:
         elif number == 4 and wire == LENGTH:  # tensor_content: the raw little-endian array
             fmt = {_DT_FLOAT: "<f", _DT_DOUBLE: "<d", _DT_INT32: "<i", _DT_INT64: "<q"}.get(dtype)
             if fmt and len(value) == struct.calcsize(fmt):  # type: ignore[arg-type]
-                values.append(struct.unpack(fmt, value)[0])  # type: ignore[arg-type]
+                raw = struct.unpack(fmt, value)[0]  # type: ignore[arg-type]
+                values.append(float32_text(raw) if dtype == _DT_FLOAT else raw)
         elif number == 5:  # float_val, packed or not
             if wire == LENGTH and len(value) == 4:  # type: ignore[arg-type]
-                values.append(struct.unpack("<f", value)[0])  # type: ignore[arg-type]
+                values.append(float32_text(struct.unpack("<f", value)[0]))  # type: ignore[arg-type]
             elif wire == FIXED32:
-                values.append(as_float(value))  # type: ignore[arg-type]
+                values.append(float32_text(as_float(value)))  # type: ignore[arg-type]
         elif number == 6:  # double_val
             if wire == LENGTH and len(value) == 8:  # type: ignore[arg-type]
                 values.append(struct.unpack("<d", value)[0])  # type: ignore[arg-type]
@@ -118,7 +121,7 @@ def _summary_scalars(summary: bytes) -> dict[str, float]:
             if n2 == 1 and w2 == LENGTH:
                 tag = v2
             elif n2 == 2 and w2 == FIXED32:
-                simple = as_float(v2)  # type: ignore[arg-type]
+                simple = float32_text(as_float(v2))  # type: ignore[arg-type]
             elif n2 == 8 and w2 == LENGTH:
                 tensor = v2
             elif n2 == 9 and w2 == LENGTH:
@@ -193,7 +196,10 @@ def float32_text(value: float) -> float:
     the value the trainer logged, as the SDK would have written it."""
     if value != value or value in (float("inf"), float("-inf")):
         return value
-    packed = struct.pack("<f", value)
+    try:
+        packed = struct.pack("<f", value)
+    except OverflowError:  # a tensor's double beyond float32's range: no float32 to shorten
+        return value
     for digits in range(6, 10):
         short = float(f"{value:.{digits}g}")
         if struct.pack("<f", short) == packed:

@@ -31,12 +31,15 @@ from typing import Any
 
 from grpo_monitor.runtime.loggers.protowire import LENGTH, VARINT, WireError, as_int64, fields
 
-__all__ = ["FormatError", "Read", "read_records"]
+__all__ = ["MAX_RECORD_BYTES", "FormatError", "Read", "read_records"]
 
 HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
 BLOCK = 32 << 10
 _CHUNK = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+# The longest record read: a step's row is a few KiB; a longer record (a huge summary, a hostile
+# file) is skipped and counted corrupt, so that one turn's read always holds a whole record.
+MAX_RECORD_BYTES = 16 << 20
 _HISTORY, _RUN = 2, 17
 # Fields of a row that are W&B's own bookkeeping.
 _TIME_KEY = "_timestamp"
@@ -77,21 +80,27 @@ def _row(history: bytes) -> dict[str, Any] | None:
                 continue
             try:
                 values[name] = json.loads(raw) if raw else None
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: a value nested thousands deep
                 continue
         elif number == 2 and wire == LENGTH:
             for n2, w2, v2 in fields(value):  # type: ignore[arg-type]
                 if n2 == 1 and w2 == VARINT:
                     step = as_int64(v2)  # type: ignore[arg-type]
-    if step is None and isinstance(values.get("_step"), int):
-        step = values["_step"]
+    logged_step = values.get("_step")
+    if step is None and isinstance(logged_step, int) and not isinstance(logged_step, bool):
+        step = logged_step  # (true is no step)
     if step is None:
         return None
     media = {name.rsplit("/", 1)[0] for name in values if name.endswith("/_type")}
     record: dict[str, Any] = {"step": step}
     when = values.get(_TIME_KEY)
-    if isinstance(when, (int, float)) and math.isfinite(when):
-        record["time"] = float(when)
+    if isinstance(when, (int, float)) and not isinstance(when, bool):
+        try:
+            when = float(when)
+        except OverflowError:  # an integer beyond float's range: no time
+            when = math.nan
+        if math.isfinite(when):
+            record["time"] = when
     for name, value in values.items():
         if name in _NOT_METRICS or any(name.startswith(m + "/") for m in media):
             continue
@@ -124,8 +133,10 @@ def read_records(data: bytes, *, at_start: bool, offset: int) -> Read:
             raise FormatError("no W&B header")
         pos = len(HEADER)
     size = len(data)
+    dropping = False  # inside a record longer than MAX_RECORD_BYTES: its chunks are skipped
     while True:
         parts: list[bytes] = []
+        assembled = 0
         at = pos
         whole = False
         while True:
@@ -144,18 +155,32 @@ def read_records(data: bytes, *, at_start: bool, offset: int) -> Read:
                 break  # zeros past the written part: wait for it
             ok = (_CHUNK + length <= left and kind in (FULL, FIRST, MIDDLE, LAST)
                   and zlib.crc32(bytes([kind]) + payload) == crc
-                  and (kind in (FULL, FIRST)) == (not parts))
+                  and (kind in (FULL, FIRST)) == (not parts and not dropping))
             if not ok:
-                if end >= size:
-                    break  # the last bytes written: maybe torn mid-write, read again later
+                if end >= size or at + left > size:
+                    # The last bytes written: maybe torn mid-write, read again later. Or a
+                    # corrupt chunk in a block not whole yet: the next chunk to trust starts at
+                    # the next block, past these bytes; skipped (and counted) once it is there,
+                    # since what is consumed never goes past the bytes read (the caller's offset
+                    # would pass the file's end, and the file be read again from its start).
+                    break
                 # A corrupt chunk: skip to the next block, where a chunk starts.
                 out.corrupt += 1
-                parts = []
+                parts, dropping = [], False
                 at += left
                 pos = at
                 continue
-            parts.append(payload)
             at = end
+            if dropping:  # the rest of a record too long to read
+                pos = at
+                dropping = kind != LAST
+                continue
+            parts.append(payload)
+            assembled += length
+            if assembled > MAX_RECORD_BYTES and kind not in (FULL, LAST):
+                out.corrupt += 1
+                parts, assembled, dropping, pos = [], 0, True, at
+                continue
             if kind in (FULL, LAST):
                 whole = True
                 break
