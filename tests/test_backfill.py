@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import requests
@@ -21,8 +24,9 @@ from polling import wait_for
 
 from grpo_monitor.runtime import backfill as backfill_module
 from grpo_monitor.runtime import exposition as ex
+from grpo_monitor.runtime import ingest as ingest_module
 from grpo_monitor.runtime.health import ExporterHealth
-from grpo_monitor.runtime.ingest import MIN_MIDDLE_BYTES, Ingestor
+from grpo_monitor.runtime.ingest import DEFAULT_MAX_LINE_BYTES, MIN_MIDDLE_BYTES, Ingestor
 from grpo_monitor.runtime.saved_state import StateFile
 from grpo_monitor.runtime.store import RunStore
 from grpo_monitor.sdk.writer import SnapshotWriter
@@ -75,11 +79,13 @@ def write_job(source: Path, snapshots: Path, upto: int = STEPS) -> dict[int, lis
     return files
 
 
-def read(snapshots: Path, above_bytes: int) -> tuple[Ingestor, ExporterHealth]:
+def read(snapshots: Path, above_bytes: int,
+         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> tuple[Ingestor, ExporterHealth]:
     """A start-up replay, as the watcher runs it: long files at their head and tail when
     it reads more than ``above_bytes``, and the backfill set up for their runs."""
     health = ExporterHealth()
-    ingestor = Ingestor(snapshots, RunStore(), health, backfill_above_bytes=above_bytes)
+    ingestor = Ingestor(snapshots, RunStore(), health, backfill_above_bytes=above_bytes,
+                        max_line_bytes=max_line_bytes)
     ingestor.start_up = True
     ingestor.rescan()
     ingestor.start_up = ingestor.skip_middles = False
@@ -170,6 +176,7 @@ def test_records_written_during_the_backfill(source: Path, tmp_path: Path) -> No
         if quick.backfill is not None and not quick.backfill.turn(0.002):
             quick.backfill = None
     whole, whole_health = read(snapshots, 0)
+    assert quick.partial_runs() == set()
     assert series(quick) == series(whole)
     assert counters(health) == counters(whole_health)
 
@@ -204,17 +211,303 @@ def test_a_saved_state_leaves_a_partial_run_out(source: Path, tmp_path: Path) ->
     assert restarted.gaps == {}
 
 
-def test_a_file_rewritten_during_the_backfill(source: Path, tmp_path: Path,
-                                              caplog: pytest.LogCaptureFixture) -> None:
-    """A file the backfill cannot follow leaves its run as the heads and tails gave it, with the
-    families that need every record still unpublished: never half of a run as if whole."""
+# -- races with the backfill: the files change while it reads them ----------------------------
+# The backfill stepped a bounded amount (its clock ticks once a look, its chunks are small), the
+# files changed, the live read told (or not yet), and the backfill then run to its end: the run is
+# no longer partial and its series are those of a fresh read of the files as they are then.
+
+LINE = 16 << 10  # --snapshot.max-line-bytes of these tests: a chunk of the backfill is twice it
+CHUNK = 16 << 10  # and at least this: a file's middle is read in dozens of chunks
+
+
+class Ticks:
+    """The backfill's clock: each look at it is a tick, so a turn of ``n`` seconds reads about
+    ``n`` chunks, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.fixture
+def stepped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backfill's turns read by the tick, not by the clock; and a live read of a file (the
+    backfill has one look at a file it finds changed) is never cut by its time, whose next turn
+    would date the rest of the file's records by the time of the read before (ingest._dated) on
+    a machine slow enough."""
+    monkeypatch.setattr(backfill_module, "time", Ticks())
+    monkeypatch.setattr(backfill_module, "READ_CHUNK", CHUNK)
+    monkeypatch.setattr(ingest_module, "READ_TURN_SECONDS", math.inf)
+
+
+def step(ingestor: Ingestor, chunks: int) -> None:
+    """A turn of the backfill that reads about ``chunks`` chunks."""
+    assert ingestor.backfill is not None
+    if not ingestor.backfill.turn(chunks):
+        ingestor.backfill = None
+
+
+def live_read(ingestor: Ingestor, *paths: Path) -> None:
+    """The live read of ``paths``, as on their events: each read to its end."""
+    for path in paths:
+        ingestor.process(path, budget=None)
+
+
+def settle(ingestor: Ingestor) -> None:
+    """The watcher's loop, without its thread: the files whose turn ran out read on, and a turn
+    of the backfill, until the backfill is done (polled, with a deadline); then no run is
+    partial (what grpo_exporter_partial_runs reports)."""
+
+    def done() -> bool:
+        for path in list(ingestor.unfinished):
+            ingestor.process(path)
+        if ingestor.backfill is not None:
+            step(ingestor, 1_000)
+        return ingestor.backfill is None and not ingestor.unfinished
+
+    wait_for(done, timeout=120, interval=0, what="the backfill done")
+    assert ingestor.partial_runs() == set()
+
+
+def assert_fresh(ingestor: Ingestor, snapshots: Path) -> list[str]:
+    """Every run's series are those of a fresh read of the files as they are now."""
+    whole, _ = read(snapshots, 0, LINE)
+    expected = series(whole)
+    served = series(ingestor)
+    assert served == expected, (sorted(set(served) - set(expected))[:4],
+                                sorted(set(expected) - set(served))[:4])
+    assert {family(line) for line in served} & ex.WHOLE_HISTORY  # published, not only hidden
+    return served
+
+
+def progress(ingestor: Ingestor) -> list[tuple[int, int, bool]]:
+    """(bytes read, the live offset, caught up) of each file of the run ``job``'s backfill."""
+    assert ingestor.backfill is not None
+    return [(fb.read_to, fb.state.offset, fb.caught_up) for fb in ingestor.backfill.runs["job"].files]
+
+
+def first_start(source: Path, snapshots: Path,
+                upto: int = STEPS) -> tuple[Ingestor, dict[int, list[bytes]]]:
+    """A first start on the job's files up to step ``upto``: the backfill set up, not begun."""
+    files = write_job(source, snapshots, upto)
+    quick, _ = read(snapshots, ABOVE_BYTES, LINE)
+    assert quick.backfill is not None and quick.partial_runs() == {"job"}
+    return quick, files
+
+
+@pytest.mark.parametrize("which, live_read_first", [
+    ("being read", True), ("being read", False), ("read already", True), ("copytruncate", True)],
+    ids=["mid-read-live-read-first", "mid-read-backfill-first", "caught-up", "copytruncate"])
+def test_a_file_truncated_in_place_during_the_backfill(source: Path, tmp_path: Path, stepped: None,
+                                                       which: str, live_read_first: bool) -> None:
+    """Truncated in place (verl's log when a run resumes), below where the backfill had read it
+    or after it had read it whole; or emptied, and written on with the rank's next steps
+    (logrotate's copytruncate, whose copy is no snapshot): the live read reads it again from its
+    start, and the backfill reads the run again from its files as they are now."""
     snapshots = tmp_path / "snapshots"
-    files = write_job(source, snapshots)
-    quick, _ = read(snapshots, ABOVE_BYTES)
+    upto = 1_300 if which == "copytruncate" else STEPS
+    quick, files = first_start(source, snapshots, upto)
+    path = snapshots / "job" / "rank-0.jsonl"
+    if which == "being read":
+        step(quick, 20)
+        (read0, offset0, caught0), (read1, _, _) = progress(quick)
+        assert 0 < read0 < offset0 and not caught0 and read1 == 0, progress(quick)
+        keep = b"".join(files[0][:250])
+        assert len(keep) < read0  # fewer bytes than the backfill has read of it
+    else:
+        step(quick, 105 if which == "read already" else 95)
+        (_, _, caught0), (read1, offset1, _) = progress(quick)
+        assert caught0 and 0 < read1 < offset1, progress(quick)  # rank 0's records teed now
+        keep = b"".join(files[0][:1_000]) if which == "read already" else b""
+    inode = path.stat().st_ino
+    os.truncate(path, len(keep))
+    if which == "copytruncate":
+        with path.open("ab") as fh:
+            fh.writelines(_lines(source, 0)[upto:])
+    assert path.stat().st_ino == inode
+    if live_read_first:
+        live_read(quick, path)
+    settle(quick)
+    assert_fresh(quick, snapshots)
+
+
+def test_a_file_rewritten_during_the_backfill(source: Path, tmp_path: Path, stepped: None) -> None:
+    """Rewritten in place, shorter, before the backfill reaches it and before the live read
+    looked at it again: the backfill finds it changed, the live read reads it again from its
+    start, and the run is read again."""
+    snapshots = tmp_path / "snapshots"
+    quick, files = first_start(source, snapshots)
+    step(quick, 20)
     (snapshots / "job" / "rank-1.jsonl").write_bytes(b"".join(files[1][:100]))
+    settle(quick)
+    assert_fresh(quick, snapshots)
+
+
+@pytest.mark.parametrize("via", ["outside", "inside"])
+@pytest.mark.parametrize("which", ["being read", "read already"])
+def test_both_files_of_a_run_replaced_by_rename_during_the_backfill(
+        source: Path, tmp_path: Path, stepped: None, which: str, via: str) -> None:
+    """The run starts over: each rank's file is replaced by a rename of a new one, written
+    outside the snapshot folder or under another snapshot name in the run folder (which the
+    live read reads too), while the backfill reads rank 0's file or after it read it. The live
+    read reads each new file from its first byte, and the store starts the run over. Then it
+    is read whole again, from the new files."""
+    snapshots = tmp_path / "snapshots"
+    quick, _ = first_start(source, snapshots)
+    new = write_job(source, tmp_path / "new", upto=1_000)  # a re-run, 1,000 steps so far
+    assert new[0] != (snapshots / "job" / "rank-0.jsonl").read_bytes()
+    if which == "being read":
+        step(quick, 20)
+        assert 0 < progress(quick)[0][0] < progress(quick)[0][1], progress(quick)
+    else:
+        step(quick, 105)
+        (_, _, caught0), (read1, offset1, _) = progress(quick)
+        assert caught0 and 0 < read1 < offset1, progress(quick)
+    for rank in range(RANKS):
+        path = snapshots / "job" / f"rank-{rank}.jsonl"
+        written = tmp_path / "new" / "job" / f"rank-{rank}.jsonl"
+        if via == "outside":
+            os.replace(written, path)
+            live_read(quick, path)
+        else:
+            written = written.rename(snapshots / "job" / f"rank-{rank}.next.jsonl")
+            live_read(quick, written)
+            os.replace(written, path)
+            quick.moved(written, path)
+        if quick.backfill is not None:
+            step(quick, 3)
+    settle(quick)
+    assert_fresh(quick, snapshots)
+
+
+@pytest.mark.parametrize("how, which, live_read_first", [
+    ("sdk", "being read", True), ("sdk", "being read", False),
+    ("logrotate", "read already", True), ("logrotate", "being read", False)],
+    ids=["sdk-live-read-first", "sdk-backfill-first", "logrotate-caught-up",
+         "logrotate-backfill-first"])
+def test_a_file_rotated_during_the_backfill(source: Path, tmp_path: Path, stepped: None, how: str,
+                                            which: str, live_read_first: bool,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Rotated while the backfill reads it, or after it read it, the rank's next records in a
+    new rank-0.jsonl. The SDK's way (renamed rank-0.1.jsonl, a snapshot name): the backfill reads
+    on in the renamed file, then the new one, in the rank's order, whether the live read saw
+    the rename first or not, and does not read the run again for it. logrotate's (renamed
+    rank-0.jsonl.1, which the live read reads to its end and forgets, and which a start-up does
+    not read): the run is read again, from the files a start-up reads."""
+    snapshots = tmp_path / "snapshots"
+    quick, _ = first_start(source, snapshots, upto=1_300)
+    if which == "being read":
+        step(quick, 20)
+        assert 0 < progress(quick)[0][0] < progress(quick)[0][1], progress(quick)
+    else:
+        step(quick, 95)
+        (_, _, caught0), (read1, offset1, _) = progress(quick)
+        assert caught0 and 0 < read1 < offset1, progress(quick)
+    path = snapshots / "job" / "rank-0.jsonl"
+    segment = snapshots / "job" / ("rank-0.1.jsonl" if how == "sdk" else "rank-0.jsonl.1")
+    os.rename(path, segment)
+    path.write_bytes(b"".join(_lines(source, 0)[1_300:]))
+    if live_read_first:
+        quick.moved(path, segment)
+        live_read(quick, path)
+    with caplog.at_level(logging.INFO, "grpo_monitor.runtime.backfill"):
+        settle(quick)
+    assert_fresh(quick, snapshots)
+    assert "run job: its history is read whole" in caplog.text
+    if how == "sdk":
+        assert quick.path_of(segment.stat().st_ino) == segment
+        assert "reading it again" not in caplog.text
+    else:
+        assert quick.path_of(segment.stat().st_ino) is None
+        assert "reading it again" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["events", "rescan"])
+def test_a_run_folder_renamed_during_the_backfill(source: Path, tmp_path: Path, stepped: None,
+                                                  how: str) -> None:
+    """A renamed run folder is another run, read from its files' first bytes under the new name;
+    the old name is forgotten, not left partial, and nothing is swapped into either."""
+    snapshots = tmp_path / "snapshots"
+    quick, _ = first_start(source, snapshots)
+    step(quick, 20)
+    os.rename(snapshots / "job", snapshots / "job-2")
+    if how == "events":  # what the watcher makes of a folder's rename
+        quick.deleted(snapshots / "job")
+        quick.scan_folder(snapshots / "job-2")
+    else:  # the events missed: the next rescan
+        quick.rescan()
+    settle(quick)
+    served = assert_fresh(quick, snapshots)
+    assert not any('run="job"' in line for line in served)
+
+
+def test_a_run_that_starts_over_during_the_backfill(source: Path, tmp_path: Path,
+                                                    stepped: None) -> None:
+    """A re-run under the same name appends to the files (the SDK opens them to append): its
+    first step, before the rank's newest, makes the store start the run over. The backfill had
+    read rank 0 whole (its records are teed since) and was reading rank 1; the re-run writes
+    rank 1's file first, then rank 0's, which a fresh read now takes last. The run is read again
+    from its files, in that order, as a fresh read of them would."""
+    snapshots = tmp_path / "snapshots"
+    quick, _ = first_start(source, snapshots)
+    step(quick, 105)
+    (_, _, caught0), (read1, offset1, _) = progress(quick)
+    assert caught0 and 0 < read1 < offset1, progress(quick)
+    live_run = quick.store.run_state("job")
+    paths = [snapshots / "job" / f"rank-{rank}.jsonl" for rank in range(RANKS)]
+    for rank in (1, 0):
+        with paths[rank].open("ab") as fh:
+            fh.writelines(_lines(source, rank)[:300])
+        live_read(quick, paths[rank])
+    earlier = paths[0].stat().st_mtime_ns - 1_000_000_000
+    os.utime(paths[1], ns=(earlier, earlier))  # whatever the clock's tick, rank 0's file is newer
+    assert quick.store.run_state("job") is not live_run  # the store started it over
+    settle(quick)
+    assert_fresh(quick, snapshots)
+
+
+def test_a_run_expired_while_partial(source: Path, tmp_path: Path, stepped: None) -> None:
+    """A partial run that expires leaves the partial set; when its files are written again it is
+    a new run, as it would be without the backfill: the backfill does not swap the old history
+    into it."""
+    snapshots = tmp_path / "snapshots"
+    quick, _ = first_start(source, snapshots)
+    step(quick, 20)
+    assert quick.store.expire(time.time() + 10 * 365 * 86400.0, 1.0) == ["job"]
+    assert quick.partial_runs() == set()
+    path = snapshots / "job" / "rank-0.jsonl"
+    with path.open("ab") as fh:
+        fh.writelines(_lines(source, 0)[-3:])
+    live_read(quick, path)
+    again = quick.store.run_state("job")
+    assert again is not None and quick.partial_runs() == set()
+    settle(quick)
+    assert quick.store.run_state("job") is again
+
+
+def test_a_file_the_backfill_cannot_read(source: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A file that cannot be read (an I/O error, not a race) leaves its run as the heads and tails
+    gave it, with the families that need every record still unpublished: never half of a run as
+    if whole."""
+    snapshots = tmp_path / "snapshots"
+    write_job(source, snapshots)
+    quick, _ = read(snapshots, ABOVE_BYTES)
+    real = backfill_module.open_regular
+
+    def refuse(root: Path, path: Path) -> BinaryIO:
+        if path.name == "rank-1.jsonl":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(root, path)
+
+    monkeypatch.setattr(backfill_module, "open_regular", refuse)
     with caplog.at_level(logging.WARNING, "grpo_monitor.runtime.backfill"):
         finish(quick)
-    assert "cannot follow a file" in caplog.text
+    assert "cannot read a file" in caplog.text
     assert quick.backfill is None and quick.partial_runs() == {"job"}
     served = {family(line) for line in series(quick)}
     assert not served & ex.WHOLE_HISTORY, served & ex.WHOLE_HISTORY

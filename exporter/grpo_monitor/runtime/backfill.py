@@ -12,7 +12,28 @@ read in the start-up's order, each up to the offset the live read has reached, a
 the live read takes after that is applied to both stores ("teed"). Problems of the skipped bytes
 are counted when the backfill reads them, those of the head and tail once, by the live read.
 
-A file the backfill cannot follow (gone, truncated, rewritten) leaves its run partial, with a
+Files change while the backfill reads them, and once they settle the run is what a fresh read
+of them gives, never left partial:
+
+- A file renamed within its run folder (the SDK's rotation, rank-0.jsonl to rank-0.1.jsonl) is
+  read on under its new name: the live read's state, which the backfill shares, goes with it. A
+  file new to the run (a new rank, a rotation's new file) is read after the run's files before
+  it, teed from its first byte if those are read already (ingest calls followed).
+- The run is read again from the start, from its files as the live read follows them now, in a
+  start-up's order (the oldest first), at the backfill's next turn, when: the live read reads a
+  file of it again from its first byte (truncated or rewritten in place; ingest calls
+  started_over); a file of it is no longer followed as it was read (deleted, another file
+  renamed over it, renamed to a name that is no snapshot such as logrotate's rank-0.jsonl.1, or
+  out of the folder); or a record makes the store start the run over (a re-run under the same
+  name). A file the backfill finds changed before the live read saw it is looked at by the live
+  read first, as at its event. What the backfill counted of the skipped bytes is not counted
+  again.
+- A run forgotten (its folder deleted or renamed: a renamed folder is a new run, read from its
+  files' first bytes under the new name) or expired while partial leaves the partial set
+  (store.forget_run, store.expire), and the backfill drops it: a run of its name that comes back
+  is a new one, not swapped for the old history.
+
+Only a file that cannot be read at all (an I/O error, a permission) leaves its run partial, with a
 log line, until the next start-up: a saved state leaves a partial run out, so that start-up reads
 it again.
 """
@@ -26,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_monitor.contract.run_layout import is_appended, run_label
-from grpo_monitor.contract.safe_io import open_regular, printable
+from grpo_monitor.contract.safe_io import Refused, open_regular, printable
 from grpo_monitor.contract.snapshot import Snapshot
 from grpo_monitor.runtime.ingest import (
     JSON_WHITESPACE,
@@ -35,9 +56,14 @@ from grpo_monitor.runtime.ingest import (
     Ingestor,
     run_folder_of,
 )
-from grpo_monitor.runtime.store import RunStore
+from grpo_monitor.runtime.store import RunState, RunStore
 
 log = logging.getLogger("grpo_monitor.runtime.backfill")
+
+# What a read of a file by the backfill came to (Backfill._read).
+READ = "read"  # its next bytes, up to the live offset or the turn's end
+CHANGED = "changed"  # not the file the live read follows, or not where: the live read looks again
+FAILED = "failed"  # it cannot be read (an I/O error, a permission)
 
 
 @dataclass
@@ -56,6 +82,14 @@ class RunBackfill:
     files: list[FileBackfill]
     store: RunStore
     by_inode: dict[int, FileBackfill] = field(default_factory=dict)
+    # The live store's run when this read began: another one there is the run started over (or
+    # forgotten and made again).
+    live: RunState | None = None
+    rebaseline: tuple[int, int] | None = None  # the run's re-baseline request, for a read again
+    # A file of the run was read again from its start, or left it: read again at the next turn.
+    stale: bool = False
+    # Files the live read started over in place: it counts their problems, the read again none.
+    reset: set[int] = field(default_factory=set)
 
 
 class Backfill:
@@ -73,14 +107,25 @@ class Backfill:
             if not any(state.inode in gaps for state in states):
                 continue
             run_name = run_label(folder)
-            files = [FileBackfill(state, gaps.get(state.inode)) for state in states]
-            backfill = RunBackfill(run_name, folder, files, RunStore(ingestor.store.limits),
-                                   {f.state.inode: f for f in files})
             live = ingestor.store.run_state(run_name)
-            if live is not None and live.rebaseline is not None:
-                backfill.store.rebaseline(run_name, *live.rebaseline)
-            self.runs[run_name] = backfill
+            files = [FileBackfill(state, gaps.get(state.inode)) for state in states]
+            self._begin(run_name, folder, files, live.rebaseline if live is not None else None)
         ingestor.gaps = {}
+
+    def _begin(self, name: str, folder: str, files: list[FileBackfill],
+               rebaseline: tuple[int, int] | None) -> None:
+        run = RunBackfill(name, folder, files, RunStore(self.ingestor.store.limits),
+                          {f.state.inode: f for f in files}, self.ingestor.store.run_state(name),
+                          rebaseline)
+        if rebaseline is not None:
+            run.store.rebaseline(name, *rebaseline)
+        self.runs[name] = run  # in its place: a run read again is read on first
+
+    def _run_of(self, path: Path) -> RunBackfill | None:
+        """The run being read that ``path`` lies in, unless it is to be read again anyway."""
+        folder = run_folder_of(path, self.ingestor.root)
+        run = self.runs.get(run_label(folder)) if folder is not None else None
+        return run if run is not None and run.folder == folder and not run.stale else None
 
     def run_names(self) -> set[str]:
         return set(self.runs)
@@ -94,19 +139,41 @@ class Backfill:
 
     def tee(self, inode: int, path: Path, snap: Snapshot, wrote_at: float) -> None:
         """A record the live read applied: the run's own store takes it too, once it has read
-        its file up to there. A file new to the run since the start-up (a new rank, a rotation's
-        new segment) is read by the live read from its first byte: it is teed whole."""
+        its file up to there. Every file the live read follows in the run's folder is the run's
+        (followed); one it reads without following it (a logrotate segment that came and went
+        while it lagged, read whole and forgotten) a start-up would not read: left out."""
         run = self.runs.get(snap.run)
-        if run is None:
+        if run is None or run.stale:
             return
         fb = run.by_inode.get(inode)
-        if fb is None:
-            if run_folder_of(path, self.ingestor.root) != run.folder:
-                return
-            fb = run.by_inode[inode] = FileBackfill(FileState(inode=inode), None, caught_up=True)
-            run.files.append(fb)
-        if fb.caught_up:
+        if fb is not None and fb.caught_up:
             run.store.apply(snap, wrote_at=wrote_at)
+
+    def followed(self, path: Path, state: FileState) -> None:
+        """The live read follows a file under ``path`` now (new, renamed, or found again by its
+        inode). One new to a run being read is read after the run's files before it: teed from
+        its first byte when those are read already and the live read reads it from its start,
+        else read by the backfill up to the live offset."""
+        run = self._run_of(path)
+        if run is None:
+            return
+        known = run.by_inode.get(state.inode)
+        if known is not None:
+            if known.state is not state:  # another file with a gone one's inode number
+                run.stale = True
+            return
+        whole = state.offset == 0 and all(f.caught_up for f in run.files)
+        fb = run.by_inode[state.inode] = FileBackfill(state, None, caught_up=whole)
+        run.files.append(fb)
+
+    def started_over(self, path: Path, inode: int) -> None:
+        """The live read reads the file ``inode`` under ``path`` again from its first byte
+        (truncated or rewritten in place): its run is read again from its files as they are
+        now, at the next turn."""
+        run = self._run_of(path)
+        if run is not None:
+            run.stale = True
+            run.reset.add(inode)
 
     def forget(self, run_name: str) -> None:
         """The run's folder was deleted or renamed: what is read of it now is a new run."""
@@ -114,6 +181,7 @@ class Backfill:
 
     def rebaselined(self, run_name: str, at_step: int, steps: int) -> None:
         if (run := self.runs.get(run_name)) is not None:
+            run.rebaseline = (at_step, steps)
             run.store.rebaseline(run_name, at_step, steps)
 
     # -- the backfill's own turns (ingest thread, between event batches) ----------------------
@@ -121,59 +189,140 @@ class Backfill:
     def turn(self, seconds: float) -> bool:
         """Read for about ``seconds``; whether anything is left to read."""
         deadline = time.monotonic() + seconds
+        store = self.ingestor.store
         while self.runs and time.monotonic() < deadline:
             run = next(iter(self.runs.values()))
-            if self.ingestor.store.run_state(run.name) is None:  # expired, its folder deleted
+            live = store.run_state(run.name)
+            if live is not run.live and (live is None or run.name not in store.partial_runs()):
+                # Expired or forgotten (its folder deleted or renamed, another logger's files
+                # read for it): a run of its name now is a new one, read as it comes.
                 del self.runs[run.name]
+                continue
+            if run.stale or live is not run.live:  # a file read again, or the run started over
+                self._restart(run)
                 continue
             pending = next((f for f in run.files if not f.caught_up), None)
             if pending is None:
-                self._swap(run)
-            elif not self._read(run, pending, deadline):
-                log.warning("run %s: the backfill cannot follow a file any more (gone, truncated or "
-                            "rewritten); the run stays as its files' heads and tails gave it, without "
-                            "the series that need every record, until the next start-up", run.name)
-                del self.runs[run.name]
+                if any(self._where(run, f) is None for f in run.files):
+                    run.stale = True  # a file left the run since it was read
+                else:
+                    self._swap(run)
+                continue
+            outcome = self._read(run, pending, deadline)
+            if outcome == CHANGED:
+                self._look_again(run, pending)
+            elif outcome == FAILED:
+                self._give_up(run, "cannot read a file")
         return bool(self.runs)
+
+    def _restart(self, run: RunBackfill) -> None:
+        """Read the run again from the start, from its files as the live read follows them now,
+        in a start-up's order (the oldest first, as ingest's scan lists them). What was counted
+        of the bytes the start-up skipped is not counted again."""
+        root = self.ingestor.root
+        found: list[tuple[float, str, FileState]] = []
+        for path, state in self.ingestor.files.items():
+            if run_folder_of(path, root) != run.folder:
+                continue
+            try:
+                mtime = os.lstat(path).st_mtime
+            except OSError:
+                mtime = 0.0  # gone meanwhile: the live read will find out
+            found.append((mtime, str(path), state))
+        found.sort(key=lambda f: f[:2])
+        files = []
+        for _, _, state in found:
+            gap = None
+            old = run.by_inode.get(state.inode)
+            if old is not None and old.state is state and old.gap is not None \
+                    and state.inode not in run.reset:
+                start = max(old.gap[0], old.read_to)
+                gap = (start, old.gap[1]) if start < old.gap[1] else None
+            files.append(FileBackfill(state, gap))
+        log.info("run %s: its files changed while the backfill read them (truncated, rewritten, "
+                 "replaced, rotated away or the run started over); reading it again from its files "
+                 "as they are now", run.name)
+        self._begin(run.name, run.folder, files, run.rebaseline)
+
+    def _where(self, run: RunBackfill, fb: FileBackfill) -> Path | None:
+        """The name the live read follows the file under, as the state the backfill reads up
+        to; None when it left the run: gone, renamed to a name that is no snapshot or out of the
+        run's folder, or another file renamed over it."""
+        path = self.ingestor.path_of(fb.state.inode)
+        if path is None or self.ingestor.files.get(path) is not fb.state \
+                or run_folder_of(path, self.ingestor.root) != run.folder:
+            return None
+        return path
+
+    def _look_again(self, run: RunBackfill, fb: FileBackfill) -> None:
+        """The backfill found a file other than the live read follows it: the live read looks at
+        it now (as at its event), and a truncation or rewrite it finds has the run read again
+        (started_over); so does a file that left the run. One renamed within the run (a rotation
+        the live read had not seen yet) is read on under its new name. One still where it was
+        (changed and put back between two looks): given up."""
+        before = self.ingestor.path_of(fb.state.inode)
+        if before is not None:
+            self.ingestor.process(before)
+        if self.runs.get(run.name) is not run or run.stale:
+            return
+        after = self._where(run, fb)
+        if after is None or fb.state.offset < fb.read_to:
+            run.stale = True  # read again, without it
+        elif after == before:
+            self._give_up(run, "cannot follow a file")
+
+    def _give_up(self, run: RunBackfill, what: str) -> None:
+        log.warning("run %s: the backfill %s; the run stays as its files' heads and tails gave "
+                    "it, without the series that need every record, until the next start-up",
+                    run.name, what)
+        del self.runs[run.name]
 
     def _swap(self, run: RunBackfill) -> None:
         del self.runs[run.name]
         whole = run.store.run_state(run.name)
-        if whole is not None and self.ingestor.store.adopt(whole):
+        if whole is None:  # its files gone, or none a record: it stays as read until it expires
+            log.warning("run %s: the backfill found no record in its files (deleted meanwhile?); "
+                        "the run stays as its files' heads and tails gave it until it expires",
+                        run.name)
+        elif self.ingestor.store.adopt(whole):
             log.info("run %s: its history is read whole; every series is exact from now on", run.name)
 
-    def _read(self, run: RunBackfill, fb: FileBackfill, deadline: float) -> bool:
-        """Apply the file's next bytes up to the live offset to the run's own store; False when
-        the file cannot be followed."""
+    def _read(self, run: RunBackfill, fb: FileBackfill, deadline: float) -> str:
+        """Apply the file's next bytes up to the live offset to the run's own store: READ;
+        CHANGED when it is not the file the live read follows (gone, renamed, replaced, or
+        shorter: truncated or rewritten), FAILED when it cannot be read."""
         state = fb.state
-        path = self.ingestor.path_of(state.inode)
+        path = self._where(run, fb)
         if path is None or state.offset < fb.read_to:
-            return False
+            return CHANGED
         try:
             with open_regular(self.ingestor.root, path) as fh:
                 st = os.fstat(fh.fileno())
                 if st.st_ino != state.inode or st.st_size < state.offset:
-                    return False
+                    return CHANGED
                 if not is_appended(path):  # a *.json snapshot: its content now
                     data = fh.read(self.ingestor.max_file_bytes + 1)
                     if len(data) <= self.ingestor.max_file_bytes:
                         self._apply(run, path, data, st.st_mtime, whole_file=True)
                     fb.caught_up = True
-                    return True
+                    return READ
                 # A chunk holds a whole line of the longest length read.
                 size = max(READ_CHUNK, 2 * self.ingestor.max_line_bytes)
                 while fb.read_to < state.offset and time.monotonic() < deadline:
                     fh.seek(fb.read_to)
                     chunk = fh.read(min(size, state.offset - fb.read_to))
                     if not chunk:
-                        return False
+                        return CHANGED
                     final = fb.read_to + len(chunk) >= state.offset
                     self._lines(run, fb, path, chunk, st.st_mtime, final)
+        except (FileNotFoundError, NotADirectoryError, Refused) as exc:  # renamed, deleted, a link
+            log.debug("backfill of %s: %s", printable(path), exc)
+            return CHANGED
         except (OSError, ValueError) as exc:
             log.debug("backfill of %s: %s", printable(path), exc)
-            return False
+            return FAILED
         fb.caught_up = fb.read_to >= state.offset
-        return True
+        return READ
 
     def _lines(self, run: RunBackfill, fb: FileBackfill, path: Path, chunk: bytes, mtime: float,
                final: bool) -> None:

@@ -110,6 +110,8 @@ PROBE_BYTES = 4 << 10
 MAX_SOURCES_NAMED = 8
 # A source's rank among those that may feed one run (contract/logger_layout.py): lower wins.
 _PRECEDENCE = {fmt: i for i, fmt in enumerate(SOURCE_PRECEDENCE)}
+# The fewest seconds between two reads of one run's key map file.
+KEY_MAP_MIN_INTERVAL_S = 1.0
 # Hidden files the scan hands to process(): a run's re-baseline request and key map.
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
 
@@ -180,6 +182,10 @@ class Ingestor:
         # run folder name -> its key map over the flag's (None: neither has one), read at the
         # run's first record and again whenever its file changes.
         self._run_key_maps: dict[str, KeyMap | None] = {}
+        # run folder -> (its key map file's SHA-256, the map it gave, when it was read): a map
+        # is parsed (and a bad one counted) once per change of its text, read once a second at
+        # most.
+        self._key_map_reads: dict[str, tuple[bytes, KeyMap | None, float]] = {}
         # The last step applied of each run read from whole logs in one JSON document
         # (trainer_state.json, one a checkpoint: _log_rows).
         self._logged_upto: dict[str, int] = {}
@@ -242,6 +248,9 @@ class Ingestor:
         # run -> the formats it was read from -> the first file of each: kept for a tool that
         # asks (check sets it to {}), not by a long-running exporter.
         self.sources: dict[str, dict[str, Path]] | None = None
+        # Each record the store took, with the file it came from: for a tool that reads a run as
+        # the exporter does (report), not by a long-running exporter.
+        self.on_record: Callable[[Path, Snapshot], None] | None = None
 
     # -- a saved state (saved_state.py) ------------------------------------------------------
 
@@ -310,6 +319,8 @@ class Ingestor:
         self.files[path] = state
         self._inodes[state.inode] = path
         self.health.files.set(len(self.files))
+        if self.backfill is not None:  # a file new to a run it reads is read in the run's order
+            self.backfill.followed(path, state)
 
     def _untrack(self, path: Path) -> FileState | None:
         state = self.files.pop(path, None)
@@ -369,6 +380,7 @@ class Ingestor:
         self._seen = {p: sig for p, sig in self._seen.items() if not _under(p, gone)}
         run = run_label(folder.name)
         self._run_key_maps.pop(run, None)
+        self._key_map_reads.pop(run, None)
         if self.backfill is not None:
             self.backfill.forget(run)
         if self.store.forget_run(run):
@@ -883,6 +895,8 @@ class Ingestor:
             # number: what rotated away meanwhile comes first.
             if state.offset:
                 self._missed_rotations(path, state.read_ns, {state.inode})
+                if self.backfill is not None:  # a run it reads is read again from its files
+                    self.backfill.started_over(path, state.inode)
             state.offset, state.skipping, state.tail = 0, False, b""
         fh.seek(state.offset)
         deadline = time.monotonic() + READ_TURN_SECONDS if budget is not None else None
@@ -1030,14 +1044,27 @@ class Ingestor:
             return self.key_map
         if folder in self._run_key_maps:
             return self._run_key_maps[folder]
+        last = self._key_map_reads.get(folder)
+        now = time.monotonic()
+        if last is not None and last[0] and now - last[2] < KEY_MAP_MIN_INTERVAL_S:
+            # A map file changed again within the second: the map read last serves until then
+            # (one rewritten a hundred times a second costs the run a read a second, not a
+            # parse a record), and the file is looked at by the first record after it. A map
+            # that appears where there was none is read at once.
+            return last[1]
         where = self.root / folder / KEY_MAP_FILE
         found = self.key_map
+        digest = b""
         try:
             data = read_regular(self.root, where, MAX_KEY_MAP_BYTES + 1)
-            if len(data) > MAX_KEY_MAP_BYTES:
-                raise KeyMapError(f"over {MAX_KEY_MAP_BYTES} bytes")
-            found = KeyMap.parse(data, str(where)).over(self.key_map)
-            log.info("run %s: key map %s, %d names", folder, where, len(found.names))
+            digest = hashlib.sha256(data).digest()
+            if last is not None and last[0] == digest:
+                found = last[1]  # the same text: neither parsed nor counted again
+            else:
+                if len(data) > MAX_KEY_MAP_BYTES:
+                    raise KeyMapError(f"over {MAX_KEY_MAP_BYTES} bytes")
+                found = KeyMap.parse(data, str(where)).over(self.key_map)
+                log.info("run %s: key map %s, %d names", folder, where, len(found.names))
         except FileNotFoundError:
             pass
         except Refused as exc:
@@ -1047,6 +1074,7 @@ class Ingestor:
         except OSError as exc:  # a folder of that name, a permission
             self.error(where, "read_error", os.strerror(exc.errno or errno.EIO))
         self._run_key_maps[folder] = found
+        self._key_map_reads[folder] = (digest, found, now)
         return found
 
     def parse(self, path: Path, raw: bytes, mtime: float, whole_file: bool = False,
@@ -1103,6 +1131,8 @@ class Ingestor:
         self.health.ingested_by_shape[snap.shape].inc()
         if self.backfill is not None and inode is not None:
             self.backfill.tee(inode, path, snap, mtime)
+        if self.on_record is not None:
+            self.on_record(path, snap)
         return True
 
     def _from_its_source(self, snap: Snapshot) -> bool:

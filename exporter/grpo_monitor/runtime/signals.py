@@ -29,6 +29,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain, filterfalse
 
 from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.cards import CARDS_BY_NAME
@@ -121,7 +122,10 @@ HELDOUT_RECENT_POINTS = 2  # a fall counts when its last 2 points are both below
 # ... or when its 3-point mean has slid from its best 3-point mean (the thresholds table holds
 # the count, which the rule's noise of such a mean reads too).
 HELDOUT_SMOOTH_POINTS = thresholds.count("heldout_smooth_points")
-HELDOUT_MAX_POINTS = 1000  # points kept for the noise estimate
+# Points kept: the noise is the median change over the last HELDOUT_MAX_POINTS points; the best
+# point, the best smoothed mean and the count of points are those of every point, the trimmed
+# ones folded into a summary as they go (HeldOutTracker).
+HELDOUT_MAX_POINTS = 1000
 REWARD_LEVEL_WINDOW = 20  # the training reward's level beside a held-out point: its 20-step mean
 HISTORY = max(w + o for w, o in TRAINING_MEANS)  # the windows' reach: 400 steps
 # A rank that logs a step before its newest (a rollback, a resume from a checkpoint) undoes the
@@ -135,6 +139,17 @@ REWIND_RECORDS = HISTORY
 # tail (ingest.py) reads this much of its tail.
 PERF_REACH = max(max(w + o for w, o in PERF_MEANS), *PERF_EXTREMES, NONFINITE_WINDOW)
 KEEP_RECORDS = HISTORY + REWIND_RECORDS
+# A rank's logged steps are kept as arithmetic runs (StepLog): one for a trainer that logs every
+# k-th step, but one every step or two for one whose steps come at irregular intervals. Beyond
+# this many runs the two oldest are merged (their count kept, their steps spread evenly): memory
+# stays bounded, and only a rewind further back than this many runs (so than the windows'
+# history too) counts the steps it undoes approximately.
+STEP_LOG_RUNS = KEEP_RECORDS
+# The NaN / Inf steps a key keeps (grpo_window_nonfinite reads the last NONFINITE_WINDOW steps'):
+# a NaN logged again and again for one step (a storm of records of the same step) must not grow
+# the exporter without bound. The count is exact while fewer lie in the last
+# NONFINITE_WINDOW + HISTORY steps.
+NONFINITE_KEEP = 2 * (NONFINITE_WINDOW + HISTORY)
 LAW_UNDO_BLOCKS = REWIND_RECORDS // BLOCK_STEPS + 1  # closed blocks of the law kept for a rewind
 # Events whose steps are left out of the performance windows and baselines: a checkpoint save
 # stalls the step (background.md#checkpoint-io: filter the save's IO spike before judging throughput). A stall,
@@ -176,8 +191,18 @@ class StepLog:
             self.runs[-1][2] += 1
         else:
             self.runs.append([step, 0, 1])
+            if len(self.runs) > STEP_LOG_RUNS:
+                self._merge_oldest()
         self.count += 1
         return True
+
+    def _merge_oldest(self) -> None:
+        """The two oldest runs as one of their count, from the first's first step, its steps
+        spread evenly up to the second's last step (at most: the stride is a whole number)."""
+        (first, _, n0), (first1, stride1, n1) = self.runs[0], self.runs[1]
+        last, n = first1 + stride1 * (n1 - 1), n0 + n1
+        self.runs[0] = [first, (last - first) // (n - 1), n]
+        del self.runs[1]
 
     def rewind(self, keep_through: int) -> None:
         while self.runs:
@@ -233,7 +258,8 @@ class KeyHistory:
     ranged: bool = True
     first_step: int | None = None  # since when the history is complete
     evicted: int | None = None  # the newest step trimmed off the front: complete after it
-    nonfinite_steps: deque[int] = field(default_factory=deque)  # steps with a NaN / Inf
+    # Steps with a NaN / Inf, one entry a value (the newest NONFINITE_KEEP).
+    nonfinite_steps: deque[int] = field(default_factory=lambda: deque(maxlen=NONFINITE_KEEP))
     baseline: Welford = field(default_factory=Welford)
     # The baseline period's values, in order: a rewind into the period re-forms the baseline
     # from those that stand.
@@ -303,6 +329,10 @@ class KeyHistory:
         the surviving records gives (docs/signals.md#a-runs-timeline), as far back as the kept
         history reaches."""
         cut = bisect_right(self.steps, keep_through)
+        # The working level and the floor change only when an undone step held one of them
+        # (a NaN, where a step has no mean, is never one: no comparison picks it).
+        low_undone = self.range_min is not None and any(m <= self.range_min for m in self.means_lo[cut:])
+        high_undone = self.range_max is not None and any(m >= self.range_max for m in self.means_hi[cut:])
         if cut < len(self.steps):
             del self.steps[cut:], self.values[cut:], self.means_lo[cut:], self.means_hi[cut:]
         while self.nonfinite_steps and self.nonfinite_steps[-1] > keep_through:
@@ -321,15 +351,21 @@ class KeyHistory:
         if not self.initial_rebased:
             self.initial_done = (self.initial_first is not None and last is not None
                                  and last >= self.initial_first + initial_steps)
-        lows = [m for m in self.means_lo if not math.isnan(m)]
-        highs = [m for m in self.means_hi if not math.isnan(m)]
-        if self.trimmed_range is not None:
-            lows.append(self.trimmed_range[0])
-            highs.append(self.trimmed_range[1])
-        self.range_min, self.range_max = (min(lows), max(highs)) if lows else (None, None)
+        if low_undone or high_undone:
+            self._range_again(low_undone, high_undone)
         while self.rising_log and self.rising_log[-1][0] > keep_through:
             _, self.rising, self.last_block_mean = self.rising_log.pop()
         self.block = None if last is None else last // RISING_WINDOW
+
+    def _range_again(self, low: bool, high: bool) -> None:
+        """The floor (``low``) and the working level (``high``) again, after a rewind undid a
+        step that held it: unchanged while a kept mean equals it, else the extreme of the kept
+        means and the trimmed ones'."""
+        trimmed = self.trimmed_range or ()
+        if low and self.range_min not in self.means_lo:
+            self.range_min = min(chain(filterfalse(math.isnan, self.means_lo), trimmed[:1]), default=None)
+        if high and self.range_max not in self.means_hi:
+            self.range_max = max(chain(filterfalse(math.isnan, self.means_hi), trimmed[1:]), default=None)
 
     def unrebase(self) -> None:
         """Back to the baseline period's baseline and the key's first steps' initial reference."""
@@ -337,6 +373,17 @@ class KeyHistory:
         self.initial = _welford(v for _, v in self.initial_points)
         self.initial_rebased = False
         self.initial_done = False  # rewind() says whether the initial steps are past
+
+    def add_baseline(self, step: int, value: float) -> None:
+        """A value of the baseline period; a second record of a step wins, as in the windows
+        (and the period keeps a value a step, however often a step is logged again)."""
+        if self.baseline_steps and self.baseline_steps[-1] == step:
+            self.baseline_values[-1] = value
+            self.baseline = _welford(self.baseline_values)
+            return
+        self.baseline.add(value)
+        self.baseline_steps.append(step)
+        self.baseline_values.append(value)
 
     def first_records_median(self) -> float | None:
         if len(self.first_records) < FIRST_RECORDS:
@@ -351,6 +398,12 @@ class KeyHistory:
         if self.initial_first is None:
             self.initial_first = step
         if step < self.initial_first + initial_steps:
+            if self.initial_points and self.initial_points[-1][0] == step:
+                # A second record of the step wins, as in the windows (and the points stay as
+                # many as the initial steps, however often a step is logged again).
+                self.initial_points[-1] = (step, value)
+                self.initial = _welford(v for _, v in self.initial_points)
+                return
             self.initial.add(value)
             self.initial_points.append((step, value))
         else:
@@ -555,7 +608,13 @@ class HeldOutFeatures:
 @dataclass
 class HeldOutTracker:
     """The held-out score's sparse points (one per evaluation), not step windows: an evaluation
-    every 50 steps has one point in a 50-step window."""
+    every 50 steps has one point in a 50-step window.
+
+    The last HELDOUT_MAX_POINTS points are kept (the noise is the median change between two of
+    them); a point trimmed off the front leaves its part of the other features in a summary:
+    the best point among the trimmed, the best HELDOUT_SMOOTH_POINTS-point mean that starts at
+    one, and how many were trimmed. So however many points a run logs, the best, the smoothed
+    best and the count are those of every point, in bounded memory."""
 
     steps: list[int] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
@@ -563,6 +622,11 @@ class HeldOutTracker:
     best: float | None = None
     reward_at_best: float | None = None
     trimmed_best: tuple[float, float | None] | None = None  # over the points trimmed off
+    # The best smoothed mean among those that start at a trimmed point, with the reward's level
+    # at its last point; and how many points were trimmed (0 in a state saved before they were
+    # counted: such a state's features are those of its kept points, as they were).
+    trimmed_smooth_best: tuple[float, float | None] | None = None
+    trimmed: int = 0
 
     def add(self, step: int, value: float, reward_level: float | None) -> None:
         if self.steps and self.steps[-1] == step:  # a second record of the step wins
@@ -573,35 +637,51 @@ class HeldOutTracker:
         if self.best is None or value > self.best:
             self.best, self.reward_at_best = value, reward_level
         if len(self.values) > HELDOUT_MAX_POINTS:
-            if self.trimmed_best is None or self.values[0] > self.trimmed_best[0]:
-                self.trimmed_best = (self.values[0], self.levels[0])
-            del self.steps[0], self.values[0], self.levels[0]
+            self._trim_first()
+
+    def _trim_first(self) -> None:
+        """Fold the oldest kept point into the summary of the trimmed ones, and drop it."""
+        if self.trimmed_best is None or self.values[0] > self.trimmed_best[0]:
+            self.trimmed_best = (self.values[0], self.levels[0])
+        k = HELDOUT_SMOOTH_POINTS
+        if len(self.values) >= k:  # the last mean this point is part of the start of
+            mean = sum(self.values[:k]) / k
+            if self.trimmed_smooth_best is None or mean > self.trimmed_smooth_best[0]:
+                self.trimmed_smooth_best = (mean, self.levels[k - 1])
+        self.trimmed += 1
+        del self.steps[0], self.values[0], self.levels[0]
 
     def rewind(self, keep_through: int) -> None:
-        """Undo the points of the steps after ``keep_through``; the best is that of the rest."""
-        while self.steps and self.steps[-1] > keep_through:
-            self.steps.pop()
-            self.values.pop()
-            self.levels.pop()
+        """Undo the points of the steps after ``keep_through``; the best is that of the rest. A
+        rewind past every kept point leaves the trimmed points' summary as it was."""
+        if not self.steps or self.steps[-1] <= keep_through:
+            return
+        cut = bisect_right(self.steps, keep_through)
+        undone_best = self.best is not None and max(self.values[cut:]) >= self.best
+        del self.steps[cut:], self.values[cut:], self.levels[cut:]
+        if not undone_best:  # the best point stands (an earlier point wins a tie)
+            return
         self.best, self.reward_at_best = self.trimmed_best or (None, None)
         for value, level in zip(self.values, self.levels):
             if self.best is None or value > self.best:
                 self.best, self.reward_at_best = value, level
 
     def features(self) -> HeldOutFeatures | None:
-        if self.best is None:
+        if self.best is None or not self.values:  # none, or a rewind undid every kept point
             return None
         diffs = [abs(b - a) for a, b in zip(self.values, self.values[1:])]
         noise = percentile(diffs, 0.5) if diffs else 0.0
         recent = max(self.values[-HELDOUT_RECENT_POINTS:])
         k = HELDOUT_SMOOTH_POINTS
         smooth_best = smooth_recent = reward_at_smooth_best = None
-        for i in range(k, len(self.values) + 1):  # the kept points (the last HELDOUT_MAX_POINTS)
+        if self.trimmed_smooth_best is not None:  # the means that start at a trimmed point
+            smooth_best, reward_at_smooth_best = self.trimmed_smooth_best
+        for i in range(k, len(self.values) + 1):
             smooth_recent = sum(self.values[i - k:i]) / k
             if smooth_best is None or smooth_recent > smooth_best:
                 smooth_best, reward_at_smooth_best = smooth_recent, self.levels[i - 1]
-        return HeldOutFeatures(self.best, recent, noise, len(self.values), self.reward_at_best,
-                               smooth_best, smooth_recent, reward_at_smooth_best)
+        return HeldOutFeatures(self.best, recent, noise, self.trimmed + len(self.values),
+                               self.reward_at_best, smooth_best, smooth_recent, reward_at_smooth_best)
 
 
 class RankSignals:
@@ -678,9 +758,7 @@ class RankSignals:
             self._advance_rising(h, step)
             h.put(step, value, self.initial_steps)
             if in_baseline:
-                h.baseline.add(value)
-                h.baseline_steps.append(step)
-                h.baseline_values.append(value)
+                h.add_baseline(step, value)
             if not is_perf(key):
                 self._advance_range(h, step)
         for h in self.keys.values():  # kept for HISTORY steps past their window: for a rewind
