@@ -100,7 +100,7 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	  $(SYSTEM_PKGS); }
 
-bench: deps system-deps
+bench: deps system-deps loggers-deps
 	$(PY) bench/bench_writer.py
 	$(PY) bench/bench_latency.py
 	$(PY) bench/bench_scrape.py
@@ -116,6 +116,9 @@ bench: deps system-deps
 	$(PY) bench/bench_restart.py
 	$(PY) bench/bench_rules.py
 	$(PY) bench/bench_save_scrape.py --ranks 1024
+	$(PY) bench/bench_loggers.py
+	$(PY) bench/bench_report_rollbacks.py
+	$(PY) bench/bench_abuse.py
 
 docs: deps
 	$(PY) -m grpo_monitor.tools.metrics_doc > docs/metrics.md

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path, PurePath
 
 from grpo_monitor.contract.run_layout import (
-    DEFAULT_RUN, PER_SAMPLE_FILE, is_hidden, run_files, run_label,
+    DEFAULT_RUN, PER_SAMPLE_FILE, is_hidden, run_label, runs_in,
 )
 from grpo_monitor.contract.safe_io import walk
 
@@ -129,18 +129,9 @@ def holds_logger_files(folder: PurePath) -> bool:
 
 
 def run_folders(folder: PurePath) -> list[Path]:
-    """The run folders of ``folder`` when it is a snapshot folder or a trainer's output folder
-    (no snapshot file of its own; sub-folders that hold snapshot files or a logger's files), else
-    []: run_layout.runs_in, for the tools, with the loggers' runs."""
-    root = Path(folder)
-    if run_files(root, nested=False):
-        return []
-    try:
-        subs = sorted(p for p in root.iterdir() if not is_hidden(p.name) and p.is_dir()
-                      and not p.is_symlink())
-    except OSError:
-        return []
-    return [p for p in subs if run_files(p) or holds_logger_files(p)]
+    """The run folders of a snapshot folder or a trainer's output folder: those that hold
+    snapshot files or a logger's files (run_layout.runs_in)."""
+    return runs_in(folder, also=holds_logger_files)
 
 
 def wandb_run_id(name: str) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -274,10 +275,11 @@ def run_files(run_dir: str | os.PathLike[str], *, nested: bool = True,
     return found
 
 
-def runs_in(folder: str | os.PathLike[str]) -> list[Path]:
+def runs_in(folder: str | os.PathLike[str], *,
+            also: Callable[[Path], bool] | None = None) -> list[Path]:
     """The run folders of ``folder`` when it is a snapshot folder (no snapshot files of its
-    own, sub-folders that hold some), else []: a run folder is one run, read as one. The tools
-    ask logger_layout.run_folders, which counts a logger's files too."""
+    own, sub-folders that hold some, or of which ``also`` says so), else []: a run folder is
+    one run, read as one. ``check`` counts a logger's files too (logger_layout.run_folders)."""
     root = Path(folder)
     if run_files(root, nested=False):
         return []
@@ -286,7 +288,7 @@ def runs_in(folder: str | os.PathLike[str]) -> list[Path]:
                       and not p.is_symlink())
     except OSError:
         return []
-    return [p for p in subs if run_files(p)]
+    return [p for p in subs if run_files(p) or (also is not None and also(p))]
 
 
 # -- control files ----------------------------------------------------------------------------

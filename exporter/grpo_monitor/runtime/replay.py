@@ -21,6 +21,7 @@ import json
 import math
 import os
 import sys
+from bisect import bisect_right, insort
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -106,13 +107,28 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
     index: _Index = {}
     timeline = Timeline()
     spans = undone if undone is not None else []
+    # Each rank's indexed steps, ascending: a rewind cuts its tail (bisect), so that a run with
+    # a rollback on every record is indexed in time linear in its records.
+    steps: dict[int, list[int]] = {}
+
+    def add(step: int, rank: int, where: tuple[Path, int]) -> None:
+        if (step, rank) not in index:
+            ranked = steps.setdefault(rank, [])
+            if not ranked or step > ranked[-1]:
+                ranked.append(step)
+            else:
+                insort(ranked, step)  # a *.json record: no timeline of its own
+        index[(step, rank)] = where
 
     def rewind(rank: int, keep_through: int) -> None:
-        gone = [k for k in index if k[1] == rank and k[0] > keep_through]
+        ranked = steps.get(rank, [])
+        cut = bisect_right(ranked, keep_through)
+        gone = ranked[cut:]
         if gone:
-            spans.append((min(k[0] for k in gone), max(k[0] for k in gone), keep_through))
-        for k in gone:
-            del index[k]
+            spans.append((gone[0], gone[-1], keep_through))
+            del ranked[cut:]
+        for step in gone:
+            del index[(step, rank)]
 
     # In the order written: a later record of the same step and rank replaces an earlier one.
     try:
@@ -130,7 +146,7 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
                         continue
                     found = _parse(fh.read(MAX_JSON_FILE_BYTES + 1), path, snapshot_dir, st.st_mtime)
                     if found:
-                        index[(found[0], found[1])] = (path, -1)
+                        add(found[0], found[1], (path, -1))
                     continue
                 for offset, line in _lines(fh):
                     snap = _snapshot(line, path, snapshot_dir, st.st_mtime)
@@ -142,7 +158,7 @@ def _index(snapshot_dir: Path, run: str, undone: Undone | None = None) -> _Index
                     if keep is not None:
                         rewind(snap.rank, keep)
                     if snap.samples:
-                        index[(snap.step, snap.rank)] = (path, offset)
+                        add(snap.step, snap.rank, (path, offset))
         except OSError:
             continue  # vanished, unreadable, a link or a FIFO (Refused): skip the file
     return index

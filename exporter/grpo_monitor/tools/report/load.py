@@ -1,41 +1,34 @@
-"""A run's records, read back: every snapshot file of the run folder, in the order it was written.
+"""A run's records, read back as the exporter reads them: its ingest (runtime/ingest.py) reads the
+run folder -- every rank, rotated segments, *.json, the run's key map, the loggers' files below
+it, one source a run -- and hands each record its store takes to the report.
 
 Rank 0's records give the training signals, one set per step: when a step is logged twice, the
-latest record wins (by its ``time``, then by the order the files were written in). Every rank
+latest record wins (by its ``time``, then by the order the files were read in). Every rank
 gives its ``perf/*`` signals, and its events (checkpoint saves). A run's timeline is the one the
 exporter judges (docs/signals.md#a-runs-timeline): a rollback mark undoes the steps after its
 ``to_step``, a step older than the rank's newest the steps from it on; the undone steps are left
-out and listed (``RunData.undone``). Lines that are not a record are skipped and counted. Files are opened through safe_io, the run folder being the tree: a link,
-FIFO or device among them is skipped unread, and named on stderr.
+out and listed (``RunData.undone``). What the ingest could not use is counted (bad lines); a
+link, FIFO or device among the files is skipped unread, and named on stderr.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-from collections.abc import Iterable
+from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from grpo_monitor.contract.logger_layout import READER_FORMATS, logger_format
-from grpo_monitor.contract.logger_rows import as_snapshot_row, log_rows
-from grpo_monitor.contract.run_layout import is_appended, is_hidden, run_files, run_label
-from grpo_monitor.contract.safe_io import Refused, lines, open_regular, printable, walk
-from grpo_monitor.contract.snapshot import (
-    RecordError,
-    Snapshot,
-    Timeline,
-    decode_record,
-    identity_from_path,
-    parse_record,
-)
-from grpo_monitor.runtime.ingest import DEFAULT_MAX_FILE_BYTES as MAX_FILE_BYTES
-from grpo_monitor.runtime.ingest import DEFAULT_MAX_LINE_BYTES as MAX_LINE_BYTES
-from grpo_monitor.runtime.loggers.sources import read_file
+from grpo_monitor.contract.run_layout import is_appended, run_label
+from grpo_monitor.contract.safe_io import NOT_REGULAR, SYMLINK, printable
+from grpo_monitor.contract.snapshot import Snapshot, Timeline
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.store import RunStore
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -70,115 +63,85 @@ class RunData:
 
 
 def load_run(run_dir: Path | str) -> RunData:
-    """Every record of the run folder (all ranks, rotated segments, *.json), bad lines skipped;
-    and of the loggers' files below it (docs/loggers.md): a W&B run folder, a TensorBoard log
-    folder, a folder with a framework's JSONL file or a trainer's checkpoints is a run too."""
+    """Every record of the run folder, read as the exporter reads it (its ingest: all ranks,
+    rotated segments, *.json, the run's key map, the loggers' files below it with one source a
+    run, docs/loggers.md): a W&B run folder, a TensorBoard log folder, a folder with a
+    framework's JSONL file or a trainer's checkpoints is a run too. Bad lines are skipped and
+    counted; links, FIFOs and devices are not read, and named."""
     run_dir = Path(run_dir)
     # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
     reader = _Reader(RunData(run=run_label(run_dir.name), path=run_dir))
-    for path in run_files(run_dir):
-        run, rank = identity_from_path(path, run_dir.parent)
-        try:
-            fh = open_regular(run_dir, path)
-        except Refused as exc:
-            reader.refused(path, exc)
-            continue
-        except OSError:
-            continue
-        with fh:
-            reader.file(fh, path, run, rank)
-    _logger_files(run_dir, reader)
+    ingestor = Ingestor(run_dir.parent, RunStore(), _Problems(reader))
+    ingestor.on_record = reader.taken
+    ingestor.scan_folder(run_dir)  # the start-up replay's way: oldest first, to the end
+    ingestor.loggers.flush_all()
+    if len(reader.runs) > 1:
+        log.warning("%s holds %d runs (%s): reported as one; give one run's folder",
+                    printable(run_dir), len(reader.runs), ", ".join(sorted(reader.runs)))
     return reader.data
 
 
-def _logger_files(run_dir: Path, reader: _Reader) -> None:
-    """The W&B run files, TensorBoard event files and databases below ``run_dir``, oldest
-    first; their runs are reported as one (say so when they are several)."""
-    found: list[tuple[float, Path, str]] = []
-    for folder, entries in walk(run_dir, descend=lambda name: not is_hidden(name)):
-        for entry in entries:
-            fmt = logger_format(entry.name)
-            if fmt in READER_FORMATS and entry.is_file(follow_symlinks=False):
-                found.append((entry.stat(follow_symlinks=False).st_mtime, folder / entry.name, fmt))
-    names: set[str] = set()
-    for mtime, path, fmt in sorted(found):
-        try:
-            rows, problems = read_file(run_dir, path, fmt)
-        except Refused as exc:
-            reader.refused(path, exc)
-            continue
-        except OSError:
-            continue
-        for problem in problems:
-            log.warning("%s: %s", printable(path), printable(problem))
-        reader.data.bad_lines += sum(not p.startswith("unreadable_format") for p in problems)
-        for run, row in rows:
-            names.add(run)
-            try:
-                snap = parse_record(row, run=run, rank=0, mtime=mtime)
-            except RecordError:
-                reader.data.bad_lines += 1
-                continue
-            reader.record(snap, True)
-    if len(names) > 1:
-        log.warning("%s holds %d logger runs (%s): reported as one; give one run's folder",
-                    printable(run_dir), len(names), ", ".join(sorted(names)))
+class _Problems(ExporterHealth):
+    """The ingest's counts of what it could not use, as the report tells them: links, FIFOs and
+    devices named (not read), bad records counted, an unreadable logger file logged."""
+
+    def __init__(self, reader: _Reader) -> None:
+        super().__init__()
+        self.reader = reader
+
+    def error(self, path: Path, reason: str, detail: str) -> None:
+        # Counted here, not logged line by line as the exporter's log does: the report says
+        # how many lines it skipped.
+        if reason in (SYMLINK, NOT_REGULAR):
+            self.reader.refused(path, detail)
+        elif reason != "unreadable_format":
+            self.reader.data.bad_lines += 1
 
 
 class _Reader:
     """The records of a run's files, in the order written, into RunData."""
 
     def __init__(self, data: RunData) -> None:
+        self.runs: dict[str, str] = {}  # the runs read, and the source each is read from
+        self._start(data)
+
+    def _start(self, data: RunData) -> None:
         self.data = data
         self.latest: dict[int, tuple[float, int]] = {}  # step -> (time, order) of the record kept
+        # The steps of data.train and of each rank's data.perf, ascending: a rewind cuts their
+        # end by bisection instead of scanning every step, so that rewinds cost what they undo
+        # and a run that rolls back at every record is read in time linear in its records.
+        self.train_steps: list[int] = []
+        self.perf_steps: dict[int, list[int]] = {}
         self.timeline = Timeline()
         self.order = 0
 
-    def refused(self, path: Path, exc: Refused) -> None:
+    def refused(self, path: Path, what: str) -> None:
         """A link, FIFO or device where a file of the run would be read: skipped, named."""
         self.data.refused.append(path)
-        log.warning("%s: %s, not read", printable(path), exc.what)
+        log.warning("%s: %s, not read", printable(path), printable(what))
 
-    def file(self, fh: BinaryIO, path: Path, run: str, rank: int) -> None:
-        """One file, streamed: memory stays bounded whatever it holds (a line over
-        MAX_LINE_BYTES, or a *.json over MAX_FILE_BYTES, is a bad line, skipped)."""
-        mtime = os.fstat(fh.fileno()).st_mtime
-        appended = is_appended(path)
-        if appended:
-            raws: Iterable[bytes | None] = (line for _, line in lines(fh, MAX_LINE_BYTES, last=True))
-        else:
-            whole = fh.read(MAX_FILE_BYTES + 1)
-            raws = [None if len(whole) > MAX_FILE_BYTES else whole]
-        fmt = logger_format(path.name)
-        for raw in raws:
-            if raw is not None and not raw.strip():
-                continue
-            try:
-                if raw is None:
-                    raise RecordError("oversized", "over the size read")
-                obj = decode_record(raw)
-                objs = obj if isinstance(obj, list) and not appended else [obj]
-                if fmt == "jsonl":  # a framework's own row (contract/logger_rows.py)
-                    objs = [as_snapshot_row(o) for o in objs]
-                elif not appended and (rows := log_rows(obj)) is not None:
-                    objs = rows  # a whole log in one document (trainer_state.json)
-                snaps = [parse_record(o, run=run, rank=rank, mtime=mtime) for o in objs]
-            except RecordError:
-                self.data.bad_lines += 1
-                continue
-            for snap in snaps:
-                self.record(snap, appended)
+    def taken(self, path: Path, snap: Snapshot) -> None:
+        """A record the exporter's store took (Ingestor.on_record). A run read from a better
+        source from now on (docs/loggers.md#one-run-one-source) is built again from it."""
+        source = self.runs.setdefault(snap.run, snap.source)
+        if source != snap.source:
+            self.runs[snap.run] = snap.source
+            kept = self.data
+            self._start(RunData(run=kept.run, path=kept.path, bad_lines=kept.bad_lines,
+                                refused=kept.refused))
+        self.record(snap, is_appended(path) or logger_format(path.name) in READER_FORMATS)
 
     def rewind(self, rank: int, keep_through: int) -> None:
         """The rank's steps after ``keep_through`` are undone (docs/signals.md#a-runs-timeline)."""
         perf = self.data.perf.get(rank, {})
-        for step in [s for s in perf if s > keep_through]:
+        for step in _cut(self.perf_steps.get(rank, []), keep_through):
             del perf[step]
         if rank != 0:
             return
-        gone = [s for s in self.data.train if s > keep_through]
+        gone = _cut(self.train_steps, keep_through)
         if gone:
-            self.data.undone.append((min(gone), max(gone), keep_through))
+            self.data.undone.append((gone[0], gone[-1], keep_through))
         for step in gone:
             del self.data.train[step]
             self.data.by_type.pop(step, None)
@@ -195,7 +158,10 @@ class _Reader:
             self.rewind(snap.rank, keep)
         perf = {k: v for k, v in snap.metrics.items() if k.startswith("perf/")}
         if perf:
-            data.perf.setdefault(snap.rank, {}).setdefault(snap.step, {}).update(perf)
+            by_step = data.perf.setdefault(snap.rank, {})
+            if snap.step not in by_step:
+                _add(self.perf_steps.setdefault(snap.rank, []), snap.step)
+            by_step.setdefault(snap.step, {}).update(perf)
         for ev in snap.events:
             data.events.append({"step": snap.step if ev.step is None else ev.step,
                                 "rank": snap.rank, "type": ev.type})
@@ -206,8 +172,27 @@ class _Reader:
         if snap.step in self.latest and self.latest[snap.step] > key:
             return
         self.latest[snap.step] = key
+        if snap.step not in data.train:
+            _add(self.train_steps, snap.step)
         data.train[snap.step] = train
         if snap.by_type:
             data.by_type[snap.step] = snap.by_type
         else:
             data.by_type.pop(snap.step, None)
+
+
+def _add(steps: list[int], step: int) -> None:
+    """A step new to its dict, into the ascending ``steps``: at the end, unless a *.json file's
+    record (which undoes nothing) logged an older step."""
+    if not steps or step > steps[-1]:
+        steps.append(step)
+    else:
+        insort(steps, step)
+
+
+def _cut(steps: list[int], keep_through: int) -> list[int]:
+    """The steps after ``keep_through``, ascending, taken off the end of ``steps``."""
+    at = bisect_right(steps, keep_through)
+    gone = steps[at:]
+    del steps[at:]
+    return gone

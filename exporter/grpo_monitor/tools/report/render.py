@@ -19,6 +19,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,11 +164,22 @@ def _not_judged_html(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _undone_lines(summary: dict[str, Any]) -> list[str]:
-    """One line per span of steps the run undid (a rollback, a resume from an older step)."""
-    return [f"steps {u['steps'][0]}-{u['steps'][1]} were undone (the run went back to step "
-            f"{u['back_to']}): their first records are left out, the steps logged again judged"
-            for u in summary.get("undone", [])]
+
+def _capped(items: Sequence[Any], shown: int, say: Callable[[Any], str], more: str) -> list[str]:
+    """``say`` of the first ``shown`` of ``items``, then how many more there are."""
+    return ([say(x) for x in items[:shown]]
+            + ([f"and {len(items) - shown:,} more {more}"] if len(items) > shown else []))
+
+
+def _undone_lines(summary: dict[str, Any], said: int = 10) -> list[str]:
+    """A line per span of steps the run undid (a rollback, a resume from an older step), for the
+    first ``said`` of them: a run that rolls back at every step would otherwise get a line per
+    record (summary.json lists every one). Presentation, not a threshold."""
+    return _capped(summary.get("undone", []), said,
+                   lambda u: f"steps {u['steps'][0]}-{u['steps'][1]} were undone (the run went back "
+                             f"to step {u['back_to']}): their first records are left out, the steps "
+                             "logged again judged",
+                   "spans were undone (summary.json lists every one)")
 
 
 def text_report(summary: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
@@ -247,6 +259,24 @@ def _without(spans: list[Span], cut: list[Span]) -> list[Span]:
     return spans
 
 
+def _went_back(backs: np.ndarray, plotted: np.ndarray,
+               resolution: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """The steps the run went back to as the plot can tell them apart: the lone ones (lines),
+    and (first, last) of each run of ones closer than 1/``resolution`` of the x range that they
+    and the ``plotted`` steps span (bands). 1/200 is 4 of curves.png's 800 pixels, below which
+    dashed lines blur into a grey that hides the curve: a panel holds about 200 lines and bands
+    at most. Presentation, not a threshold."""
+    backs = np.unique(backs)
+    if not backs.size:
+        return backs, np.empty((0, 2))
+    span = np.concatenate([backs, plotted])
+    width = (span.max() - span.min()) / resolution
+    cuts = np.flatnonzero(np.diff(backs) > width) + 1
+    first, last = backs[np.r_[0, cuts]], backs[np.r_[cuts, backs.size] - 1]
+    lone = first == last
+    return first[lone], np.column_stack([first[~lone], last[~lone]])
+
+
 def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None = None) -> bytes:
     """curves.png: reward (p25-p75 band), the held-out score, KL, loss, entropy, length; each
     sick verdict's steps
@@ -269,6 +299,8 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
     spans = {sev: _merged([(v["steps"][0], max(v["steps"][1], v["steps"][0] + 1)) for v in found])
              for sev, found in shaded.items()}
     spans["warning"] = _without(spans["warning"], spans["critical"])
+    back_lines, back_bands = _went_back(np.array([b for _, _, b in data.undone], dtype=float),
+                                        np.concatenate([steps[:1], steps[-1:]]))
     for ax, key in zip(axes[:, 0], panels):
         y = _drawable(data.series(key)) if steps.size else np.array([])
         if key == "reward/mean" and data.has("reward/p25") and data.has("reward/p75"):
@@ -283,8 +315,17 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
         for sev, parts in spans.items():
             for lo, hi in parts:
                 ax.axvspan(lo, hi, alpha=0.18, color=SPAN_COLOURS[sev][1], lw=0)
-        for lo, hi, back in data.undone:  # where the run went back: the curve is the second pass
-            ax.axvline(back, color="0.3", lw=0.8, ls="--")
+        # Where the run went back (the curve is the second pass): at most one collection of
+        # lines and one of bands a panel, however many rollbacks (an artist each cost a GiB and a
+        # minute for a run that rolled back at every step).
+        if back_lines.size:
+            ax.vlines(back_lines, 0, 1, transform=ax.get_xaxis_transform(), colors="0.3", lw=0.8,
+                      linestyles="--")
+        if back_bands.size:  # each band's ends, then the first point of the gap after it, unfilled
+            gap = np.nextafter(back_bands[:, 1], math.inf)
+            edges = np.column_stack([back_bands, gap]).ravel()[:-1]
+            ax.fill_between(edges, 0, 1, where=np.arange(edges.size) % 3 != 2, color="0.3",
+                            alpha=0.15, lw=0, transform=ax.get_xaxis_transform())
         ax.set_ylabel(key, fontsize=8)
         ax.legend(loc="upper left", fontsize=7)
     cards = [Patch(color=SPAN_COLOURS[sev][1], alpha=0.35,
@@ -294,7 +335,8 @@ def plot_curves(data: RunData, verdicts: list[dict[str, Any]], path: Path | None
         fig.legend(handles=cards, loc="lower center", ncol=1, fontsize=7, frameon=False)
     if data.undone:
         axes[0, 0].annotate(
-            "; ".join(f"went back to {back}, undoing {lo}-{hi}" for lo, hi, back in data.undone)[:100],
+            "; ".join(_capped(data.undone, 2,  # the plot's note names two, then counts
+                              lambda u: f"went back to {u[2]}, undoing {u[0]}-{u[1]}", "undone spans")),
             xy=(0.99, 0.95), xycoords="axes fraction", ha="right", va="top", fontsize=7, color="0.3")
     axes[-1, 0].set_xlabel("step")
     title = f"{data.run}: " + ", ".join(v["id"] for v in verdicts)
