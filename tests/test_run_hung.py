@@ -99,6 +99,13 @@ def test_a_trainer_clock_that_jumps_back_and_forth_keeps_the_pace_of_the_writes(
     for step in range(1, 42):
         _apply(store, _rec(step, t0 + 0.3 * step - (3600 if step > 20 else 0)))
     assert 0 <= _get(store, "grpo_run_log_interval_seconds", run="r") <= 0.3 + 1e-9
+    # A slow run (a record every 10 minutes) whose clock goes back at every record: its pace is
+    # the files' (10 minutes), not zero, which would raise the card after the 5-minute floor.
+    store = RunStore()
+    wrote = time.time() - 41 * 600
+    for step in range(1, 42):
+        _apply(store, _rec(step, t0 - 60 * step), wrote_at=wrote + 600 * step)
+    assert _get(store, "grpo_run_log_interval_seconds", run="r") == 600
 
 
 def test_last_write_is_the_newest_file_mtime_capped_at_the_exporter_clock() -> None:

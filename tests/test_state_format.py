@@ -122,7 +122,7 @@ def test_every_kind_of_value_a_rank_holds_comes_back_as_it_was() -> None:
     rank.nonfinite["loss"] += 2
     rank.counted.add("entropy/mean")
     for step in range(200):
-        rank.note_pace(step, 1000.0 + step)
+        rank.note_pace(step, 1000.0 + step, 2000.0 + step)
         rank.signals.add(step, {"entropy/mean": 1.0 - step / 400, "reward/mean": step / 200}, False)
     back = state_codec.Decoder(state_codec.SCHEMA).unpack(state_codec.pack(rank))
     assert plain(back) == plain(rank)

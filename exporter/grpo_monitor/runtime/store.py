@@ -118,6 +118,7 @@ class RankState:
     # INTERVAL_STEPS + 1 of them; PACE_REWIND more for a rewind).
     pace: deque[tuple[int, float]] = field(
         default_factory=lambda: deque(maxlen=INTERVAL_STEPS + 1 + PACE_REWIND))
+    pace_wrote: float = 0.0  # when the newest pace entry's file was written (note_pace)
     intervals_now: tuple[float, float] | None = None  # intervals() as of the last render
     steps_logged: StepLog = field(default_factory=StepLog)  # the surviving steps
     names: dict[str, str] = field(default_factory=dict)  # canonical key -> the name logged
@@ -133,14 +134,17 @@ class RankState:
         """The rank's surviving logged steps (a step logged again counts once)."""
         return self.steps_logged.count
 
-    def note_pace(self, step: int, when: float) -> None:
-        """A new step at the trainer's ``when``. The trainer's clock counts only while it moves
-        forward: a clock that steps back counts as no time passed, so that a clock that jumps
-        back and forth by an hour yields no hour-long interval (which would hold GRPORunHung
-        off for hours); the rule's floor keeps the zero intervals from raising it."""
+    def note_pace(self, step: int, when: float, wrote_at: float) -> None:
+        """A new step at the trainer's ``when``, read from a file written at ``wrote_at`` (the
+        exporter's view). The trainer's clock counts only while it moves forward; where it went
+        back, the time that passed is the exporter's (between the files' writes). So a clock
+        that jumps back and forth by an hour yields no hour-long interval (which would hold
+        GRPORunHung off for hours), and one that keeps going back no zero one (which would
+        raise it on a slow run after the rule's floor)."""
         if self.steps_logged.add(step):
             if self.pace and when < self.pace[-1][1]:
-                when = self.pace[-1][1]
+                when = self.pace[-1][1] + max(0.0, wrote_at - self.pace_wrote)
+            self.pace_wrote = wrote_at
             self.pace.append((step, when))
 
     def rewind(self, keep_through: int) -> None:
@@ -586,7 +590,7 @@ class RunStore:
                     snap.run, snap.rank, signals=RankSignals(lim.baseline_steps, lim.initial_steps),
                     pending_rebaseline=run.rebaseline)
             rank.step, rank.time = snap.step, snap.time
-            rank.note_pace(snap.step, snap.time)
+            rank.note_pace(snap.step, snap.time, min(wrote_at, time.time()))
             stalled = any(e.type in STALL_EVENTS for e in snap.events)
             rank.signals.add(snap.step, snap.metrics, stalled)
             # What a record's names say (which name a key was logged under, which framework)
