@@ -336,3 +336,21 @@ def test_a_missing_extra_names_the_installation_it_came_from(monkeypatch: pytest
     monkeypatch.setattr(extras.importlib.metadata, "distribution",
                         lambda _name: SimpleNamespace(read_text=lambda _n: None))
     assert "docs/sdk.md#install" in extras.install_hint("report")
+
+
+def test_check_and_report_take_a_relative_run_folder(tmp_path: Path) -> None:
+    """`grpo-monitor check .` in a run folder, `report run` beside it: the same run as its full
+    path gives (the ingest's root is the folder above it, whatever the path looks like)."""
+    from grpo_monitor.sdk.writer import SnapshotWriter
+
+    writer = SnapshotWriter(tmp_path, "myrun")
+    for step in range(1, 30):
+        writer.log({"reward/mean": 0.01 * step, "loss": 0.5}, step)
+    writer.close()
+    for cwd, arg in ((tmp_path / "myrun", "."), (tmp_path, "myrun")):
+        for command in (["check", arg], ["report", arg, "--out", str(tmp_path / "out")]):
+            res = subprocess.run([sys.executable, "-m", "grpo_monitor.cli", *command], cwd=cwd,
+                                 capture_output=True, text=True, timeout=120)
+            assert res.returncode in (0, 1), (command, res.stderr)
+            assert "run myrun: 29 logged steps" in res.stdout or \
+                "run myrun: 1 rank(s) [0], steps 1..29" in res.stdout, (command, res.stdout)

@@ -43,6 +43,7 @@ def read(folder: Path) -> tuple[RunStore, ExporterHealth]:
 def read_sources(folder: Path) -> tuple[RunStore, ExporterHealth, dict[str, dict[str, Path]]]:
     """``read``, and which files each run was read from, by format (snapshots, or a logger's:
     contract/logger_layout.py)."""
+    folder = folder.absolute()  # "." or "run": the ingest's root must be a folder above it
     runs = run_folders(folder)
     root = folder if runs else folder.parent
     store, health = RunStore(), ExporterHealth()

@@ -69,11 +69,12 @@ def load_run(run_dir: Path | str) -> RunData:
     framework's JSONL file or a trainer's checkpoints is a run too. Bad lines are skipped and
     counted; links, FIFOs and devices are not read, and named."""
     run_dir = Path(run_dir)
+    where = run_dir.absolute()  # "." or "run": the ingest's root must be a folder above it
     # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
-    reader = _Reader(RunData(run=run_label(run_dir.name), path=run_dir))
-    ingestor = Ingestor(run_dir.parent, RunStore(), _Problems(reader))
+    reader = _Reader(RunData(run=run_label(where.name), path=run_dir))
+    ingestor = Ingestor(where.parent, RunStore(), _Problems(reader))
     ingestor.on_record = reader.taken
-    ingestor.scan_folder(run_dir)  # the start-up replay's way: oldest first, to the end
+    ingestor.scan_folder(where)  # the start-up replay's way: oldest first, to the end
     ingestor.loggers.flush_all()
     if len(reader.runs) > 1:
         log.warning("%s holds %d runs (%s): reported as one; give one run's folder",
