@@ -382,14 +382,3 @@ class LoggerFiles:
             self.apply(path, run, row, mtime)
         return read.more
 
-
-def read_file(root: Path, path: Path, fmt: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """Every record of one logger file at once, for a tool (``report``): (run, flat record)
-    pairs in the order written, and the problems met (as ``reason: detail``)."""
-    rows: list[tuple[str, dict[str, Any]]] = []
-    problems: list[str] = []
-    files = LoggerFiles(root, lambda _p, run, row, _m: rows.append((run, row)),
-                        lambda _p, reason, detail: problems.append(f"{reason}: {detail}"))
-    files.process(path, fmt, None)
-    files.flush_all()
-    return rows, problems
