@@ -65,7 +65,9 @@ class LoggedFile:
     # step's scalars one event each, and may flush between them); a per-sample file's samples,
     # until the file is quiet (NeMo-RL writes it whole, once).
     pending: tensorboard.Event | StepSamples | None = None
-    cursor: dict[str, Any] = field(default_factory=dict)  # a database's rows read so far
+    # A database's rows read so far; a per-sample file's "skip_line" (inside a row longer than a
+    # turn); in a saved state, a TensorBoard file's "held" step (saved()).
+    cursor: dict[str, Any] = field(default_factory=dict)
     mtime: float = 0.0  # the file's, when it last grew
     seen_pending: bool = False  # the pending step was there at the last rescan already
 
