@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from conftest import Running, value
+from timeline_reference import series_lines, surviving
+
 from grpo_monitor.contract.snapshot import parse_record
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime import state_codec
@@ -29,8 +31,6 @@ from grpo_monitor.runtime.signals import (
 )
 from grpo_monitor.runtime.store import Limits, RunStore
 
-# Counters keep Prometheus semantics: they count what was read, undone or not.
-COUNTERS = {ex.NONFINITE.name, ex.EVENTS.name}
 KEYS = ("reward/mean", "kl/mean", "entropy/mean", "loss", "grad_norm")
 LIMITS = Limits(baseline_steps=50)
 
@@ -141,38 +141,15 @@ def storm(rng: random.Random) -> list[dict[str, Any]]:
     return out
 
 
-def surviving(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records a fresh read keeps (one rank), computed apart from the store: a step record
-    older than the newest undoes the steps from its own on; a rollback mark those after its
-    to_step; marks themselves are no step."""
-    kept: list[dict[str, Any]] = []
-    for rec in records:
-        newest = kept[-1]["step"] if kept else None
-        back = next((e["to_step"] for e in rec.get("events", ()) if e["type"] == "rollback"), None)
-        if back is None and newest is not None and rec["step"] < newest and rec["metrics"]:
-            back = rec["step"] - 1
-        if back is not None:
-            kept = [r for r in kept if r["step"] <= back]
-        if rec["metrics"]:
-            kept.append(rec)
-    return kept
-
-
 def served(records: list[dict[str, Any]]) -> dict[str, dict[str, set[str]]]:
     """run -> family -> the series lines a store fed ``records`` serves (counters left out)."""
     store = RunStore(LIMITS)
     for rec in records:
         store.apply(parse_record(rec, run=rec["run"], rank=0, mtime=5000.0), wrote_at=5000.0)
-    store.flush()
     out: dict[str, dict[str, set[str]]] = {}
-    family = ""
-    for chunk in store.render():
-        for line in chunk.splitlines():
-            if line.startswith("# TYPE "):
-                family = line.split()[2]
-            elif line and not line.startswith("#") and family not in COUNTERS:
-                run = line.split('run="', 1)[1].split('"', 1)[0]
-                out.setdefault(run, {}).setdefault(family, set()).add(line)
+    for family, line in series_lines(store):
+        run = line.split('run="', 1)[1].split('"', 1)[0]
+        out.setdefault(run, {}).setdefault(family, set()).add(line)
     return out
 
 

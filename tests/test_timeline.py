@@ -11,49 +11,24 @@ from typing import Any
 
 import pytest
 
+from timeline_reference import series_lines, surviving
+
 from grpo_monitor.contract.snapshot import parse_record
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.store import Limits, RunStore
 
 RUN = "timeline"
-# Counters keep Prometheus semantics: they count what was read, undone or not.
-COUNTERS = {ex.NONFINITE.name, ex.EVENTS.name}
 TRAINING = ("reward/mean", "reward/std", "kl/mean", "entropy/mean", "response_length/mean",
             "loss/policy", "grad_norm", "response_length/clip_ratio")
-
-
-def surviving(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records a fresh read keeps, computed apart from the store: per rank, a step record
-    older than the newest undoes the step records from its step on; a rollback mark undoes those
-    after its to_step. Marks themselves do not stand (they are no step)."""
-    kept: list[dict[str, Any]] = []
-    for rec in records:
-        rank = rec.get("rank", 0)
-        mine = [r for r in kept if r.get("rank", 0) == rank]
-        newest = max((r["step"] for r in mine), default=None)
-        back = next((e["to_step"] for e in rec.get("events", ()) if e["type"] == "rollback"), None)
-        if back is None and newest is not None and rec["step"] < newest and rec.get("metrics"):
-            back = rec["step"] - 1
-        if back is not None:
-            kept = [r for r in kept if r.get("rank", 0) != rank or r["step"] <= back]
-        if rec.get("metrics"):
-            kept.append(rec)
-    return kept
 
 
 def served(records: list[dict[str, Any]], limits: Limits) -> dict[str, set[str]]:
     store = RunStore(limits)
     for rec in records:  # the file's mtime is that of the last write, undone or not
         store.apply(parse_record(rec, run=RUN, rank=rec.get("rank", 0), mtime=5000.0), wrote_at=5000.0)
-    store.flush()
     families: dict[str, set[str]] = {}
-    family = ""
-    for chunk in store.render():
-        for line in chunk.splitlines():
-            if line.startswith("# TYPE "):
-                family = line.split()[2]
-            elif line and not line.startswith("#") and family not in COUNTERS:
-                families.setdefault(family, set()).add(line)
+    for family, line in series_lines(store):
+        families.setdefault(family, set()).add(line)
     return families
 
 
