@@ -16,7 +16,6 @@ from conftest import Running, value
 from timeline_reference import series_lines, surviving
 
 from grpo_monitor.contract.snapshot import parse_record
-from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime import state_codec
 from grpo_monitor.runtime.signals import (
     HELDOUT_MAX_POINTS,
