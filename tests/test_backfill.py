@@ -289,6 +289,18 @@ def progress(ingestor: Ingestor) -> list[tuple[int, int, bool]]:
     return [(fb.read_to, fb.state.offset, fb.caught_up) for fb in ingestor.backfill.runs["job"].files]
 
 
+def stand(quick: Ingestor, which: str, rank_0_read_in: int) -> None:
+    """Step the backfill to the middle of rank 0's file ("being read"), or past it into rank 1's
+    (``rank_0_read_in`` chunks: rank 0's read whole, rank 1's begun)."""
+    if which == "being read":
+        step(quick, 20)
+        assert 0 < progress(quick)[0][0] < progress(quick)[0][1], progress(quick)
+    else:
+        step(quick, rank_0_read_in)
+        (_, _, caught0), (read1, offset1, _) = progress(quick)
+        assert caught0 and 0 < read1 < offset1, progress(quick)
+
+
 def first_start(source: Path, snapshots: Path,
                 upto: int = STEPS) -> tuple[Ingestor, dict[int, list[bytes]]]:
     """A first start on the job's files up to step ``upto``: the backfill set up, not begun."""
@@ -359,13 +371,7 @@ def test_both_files_of_a_run_replaced_by_rename_during_the_backfill(
     quick, _ = first_start(source, snapshots)
     new = write_job(source, tmp_path / "new", upto=1_000)  # a re-run, 1,000 steps so far
     assert new[0] != (snapshots / "job" / "rank-0.jsonl").read_bytes()
-    if which == "being read":
-        step(quick, 20)
-        assert 0 < progress(quick)[0][0] < progress(quick)[0][1], progress(quick)
-    else:
-        step(quick, 105)
-        (_, _, caught0), (read1, offset1, _) = progress(quick)
-        assert caught0 and 0 < read1 < offset1, progress(quick)
+    stand(quick, which, rank_0_read_in=105)
     for rank in range(RANKS):
         path = snapshots / "job" / f"rank-{rank}.jsonl"
         written = tmp_path / "new" / "job" / f"rank-{rank}.jsonl"
@@ -399,13 +405,7 @@ def test_a_file_rotated_during_the_backfill(source: Path, tmp_path: Path, steppe
     not read): the run is read again, from the files a start-up reads."""
     snapshots = tmp_path / "snapshots"
     quick, _ = first_start(source, snapshots, upto=1_300)
-    if which == "being read":
-        step(quick, 20)
-        assert 0 < progress(quick)[0][0] < progress(quick)[0][1], progress(quick)
-    else:
-        step(quick, 95)
-        (_, _, caught0), (read1, offset1, _) = progress(quick)
-        assert caught0 and 0 < read1 < offset1, progress(quick)
+    stand(quick, which, rank_0_read_in=95)
     path = snapshots / "job" / "rank-0.jsonl"
     segment = snapshots / "job" / ("rank-0.1.jsonl" if how == "sdk" else "rank-0.jsonl.1")
     os.rename(path, segment)
