@@ -47,9 +47,7 @@ import multiprocessing
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -61,10 +59,10 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_folder_burst import Serve as FolderServe  # noqa: E402
 from results_io import machine, write_result  # noqa: E402
 
 from grpo_monitor.sdk.writer import SnapshotWriter  # noqa: E402
-from grpo_monitor.tools.stack import free_port  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "abuse.json"
 ABUSES = ("quiet", "rewinds", "key_map", "heldout", "clock", "repeats")
@@ -220,35 +218,15 @@ def abuser(kind: str, root: str, scale: float, key_map_seconds: float, done: Any
 # -- the exporter -----------------------------------------------------------------------------
 
 
-class Serve:
+class Serve(FolderServe):
+    """The exporter as bench_folder_burst.py runs it, with its RSS sampled while it works."""
+
     def __init__(self, snapshot_dir: Path, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_MONITOR_")}
+        super().__init__(snapshot_dir, log)
         self.log_path = log
-        self.log = log.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grpo_monitor.cli", "serve", "--snapshot.dir", str(snapshot_dir),
-             "--no-collector.gpu", "--web.listen-address", f"127.0.0.1:{self.port}"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.session = requests.Session()
-        self.session.headers["Accept-Encoding"] = "identity"
         self.rss_peak_kib = 0
         self._sampling = threading.Event()
         self._sampler: threading.Thread | None = None
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exporter exited with {self.proc.returncode}")
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"exporter not ready after {timeout} s")
 
     def scrape(self) -> dict[tuple[str, str], float]:
         """(family, labels) -> value of the few families the bench reads."""
@@ -290,14 +268,7 @@ class Serve:
 
     def stop(self) -> None:
         self._sampling.set()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        super().stop()
 
 
 def victim_nans(scraped: dict[tuple[str, str], float]) -> float:

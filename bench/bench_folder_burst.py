@@ -70,12 +70,16 @@ def make_runs(root: Path, names: range, prefix: str = "run") -> float:
 
 
 class Serve:
-    def __init__(self, snapshot_dir: Path, log: Path, max_runs: int) -> None:
+    """``grpo-monitor serve`` in a process of its own, default flags (``max_runs``: raised, where
+    the release has the flag), scraped over HTTP; bench_abuse.py builds on it too."""
+
+    def __init__(self, snapshot_dir: Path, log: Path, max_runs: int | None = None) -> None:
         argv = [sys.executable, "-m", "grpo_monitor.cli", "serve", "--snapshot.dir", str(snapshot_dir),
                 "--no-collector.gpu"]
-        help_text = subprocess.run([*argv[:4], "--help"], capture_output=True, text=True).stdout
-        if "--metrics.max-runs" in help_text:
-            argv += ["--metrics.max-runs", str(max_runs)]
+        if max_runs is not None:
+            help_text = subprocess.run([*argv[:4], "--help"], capture_output=True, text=True).stdout
+            if "--metrics.max-runs" in help_text:
+                argv += ["--metrics.max-runs", str(max_runs)]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_MONITOR_")}
