@@ -84,12 +84,14 @@ RUN_LAST_WRITE = Family(
     "Unlike the trainer-clock grpo_last_snapshot_timestamp_seconds, comparable with time().")
 RUN_STEP_INTERVAL = Family(
     "grpo_run_step_interval_seconds", "gauge",
-    "Typical seconds per training step on the trainer's clock: the median of time/step "
-    "differences over each rank's last 20 logged steps, of the slowest rank.")
+    "Typical seconds per training step on the trainer's clock (the exporter's where it went "
+    "back): the median of time/step differences over each rank's last 20 logged steps, of the "
+    "slowest rank.")
 RUN_LOG_INTERVAL = Family(
     "grpo_run_log_interval_seconds", "gauge",
-    "Typical seconds between a rank's consecutive records of new steps on the trainer's clock "
-    "(the median over its last 20, of the slowest rank): how long a silence is ordinary.")
+    "Typical seconds between a rank's consecutive records of new steps on the trainer's clock, "
+    "the exporter's where it went back (the median over its last 20, of the slowest rank): how "
+    "long a silence is ordinary.")
 # What the run is watched for (contract/cards.py, docs/coverage.md).
 RUN_INFO = Family(
     "grpo_run_info", "gauge",
