@@ -110,10 +110,16 @@ PROBE_BYTES = 4 << 10
 MAX_SOURCES_NAMED = 8
 # A source's rank among those that may feed one run (contract/logger_layout.py): lower wins.
 _PRECEDENCE = {fmt: i for i, fmt in enumerate(SOURCE_PRECEDENCE)}
+
 # The fewest seconds between two reads of one run's key map file.
 KEY_MAP_MIN_INTERVAL_S = 1.0
 # Hidden files the scan hands to process(): a run's re-baseline request and key map.
 _CONTROL_NAMES = frozenset({REBASELINE_REQUEST, KEY_MAP_FILE})
+
+
+def _rank(source: str) -> int:
+    """A source's place in SOURCE_PRECEDENCE: lower wins; one it does not list, last."""
+    return _PRECEDENCE.get(source, len(_PRECEDENCE))
 
 
 def _dated(mtime: float, written_after: float) -> float:
@@ -1140,23 +1146,27 @@ class Ingestor:
         write (SOURCE_PRECEDENCE) is read from the first of them only, else each step would come
         twice and the run's steps go back at each. A better source than the run's is read from
         its first record on: the run is built again from it."""
-        run = self.store.run_state(snap.run)
-        if run is None or not run.source or run.source == snap.source:
+        source = self._source_of(snap.run)
+        if source in (None, snap.source):
             return True
-        if _PRECEDENCE.get(snap.source, len(_PRECEDENCE)) >= \
-                _PRECEDENCE.get(run.source, len(_PRECEDENCE)):
+        if _rank(snap.source) >= _rank(source):
             return False  # check names the files left out (sources)
         log.info("run %s: read from its %s files from now on, no longer from its %s files",
-                 printable(snap.run), snap.source, run.source)
+                 printable(snap.run), snap.source, source)
         self.store.forget_run(snap.run)
         return True
 
     def _wants(self, run_name: str, fmt: str) -> bool:
         """Whether rows of ``fmt`` would be read into the run ``run_name`` (_from_its_source):
         asked before a costly file is read (a NeMo-RL step's samples, token ids and all)."""
+        source = self._source_of(run_name)
+        return source is None or _rank(fmt) <= _rank(source)
+
+    def _source_of(self, run_name: str) -> str | None:
+        """The source the run is read from; None while it has none (not read yet, or a state
+        saved before sources were kept)."""
         run = self.store.run_state(run_name)
-        return run is None or not run.source or \
-            _PRECEDENCE.get(fmt, len(_PRECEDENCE)) <= _PRECEDENCE.get(run.source, len(_PRECEDENCE))
+        return run.source if run is not None and run.source else None
 
     # -- a first start: a long file's head and tail (the backfill reads its middle) ----------
 
