@@ -551,3 +551,28 @@ def test_a_logger_file_is_read_a_budget_at_a_time_and_a_torn_tail_waits_for_its_
     path.write_bytes(data)  # the rest lands
     ingest.process(path, budget=512)
     assert not ingest.unfinished and loss() == 0.05
+
+
+def test_a_nemo_rl_step_whose_file_turns_quiet_after_a_later_one_keeps_the_later(
+        tmp_path: Path) -> None:
+    """Step 9's file read after step 10's (their events came apart): the run holds both steps,
+    step 10's record last, as if read in step order."""
+    from grpo_monitor.runtime.health import ExporterHealth
+    from grpo_monitor.runtime.ingest import Ingestor
+    from grpo_monitor.runtime.store import RunStore
+
+    logs = tmp_path / "exp_001"
+    logs.mkdir()
+    ingest = Ingestor(tmp_path, RunStore(), ExporterHealth())
+    for step in (1, 2, 10, 9):
+        path = logs / f"train_data_step{step}.jsonl"
+        path.write_text(_nemo_rl_samples(step)[0])
+        ingest.process(path)
+        ingest.loggers.flush_all()
+    ingest.store.flush()
+    samples = parse_samples("".join(ingest.store.render()))
+    _, rewards, _ = _nemo_rl_samples(10)
+    assert value(samples, "grpo_run_logged_steps", run="exp_001") == 4
+    assert value(samples, "grpo_step", run="exp_001", rank="0") == 10
+    assert value(samples, "grpo_reward_mean", run="exp_001", rank="0") == pytest.approx(
+        sum(rewards) / len(rewards))

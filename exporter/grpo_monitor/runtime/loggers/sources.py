@@ -45,6 +45,9 @@ _HEAD_BYTES = 64
 # The most a turn reads of a W&B or TensorBoard file is at least one record of the longest either
 # reader takes (a longer one is no such file, or a corrupt record).
 _WHOLE_RECORD_BYTES = max(tensorboard.MAX_RECORD_BYTES, wandb_file.MAX_RECORD_BYTES) + (64 << 10)
+# NeMo-RL steps of a run kept to apply again after one that comes late: a step's file turns quiet
+# a tick or two after the next, not dozens.
+SAMPLE_STEPS_KEPT = 64
 # A CSV table is read whole at each change: an export or a loop's log, far below this.
 MAX_CSV_BYTES = 16 << 20
 # Its header line, read first to tell a table of metrics from any other CSV.
@@ -93,6 +96,9 @@ class LoggerFiles:
         self.error = error
         self.wanted = wanted
         self.files: dict[Path, LoggedFile] = {}
+        # run -> step -> (file, record, mtime) of its newest NeMo-RL steps applied: a step that
+        # comes late is applied before them again (_apply_sample_step).
+        self._sample_steps: dict[str, dict[int, tuple[Path, dict[str, Any], float]]] = {}
         self.csv_folders: dict[Path, CsvFolder] = {}
 
     def saved(self) -> dict[Path, LoggedFile]:
@@ -236,9 +242,22 @@ class LoggerFiles:
         if isinstance(pending, StepSamples):
             step = sample_file_step(path.name)
             if pending.samples and step is not None:
-                self.apply(path, state.run, pending.row(step), state.mtime)
+                self._apply_sample_step(path, state.run, pending.row(step), state.mtime)
         else:
             self._apply_event(path, state, pending, state.mtime)
+
+    def _apply_sample_step(self, path: Path, run: str, row: dict[str, Any], mtime: float) -> None:
+        """One NeMo-RL step's record. Its files are written in step order, but a file may turn
+        quiet after a later one (they land within one tick of each other, or their events come
+        apart): a step older than the run's newest is applied, then the newer steps again after
+        it, so that the run is as if read in step order (the store rewinds to the older step)."""
+        applied = self._sample_steps.setdefault(run, {})
+        applied[row["step"]] = (path, row, mtime)
+        for step in sorted(s for s in applied if s >= row["step"]):
+            where, record, when = applied[step]
+            self.apply(where, run, record, when)
+        while len(applied) > SAMPLE_STEPS_KEPT:
+            del applied[min(applied)]
 
     @staticmethod
     def _in_step_order(items: list[tuple[Path, LoggedFile]]) -> list[tuple[Path, LoggedFile]]:
