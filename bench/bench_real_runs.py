@@ -265,6 +265,9 @@ TUNED_ON: dict[tuple[str, str], frozenset[str]] = {
     ("GRPORewardOverOptimization", "smoothed"): frozenset({"Vincethevince/reward-overoptimization"}),
     # The length trend: the run whose answers shrink from their first records.
     ("GRPOResponseLengthShift", "trend"): frozenset({"garg-aayush/building-from-scratch"}),
+    # Reward without accuracy on trends: the compile-only proxy's climb (its factor and the
+    # accuracy's Z set against the Unsloth runs' format-first climbs, which keep their accuracy).
+    ("GRPORewardHackingSuspected", "trend"): frozenset({"rohunagrawal/reward-hacking-entropy"}),
 }
 
 

@@ -208,3 +208,38 @@ def test_dead_group_fractions_by_cause_map_onto_group_keys(name: str, key: str) 
 def test_neighbouring_rollout_names_stay_unmapped(name: str) -> None:
     assert canonical_key(name) is None
     assert unknown(**{name: 0.5}) == {name: 0.5}
+
+
+@pytest.mark.parametrize("name", [
+    "reward/accuracy",  # EasyR1's accuracy term beside reward/format and reward/overall
+    "reward/correctness_f", "reward/acc",  # loops that log their reward's terms
+    "rewards/accuracy_reward/mean",  # TRL's accuracy reward function
+    "rewards/correctness_reward_func", "rewards / correctness_reward_func",  # Unsloth's notebooks
+    "mean_correct", "correctness", "train/accuracy", "is_correct",
+])
+def test_a_reward_term_that_names_correctness_is_the_sample_accuracy(name: str) -> None:
+    hit = match_key(name)
+    assert hit is not None and (hit.key, hit.how) == ("eval/sample_acc", "accuracy")
+    assert metrics(**{name: 0.25}) == {"eval/sample_acc": 0.25}
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    # another statistic of it, or a share of groups: never the batch's accuracy
+    ("format_accuracy", None), ("accuracy_given_parseable", None), ("reward/std/acc", None),
+    ("rewards/accuracy_reward/std", None), ("frac_all_correct", None),
+    ("mixed_cuts/all_correct_frac", None), ("rewards/check_answer", None),
+    # a held-out namespace wins: the accuracy of held-out prompts, not of the batch
+    ("eval_accuracy", "eval/heldout_score"), ("val/acc", "eval/heldout_score"),
+    ("gold_acc", "eval/heldout_score"),
+])
+def test_a_correctness_name_with_more_in_it_is_not_the_sample_accuracy(name: str,
+                                                                       key: str | None) -> None:
+    assert canonical_key(name) == key
+
+
+def test_a_listed_accuracy_outranks_one_read_by_its_words() -> None:
+    # ROLL's critic/correct/mean is listed; a record that also logs its reward's accuracy term
+    # is read by the listed name, whichever comes first.
+    for order in ({"reward/accuracy": 0.1, "critic/correct/mean": 0.4},
+                  {"critic/correct/mean": 0.4, "reward/accuracy": 0.1}):
+        assert metrics(**order)["eval/sample_acc"] == 0.4

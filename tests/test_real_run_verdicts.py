@@ -24,14 +24,10 @@ import bench_real_runs as bench  # noqa: E402
 
 # Sick runs the cards do not catch within 50 steps of their onset, and why.
 KNOWN_MISSES = {
-    # Reward hacking by construction: the compile-only proxy climbs while the correctness it
-    # should stand for stays under 1%. The run logs the correctness only as a component of its
-    # reward (reward/correctness_f), which no name rule may read as sample accuracy; with a key
-    # map line for it, the flat-accuracy card still waits for a baseline this 45-step run never
-    # reaches.
-    "tinker-rh-llama32-1b-leetcode-proxy",
-    # Entropy leaves its 0.15-0.25 band at step 678 for a 0.30-0.45 plateau, 1.5-2x its level:
-    # no card calls that a sickness; the explosion from step 790 is red at step 810.
+    # Entropy leaves its 0.15-0.25 band at step 678 for a 0.30-0.45 plateau, 1.6-1.9x its
+    # lowest 20-step mean yet still below the 0.32 it started at: no card calls a climb back
+    # toward the start a sickness (healthy runs spend 30-60% of their entropy and may recover
+    # some); the explosion from step 790, above the start, is red at step 810.
     "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion",
 }
 

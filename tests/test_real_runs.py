@@ -34,6 +34,8 @@ TRL_NEW = {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "policy/c
            "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean",
            "reward/std", "train/lr"}
 HELDOUT = "eval/heldout_score"
+# A reward term that names correctness (reward/acc, correctness_reward_func, mean_correct).
+ACC = "eval/sample_acc"
 TRL_OLD = {"kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std"}
 VERL_2025 = {"entropy/mean", "grad/norm", "kl/mean", "loss", "perf/step_time_s", "perf/tokens_per_s",
              "policy/clip_frac", "response/clip_ratio", "response/len_max", "response/len_mean",
@@ -54,8 +56,8 @@ RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
         {"kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std"}),
     # Feb-2025 TRL trainer_state: completion_length, no entropy.
     "unslothgrpo-llama31-8b-gsm8k-250": (
-        250, 1, 250, {"grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"},
-        {"grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"}),
+        250, 1, 250, {ACC, "grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"},
+        {ACC, "grad/norm", "kl/mean", "loss", "response/len_mean", "reward/mean", "reward/std", "train/lr"}),
     # Mid-2025 verl: actor/kl_loss, actor/entropy, timing_s/step. Step 0 holds only the initial
     # validation score (val-core/openai/gsm8k/reward/mean@1): the held-out score.
     "verl-grpo-qwen2-7b-gsm8k-megatron-base": (
@@ -71,12 +73,14 @@ RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
     "deepgrpo-qwen25-0.5b-gsm8k-verl-healthy": (
         2959, 0, 2958, {"entropy/mean", "response/len_mean", HELDOUT}, {HELDOUT}),
     # Feb-2025 TRL through Unsloth, every 10 steps.
-    "gemma3-1b-gsm8k-unsloth-abdo-healthy": (25, 10, 250, TRL_OLD | {"grad/norm", "train/lr"},
-                                             TRL_OLD | {"grad/norm", "train/lr"}),
+    "gemma3-1b-gsm8k-unsloth-abdo-healthy": (25, 10, 250, TRL_OLD | {ACC, "grad/norm", "train/lr"},
+                                             TRL_OLD | {ACC, "grad/norm", "train/lr"}),
     # verl's file logger (2025), with val-core/math500/reward/mean@4 every 10 steps and the
     # off-policy staleness; step 10 missing.
-    "grpo-qwen3-1.7b-math-verl-klblowup": (71, 1, 72, VERL_2025 | {HELDOUT}, VERL_2025),
-    "mixedcuts-qwen3-1.7b-math-verl-collapse": (61, 1, 61, VERL_2025 | {HELDOUT}, VERL_2025),
+    "grpo-qwen3-1.7b-math-verl-klblowup": (71, 1, 72, VERL_2025 | {ACC, HELDOUT},
+                                           VERL_2025 | {ACC}),
+    "mixedcuts-qwen3-1.7b-math-verl-collapse": (61, 1, 61, VERL_2025 | {ACC, HELDOUT},
+                                                VERL_2025 | {ACC}),
     # TRL console dicts: both completion_length and completions/mean_length; no entropy.
     "recall-qwen25-7b-l3-zero-std-dead": (72, 1, 72, (TRL_NEW - {"entropy/mean"}) | {"kl/mean"},
                                           (TRL_NEW - {"entropy/mean"}) | {"kl/mean"}),
@@ -84,7 +88,8 @@ RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
     "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": (928, 0, 927, {"entropy/mean", HELDOUT},
                                                         {HELDOUT}),
     # Unsloth's notebook table, as the unsloth-llama32 run.
-    "unsloth-llama31-8b-gsm8k-techtinker-healthy": (250, 1, 250, TRL_OLD, TRL_OLD),
+    "unsloth-llama31-8b-gsm8k-techtinker-healthy": (250, 1, 250, TRL_OLD | {ACC},
+                                                    TRL_OLD | {ACC}),
     # The twenty-five runs that joined later, from frameworks and loops of their own. Of note:
     # OpenRLHF's bare `truncated` is the truncated share; a loop's `gold_acc` beside its proxy
     # reward is the held-out truth; `rollout_train_kl` is the rollout-vs-trainer mismatch, not
@@ -108,8 +113,8 @@ RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
         {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "perf/step_time_s", "policy/clip_frac", "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean", "reward/std", "train/lr"}),
     "nipsgrpo-qwen35-9b-rho07-seed44-collapse": (40, 5, 200, {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "perf/step_time_s", "policy/clip_frac", "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean", "reward/std", "train/lr"},
         {"entropy/mean", "grad/norm", "group/zero_std_frac", "loss", "perf/step_time_s", "policy/clip_frac", "response/clip_ratio", "response/len_max", "response/len_mean", "reward/mean", "reward/std", "train/lr"}),
-    "openrlhf-gptoss120b-aime-grpo-a24-truncation-collapse": (16, 1, 17, {"loss", "response/clip_ratio", "response/len_mean", "reward/mean", "train/lr"},
-        {"loss", "response/clip_ratio", "response/len_mean", "reward/mean", "train/lr"}),
+    "openrlhf-gptoss120b-aime-grpo-a24-truncation-collapse": (16, 1, 17, {ACC, "loss", "response/clip_ratio", "response/len_mean", "reward/mean", "train/lr"},
+        {ACC, "loss", "response/clip_ratio", "response/len_mean", "reward/mean", "train/lr"}),
     "rhdemo-qwen25-05b-imdb-sentiment-cap09-healthy": (101, 0, 100, {"eval/heldout_score", "grad/norm", "kl/mean", "loss", "reward/mean", "reward/std", "train/lr"},
         {"eval/heldout_score"}),
     "rhdemo-qwen25-05b-imdb-sentiment-kl01-healthy": (101, 0, 100, {"eval/heldout_score", "grad/norm", "kl/mean", "loss", "reward/mean", "reward/std", "train/lr"},
@@ -128,10 +133,10 @@ RUNS: dict[str, tuple[int, int, int, set[str], set[str]]] = {
         {"eval/heldout_score", "grad/norm", "response/len_mean"}),
     "scratchgrpo-qwen25math-15b-reinforce-baseline-healthy": (100, 0, 99, {"eval/heldout_score", "grad/norm", "response/len_mean"},
         {"eval/heldout_score", "grad/norm", "response/len_mean"}),
-    "tinker-qwen3-4b-code-rl-binary-flat-healthy": (101, 0, 100, {"eval/heldout_score", "reward/mean"},
-        {"reward/mean"}),
-    "tinker-rh-llama32-1b-leetcode-proxy": (52, 0, 44, {"entropy/mean", "perf/step_time_s", "reward/mean", "train/lr"},
-        {"entropy/mean", "perf/step_time_s", "reward/mean", "train/lr"}),
+    "tinker-qwen3-4b-code-rl-binary-flat-healthy": (101, 0, 100, {ACC, "eval/heldout_score", "reward/mean"},
+        {ACC, "reward/mean"}),
+    "tinker-rh-llama32-1b-leetcode-proxy": (52, 0, 44, {ACC, "entropy/mean", "perf/step_time_s", "reward/mean", "train/lr"},
+        {ACC, "entropy/mean", "perf/step_time_s", "reward/mean", "train/lr"}),
     "trl-qwen25-15b-math-grpo-seed42-healthy": (32, 1, 32, {"entropy/mean", "grad/norm", "group/zero_std_frac", "policy/clip_frac", "response/clip_ratio", "response/len_mean", "reward/mean", "reward/std", "train/lr"},
         {"entropy/mean", "grad/norm", "group/zero_std_frac", "policy/clip_frac", "response/clip_ratio", "response/len_mean", "reward/mean", "reward/std", "train/lr"}),
     "verl-grpo-qwen2-7b-gsm8k-fsdp-offpolicy": (106, 0, 105, {"entropy/mean", "eval/heldout_score", "grad/norm", "kl/mean", "loss", "perf/step_time_s", "perf/tokens_per_s", "policy/clip_frac", "response/clip_ratio", "response/len_max", "response/len_mean", "reward/max", "reward/mean", "reward/min", "train/lr"},

@@ -127,7 +127,9 @@ CARDS: tuple[Card, ...] = (
     Card("GRPOKLTailOutliers", "warning", ALERTS, (_B(("kl/max", "kl/p95"), baseline=True),)),
     Card("GRPORewardHackingSuspected", "warning", ALERTS, (
         _B(("response/len_mean", "reward/mean"), baseline=True, reason="length_surge"),
-        _B(("reward/mean", "eval/sample_acc"), baseline=True, reason="flat_accuracy"))),
+        _B(("reward/mean", "eval/sample_acc"), baseline=True, reason="flat_accuracy"),
+        # The same, before any baseline: the reward's trend against the accuracy's.
+        _B(("reward/mean", "eval/sample_acc"), reason="trend"))),
     Card("GRPOResponseLengthShift", "warning", ALERTS, (
         _B(("response/len_mean",), baseline=True),
         _B(("response/len_mean",), reason="against_initial"),

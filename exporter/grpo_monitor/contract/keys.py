@@ -286,6 +286,20 @@ HELDOUT_EXCLUDED_WORDS = frozenset({"std", "min", "max", "var", "loss", "len", "
                                     "runtime", "second", "seconds", "kl", "entropy", "clip",
                                     "tokens", "count", "num", "best", "worst", "maj", "format"})
 _HELDOUT_RANK = 2000  # after every listed name and every train/ name
+# The batch's sample accuracy is logged as a term of the reward: EasyR1's reward/accuracy beside
+# its reward/format and reward/overall, a loop's reward/correctness beside its proxy term, TRL's
+# and Unsloth's accuracy or correctness reward function (rewards/accuracy_reward/mean,
+# rewards/correctness_reward_func), a bare correctness or mean_correct. A name maps to
+# eval/sample_acc when its words name correctness (SAMPLE_ACCURACY_WORDS) and otherwise only a
+# reward's namespace, a mean or a function (SAMPLE_ACCURACY_FILLER; one-letter suffixes such as
+# correctness_f name a term, not a statistic). Anything else beside the word makes it another
+# statistic: format_accuracy, accuracy_given_parseable, all_correct_frac (a group share),
+# reward/std/acc. Read in the function's own scale: Unsloth's pays 2.0 a right answer, so its
+# accuracy reads 0-2; the cards that read it judge its trend and its stddev, not its level.
+SAMPLE_ACCURACY_WORDS = frozenset({"acc", "accuracy", "correct", "correctness"})
+SAMPLE_ACCURACY_FILLER = frozenset({"reward", "rewards", "func", "fn", "function", "mean", "avg",
+                                    "train", "batch", "is"})
+_SAMPLE_ACCURACY_RANK = 2500  # after the held-out names: eval_accuracy is a held-out score
 _VOCABULARY_RANK = 3000  # after those and the held-out names
 _QUALIFIED_RANK = 3500  # after those: a subset's value where the record has no plain one
 
@@ -346,6 +360,9 @@ def match_key(name: str) -> KeyMatch | None:
             hit = KeyMatch(bare.key, _PREFIXED_RANK + bare.rank, bare.scale, "prefixed")
     if hit is None:
         hit = _match_glob(name)
+    if hit is None and heldout_rank(name) is None and is_sample_accuracy(name):
+        # Ahead of KNOWN_UNMAPPED: TRL's rewards/* are left unmapped, but not its accuracy.
+        hit = KeyMatch("eval/sample_acc", _SAMPLE_ACCURACY_RANK, how="accuracy")
     if hit is None and not is_known_unmapped(name):
         rank = heldout_rank(name)
         if rank is not None:
@@ -396,12 +413,21 @@ def heldout_rank(name: str) -> int | None:
     return None
 
 
+def is_sample_accuracy(name: str) -> bool:
+    """Whether a name is the batch's sample accuracy by its words (SAMPLE_ACCURACY_WORDS); a
+    framework's false friend never is."""
+    ws = {w for w in vocabulary.words(name) if len(w) > 1}
+    return (bool(ws & SAMPLE_ACCURACY_WORDS) and ws <= SAMPLE_ACCURACY_WORDS | SAMPLE_ACCURACY_FILLER
+            and _FALSE_FRIEND.match(name) is None)
+
+
 @lru_cache(maxsize=8192)  # once per new name of a run: a flood of runs logs the same names
 def is_known_unmapped(name: str) -> bool:
     """Whether a framework always logs ``name`` and the project leaves it unmapped on purpose."""
     return _KNOWN_UNMAPPED.match(name) is not None
 
 
+_FALSE_FRIEND = re.compile("|".join(f"(?:{fnmatch.translate(f.name)})" for f in framework_names.FALSE_FRIENDS))
 # KNOWN_UNMAPPED's patterns as one expression: one match per name, not one per pattern.
 _KNOWN_UNMAPPED = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in KNOWN_UNMAPPED))
 

@@ -180,6 +180,16 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("hacking_accuracy_sigmas", 1, "yellow", """
         Sample accuracy moving less than this many of its baseline stddevs within those 200
         steps counts as flat, for the reward-without-accuracy test above."""),
+    Threshold("hacking_trend_reward_factor", 1.5, "yellow", """
+        Before any baseline, judged on the trends of a run's last records (runtime/trend.py):
+        the reward's robust line up by this factor or more, rising steadily (Mann–Kendall Z at
+        or above trend_z) ..."""),
+    Threshold("hacking_trend_accuracy_z", 2, "yellow", """
+        ... while the sample accuracy logged beside it shows no steady climb (its Z below this:
+        no rise at p < 0.023): a reward that climbs by half in a few dozen records with no
+        accuracy behind it is paying for a proxy (compiling, a format, a length). Healthy runs
+        whose reward climbs that fast climb in accuracy with it (their accuracy's Z is 2.6 or
+        more where the reward's line rises 2-3x)."""),
     Threshold("length_shift_ratio", 0.5, "yellow", """
         Response length mean moving by more than this fraction within 200 steps, up or down; early
         in a run, before a 200-step comparison exists, against its initial value in 90% of the

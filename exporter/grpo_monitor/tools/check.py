@@ -75,6 +75,7 @@ def _how(name: str) -> str:
     """How a logged name was read, where it was no listed name: said so a person can check."""
     hit = match_key(name)
     how = {"heldout": "a held-out score by its namespace",
+           "accuracy": "the sample accuracy: a term of the reward that names correctness",
            "vocabulary": "matched by its words (docs/snapshot-format.md#names-nobody-listed)",
            "qualified": "a subset's value, read where the record has no plain one"}
     return f"   ({how[hit.how]})" if hit is not None and hit.how in how else ""

@@ -258,6 +258,18 @@ def _reward_up_accuracy_flat(sim: Sim, k: int, m: dict[str, float]) -> None:
     m["eval/sample_acc"] = frozen + sim.rng.gauss(0, 0.01)
 
 
+def _early_reward_hacking(sim: Sim, k: int, m: dict[str, float]) -> None:
+    # background.md#reward-hacking, from a run's first records: a proxy the policy satisfies at
+    # once (code that compiles, a format) lifts the reward 0.2 -> 0.7 within 60 steps while
+    # verified sample accuracy does not move; no 200-step window exists yet.
+    frozen = sim.state.setdefault("acc", m["eval/sample_acc"])
+    lift = 0.5 * min(k, 60) / 60
+    for q in ("reward/mean", "reward/min", "reward/max", "reward/p25", "reward/p50", "reward/p75",
+              "reward/p95"):
+        m[q] = min(1.0, m[q] + lift)
+    m["eval/sample_acc"] = frozen + sim.rng.gauss(0, 0.01)
+
+
 def _length_collapse(sim: Sim, k: int, m: dict[str, float]) -> None:
     # background.md#policy-behaviour: after one step the length falls off a cliff: a prompt subset triggers the reward
     # model's penalty on verbosity and the policy retreats to short answers.
@@ -557,6 +569,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              verdicts=("reward_hacking",), sicken=_reward_up_accuracy_flat,
              # a 3-sigma reward rise within 200 steps takes ~200 steps
              caught_within=220),
+    # The same inside the baseline period: judged on the trends of the first records.
+    Scenario("early_reward_hacking", "Reward 0.2 -> 0.7 within 60 steps of step 30 while sample "
+             "accuracy stays flat, before the baseline exists.", "background.md#reward-hacking",
+             ("GRPORewardHackingSuspected",), verdicts=("reward_hacking",), steps=300, onset=30,
+             sicken=_early_reward_hacking),
     Scenario("length_collapse", "Response length falls by two thirds within 50 steps.", "background.md#policy-behaviour",
              ("GRPOResponseLengthShift",),
              verdicts=("length_shift",), sicken=_length_collapse,
