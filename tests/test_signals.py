@@ -13,7 +13,7 @@ import pytest
 
 from conftest import Running, value
 from grpo_monitor.contract.snapshot import parse_record
-from grpo_monitor.runtime.signals import RankSignals
+from grpo_monitor.runtime.signals import NONFINITE_WINDOW, RankSignals
 from grpo_monitor.runtime.store import Limits, RunStore
 
 
@@ -248,3 +248,34 @@ def test_record_windows_count_records_not_steps() -> None:
     windows = {(n, o): (lo, hi, med) for k, n, o, lo, hi, med in sig.features().records}
     assert windows[(2, 0)] == (180.0, 190.0, 185.0)
     assert windows[(10, 5)] == (50.0, 140.0, 95.0)  # records 5..14 (steps 50..140)
+
+
+def test_a_nonfinite_streak_is_named_by_the_step_it_began() -> None:
+    """The loss NaN from step 102 on, for 300 steps: the count saturates at the window, the
+    streak's first step stays 102 (the kept NaN steps reach back only so far). A gap of a
+    window ends the streak: a NaN after it starts a new one. A rewind into the streak leaves the
+    first step of the NaN steps that stand."""
+    sig = RankSignals(baseline_steps=100)
+    feed(sig, range(1, 102), lambda s: {"loss": 1.0, "grad/norm": 1.0})
+    feed(sig, range(102, 402), lambda s: {"loss": math.nan, "grad/norm": 1.0 if s < 130 else math.inf})
+    f = sig.features()
+    assert f.nonfinite == {"loss": NONFINITE_WINDOW, "grad/norm": NONFINITE_WINDOW}
+    assert f.nonfinite_since == {"loss": 102, "grad/norm": 130}
+    feed(sig, range(402, 402 + NONFINITE_WINDOW), lambda s: {"loss": 1.0, "grad/norm": 1.0})
+    assert sig.features().nonfinite_since == {}  # the card's window is clean: nothing published
+    sig.add(460, {"loss": math.nan}, False)
+    assert sig.features().nonfinite_since == {"loss": 460}
+    # Back to step 120: the streak of steps 102..120 stands, from its first step.
+    sig.add(121, {"loss": 1.0, "grad/norm": 1.0}, False)
+    f = sig.features()
+    assert f.nonfinite_since == {"loss": 102} and f.nonfinite == {"loss": 19}
+
+
+def test_a_nonfinite_streak_longer_than_the_kept_steps_after_a_restore() -> None:
+    """A state saved before the streak's first step was kept finds it in the kept NaN steps:
+    the earliest of those with no window's gap after it."""
+    sig = RankSignals(baseline_steps=100)
+    feed(sig, range(1, 50), lambda s: {"loss": 1.0})
+    feed(sig, range(50, 60), lambda s: {"loss": math.nan})
+    sig.keys["loss"].nonfinite_since = None  # as a state of an earlier release loads
+    assert sig.features().nonfinite_since == {"loss": 50}

@@ -112,7 +112,8 @@ def test_stack_up_shows_where_to_look_the_cards_and_the_pause_and_cleans_up(tmp_
                  timeout=60, interval=0.5, diagnose=stack.output)
         # Under the summary, what Alertmanager's receivers get: the step and value, the runbook.
         card = stack.output().split("GRPONonFiniteValues run=nan-run", 1)[1].splitlines()[:3]
-        assert "(step 1)" in card[1] and card[2].strip().startswith("runbook: http"), card
+        assert "loss since step 1 (step 1 now" in card[1], card  # the key, the step it began
+        assert card[2].strip().startswith("runbook: http"), card
         assert card[2].strip().endswith("#grpononfinitevalues"), card
         wait_for(lambda: "[PAUSE ] run=nan-run: GRPONonFiniteValues paused it" in stack.output(),
                  timeout=30, interval=0.5, diagnose=stack.output)
@@ -216,6 +217,11 @@ def test_demo_trainer_a_red_card_pauses_the_real_loop_and_resume_rolls_it_back(t
         # The pause record's line and the trainer's come in either order: two processes.
         assert red < min(pause, held) and max(pause, held) < demo_resumes < resumed < rolled, out
         assert out.count("GRPONonFiniteValues run=train-demo") == 1, out  # one card, its keys under it
+        # Its one description names every signal the NaN reached, each from the step it began.
+        card = out.split("GRPONonFiniteValues run=train-demo", 1)[1].splitlines()[1]
+        named = dict(re.findall(r"(\S+) since step (\d+)", card))
+        assert {"reward/mean", "loss", "grad/norm"} <= set(named), card
+        assert set(named.values()) == {"45"}, card
         snapshots = Path(re.search(r"snapshots +(\S+)", out).group(1))  # type: ignore[union-attr]
         state = Path(re.search(r"logs in (\S+?), removed on exit", out).group(1))  # type: ignore[union-attr]
         records = [json.loads(line) for line in (snapshots / "train-demo" / "rank-0.jsonl").read_text().splitlines()]

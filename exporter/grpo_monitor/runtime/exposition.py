@@ -160,6 +160,10 @@ RISING = Family(
     "Consecutive window_steps-step windows whose mean rose over the one before.")
 WINDOW_NONFINITE = Family(
     "grpo_window_nonfinite", "gauge", "NaN or infinite values of the signal in its last window_steps steps.")
+NONFINITE_SINCE = Family(
+    "grpo_window_nonfinite_since_step", "gauge",
+    "The step at which the signal's current streak of NaN or infinite values began (no "
+    "window_steps-step gap since), beside grpo_window_nonfinite.")
 WINDOW_SLOPE = Family(
     "grpo_window_slope", "gauge",
     "Least-squares slope of the signal over its last window_steps steps, in its unit per step: "
@@ -236,7 +240,7 @@ PROMPT_TYPE_INITIAL_MEAN = Family(
 FEATURE_FAMILIES: tuple[Family, ...] = (
     BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
     WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
-    WINDOW_NONFINITE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FIRST_RECORDS_MEDIAN,
+    WINDOW_NONFINITE, NONFINITE_SINCE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FIRST_RECORDS_MEDIAN,
     TREND_Z, TREND_SLOPE, TREND_FACTOR, HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST,
     HELDOUT_SMOOTH_BEST, HELDOUT_SMOOTH_RECENT, HELDOUT_REWARD_AT_SMOOTH_BEST, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
     FORECAST_POINTS, PROMPT_TYPE_WINDOW_MEAN, PROMPT_TYPE_INITIAL_MEAN)

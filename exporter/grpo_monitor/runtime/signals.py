@@ -260,6 +260,9 @@ class KeyHistory:
     evicted: int | None = None  # the newest step trimmed off the front: complete after it
     # Steps with a NaN / Inf, one entry a value (the newest NONFINITE_KEEP).
     nonfinite_steps: deque[int] = field(default_factory=lambda: deque(maxlen=NONFINITE_KEEP))
+    # The step the current streak of them began: no NONFINITE_WINDOW-step gap since, so the red
+    # card has held since then. Kept apart from the steps, which keep only the newest.
+    nonfinite_since: int | None = None
     baseline: Welford = field(default_factory=Welford)
     # The baseline period's values, in order: a rewind into the period re-forms the baseline
     # from those that stand.
@@ -284,6 +287,23 @@ class KeyHistory:
     # Whether the history holds every value since the key's first: an EARLY_WINDOWS window may
     # then cover the run so far.
     since_start: bool = True
+
+    def note_nonfinite(self, step: int) -> None:
+        """A NaN / Inf at ``step``: a new streak where the last one ended a window ago."""
+        if not self.nonfinite_steps or step - self.nonfinite_steps[-1] >= NONFINITE_WINDOW:
+            self.nonfinite_since = step
+        self.nonfinite_steps.append(step)
+
+    def streak_start(self) -> int | None:
+        """The step the current streak of NaN / Inf values began; found in the steps kept where
+        it is not known (after a rewind into the streak, or a state saved before it was kept)."""
+        if self.nonfinite_since is not None or not self.nonfinite_steps:
+            return self.nonfinite_since
+        steps = list(self.nonfinite_steps)
+        i = len(steps) - 1
+        while i > 0 and steps[i] - steps[i - 1] < NONFINITE_WINDOW:
+            i -= 1
+        return steps[i]
 
     def put(self, step: int, value: float, initial_steps: int) -> None:
         """A finite value of ``step``; a second record for the same step wins."""
@@ -337,6 +357,8 @@ class KeyHistory:
             del self.steps[cut:], self.values[cut:], self.means_lo[cut:], self.means_hi[cut:]
         while self.nonfinite_steps and self.nonfinite_steps[-1] > keep_through:
             self.nonfinite_steps.pop()
+        if self.nonfinite_since is not None and self.nonfinite_since > keep_through:
+            self.nonfinite_since = None  # streak_start() finds the standing one's in the steps
         if self.baseline_steps and self.baseline_steps[-1] > keep_through:
             cut = bisect_right(self.baseline_steps, keep_through)
             del self.baseline_steps[cut:], self.baseline_values[cut:]
@@ -584,6 +606,8 @@ class Features:
     first_records: dict[str, float] = field(default_factory=dict)  # key -> FIRST_RECORDS median
     heldout: HeldOutFeatures | None = None
     trends: dict[str, Trend] = field(default_factory=dict)  # key -> trend of its last records
+    # key -> the step its current streak of NaN / Inf began, for the keys counted in nonfinite
+    nonfinite_since: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -749,7 +773,7 @@ class RankSignals:
         for key, value in values.items():
             h = self._history(key)
             if not math.isfinite(value):
-                h.nonfinite_steps.append(step)
+                h.note_nonfinite(step)
                 continue
             if stalled and is_perf(key):
                 continue
@@ -784,7 +808,7 @@ class RankSignals:
 
     def note_nonfinite(self, key: str, step: int) -> None:
         """A NaN / Inf outside the canonical values (an unknown key, a by_type value)."""
-        self._history(key).nonfinite_steps.append(step)
+        self._history(key).note_nonfinite(step)
 
     def _advance_rising(self, h: KeyHistory, step: int) -> None:
         """At each RISING_WINDOW boundary, compare the finished window's mean to the one before."""
@@ -848,6 +872,7 @@ class RankSignals:
         ranges: dict[str, tuple[float, float]] = {}
         rising: dict[str, int] = {}
         nonfinite: dict[str, int] = {}
+        nonfinite_since: dict[str, int] = {}
         slopes: list[tuple[str, int, float]] = []
         records: list[tuple[str, int, int, float, float, float]] = []
         first_records: dict[str, float] = {}
@@ -857,6 +882,8 @@ class RankSignals:
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
             if h.nonfinite_steps and h.nonfinite_steps[-1] > self.step - NONFINITE_WINDOW:
                 nonfinite[key] = sum(1 for s in h.nonfinite_steps if s > self.step - NONFINITE_WINDOW)
+                if (since := h.streak_start()) is not None:
+                    nonfinite_since[key] = since
             if ready and h.baseline.n:
                 baseline[key] = (h.baseline.mean, h.baseline.stddev)
             now = self.step
@@ -903,7 +930,7 @@ class RankSignals:
                 rising[key] = h.rising
         return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
                         rising, nonfinite, slopes, records, self.law.fit(), first_records,
-                        self.heldout.features(), trends)
+                        self.heldout.features(), trends, nonfinite_since)
 
 
 class PromptTypeSignals:

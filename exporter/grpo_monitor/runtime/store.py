@@ -274,6 +274,10 @@ class RankState:
             out[ex.WINDOW_NONFINITE.name].append(
                 f'{ex.WINDOW_NONFINITE.name}{{{base},key="{ex.escape_label(key)}",'
                 f'window_steps="{NONFINITE_WINDOW}"}} {n}\n')
+        for key, since in f.nonfinite_since.items():
+            out[ex.NONFINITE_SINCE.name].append(
+                f'{ex.NONFINITE_SINCE.name}{{{base},key="{ex.escape_label(key)}",'
+                f'window_steps="{NONFINITE_WINDOW}"}} {since}\n')
         for key, window, trend in f.slopes:
             out[ex.WINDOW_SLOPE.name].append(
                 f'{ex.WINDOW_SLOPE.name}{{{base},key="{key}",window_steps="{window}"}} {fv(trend)}\n')

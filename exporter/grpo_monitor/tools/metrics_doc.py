@@ -121,6 +121,7 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 | `{rmax}`, `{rmin}` | run, rank, key, window_steps | highest / lowest complete {range_w}-step mean since the run started: its working level and its floor (training keys) |
 | `{rising}` | run, rank, key, window_steps | consecutive {rising_w}-step windows whose mean rose (training keys) |
 | `{nonfinite}` | run, rank, key, window_steps | NaN / ±Inf values in the last {nf_w} steps |
+| `{nonfinite_since}` | run, rank, key, window_steps | the step the signal's current streak of NaN / ±Inf values began (no {nf_w}-step gap since), beside `{nonfinite}`: the step the non-finite card names for each key |
 | `{slope}` | run, rank, key, window_steps | least-squares slope per step over the last {slope_w} steps: where the signal is heading (training keys) |
 | `{rmin_rec}`, `{rmax_rec}`, `{rmed_rec}` | run, rank, key, records, offset_records | min / max / median of the last `records` logged values before the newest `offset_records`, windows counted in records, not steps, for the keys the blow-up card reads ({rec_keys}): {rec_windows} |
 | `{first_rec}` | run, rank, key | median of the signal's first {first_n} logged values other than exactly 0 (training keys): the reference of the cards that judge a run from its first records |
@@ -254,6 +255,7 @@ def render() -> str:
         wmean=ex.WINDOW_MEAN.name, growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,
         goffs=", ".join(map(str, sig.GROWTH_OFFSETS)), wmin=ex.WINDOW_MIN.name, wmax=ex.WINDOW_MAX.name,
         rising=ex.RISING.name, nonfinite=ex.WINDOW_NONFINITE.name,
+        nonfinite_since=ex.NONFINITE_SINCE.name,
         train_means=_pairs(sig.TRAINING_MEANS), perf_means=_pairs(sig.PERF_MEANS),
         train_ext=", ".join(map(str, sig.TRAINING_EXTREMES)),
         perf_ext=", ".join(map(str, sig.PERF_EXTREMES)), rising_w=sig.RISING_WINDOW,

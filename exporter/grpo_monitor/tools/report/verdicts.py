@@ -214,19 +214,23 @@ def _level(view: RunView, key: str, above: float | None = None,
          "NaN or inf in the training signals: roll back to the last good checkpoint",
          card="GRPONonFiniteValues")
 def nonfinite(view: RunView) -> Finding | None:
-    """NaN / inf anywhere in a training signal (the red card); steps: the first and last such."""
+    """NaN / inf anywhere in a training signal (the red card); steps: the first and last such.
+    Every key that went so is named with its first such step, earliest first, as the card's
+    description names them."""
     bad_steps: list[int] = []
-    bad_keys: set[str] = set()
+    first_step: dict[str, int] = {}
     for st in view.steps:
         for k, v in view.data.train[st].items():
             if not math.isfinite(v):
-                bad_keys.add(k)
+                first_step.setdefault(k, st)
                 if not bad_steps or bad_steps[-1] != st:
                     bad_steps.append(st)
     if not bad_steps:
         return None
+    keys = sorted(first_step, key=lambda k: (first_step[k], k))
     return Finding([bad_steps[0], bad_steps[-1]],
-                   {"steps_affected": len(bad_steps), "keys": sorted(bad_keys)})
+                   {"steps_affected": len(bad_steps), "keys": keys,
+                    "first_step": {k: first_step[k] for k in keys}})
 
 
 def _kl_ratio(view: RunView) -> float:
