@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
+from grpo_monitor.contract.cards import RunShape
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, block_means
 from grpo_monitor.runtime.signals import (
     EARLY_WINDOWS,
@@ -368,3 +369,20 @@ class RunView:
                     & (law["r_squared"] >= th.value("forecast_min_r2")) & (law["a"] > 0)
                     & (trend < 0) & ~collapsed)
         return Ceiling(tr, headroom, mean, trend, law["a"], law["b"], law["r_squared"], near)
+
+
+def run_shape(view: RunView) -> RunShape:
+    """The run as the card declarations read it (contract/cards.py): the keys rank 0 logged (and
+    the ranks logging each perf key), its ranks, the steps it lacks for a baseline, its prompt
+    types. The folder says nothing of GPUs: the GPU cards count as not applicable."""
+    data, steps = view.data, view.steps
+    key_ranks = {key: 1 for m in data.train.values() for key in m}
+    for per_step in data.perf.values():  # perf/* keys: every rank that logged one
+        for key in {k for m in per_step.values() for k in m}:
+            key_ranks[key] = key_ranks.get(key, 0) + 1
+    types = {t for m in data.by_type.values() for t in m}
+    baseline = th.count("baseline_steps")
+    to_go = max(0, steps[0] + baseline - steps[-1]) if steps else baseline
+    ended = any(e.get("type") == "run_end" for e in data.events)
+    return RunShape(key_ranks=key_ranks, ranks=len(set(data.perf) | {0}),
+                    baseline_steps_to_go=to_go, prompt_types=len(types), ended=ended)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
-from grpo_monitor.contract.cards import CARDS_BY_NAME, MINIMUM_CURVES, OPTIONAL_SIGNALS, RunShape, arm
+from grpo_monitor.contract.cards import CARDS_BY_NAME, MINIMUM_CURVES, OPTIONAL_SIGNALS, arm
 from grpo_monitor.contract.keys import SIGNALS
 from grpo_monitor.runtime.forecast import (
     BLOCK_STEPS,
@@ -26,6 +26,7 @@ from grpo_monitor.runtime.forecast import (
 from grpo_monitor.runtime.signals import LAW_ENTROPY, LAW_REWARD
 from grpo_monitor.tools.report.statistics import (
     RunView,
+    run_shape,
     block_steps,
     describe,
     law_blocks,
@@ -75,23 +76,6 @@ def summarize(view: RunView) -> dict[str, Any]:
 
 
 # -- what the report could not judge ---------------------------------------------------------------
-
-
-def run_shape(view: RunView) -> RunShape:
-    """The run as the card declarations read it (contract/cards.py): the keys rank 0 logged (and
-    the ranks logging each perf key), its ranks, the steps it lacks for a baseline, its prompt
-    types. The folder says nothing of GPUs: the GPU cards count as not applicable."""
-    data, steps = view.data, view.steps
-    key_ranks = {key: 1 for m in data.train.values() for key in m}
-    for per_step in data.perf.values():  # perf/* keys: every rank that logged one
-        for key in {k for m in per_step.values() for k in m}:
-            key_ranks[key] = key_ranks.get(key, 0) + 1
-    types = {t for m in data.by_type.values() for t in m}
-    baseline = th.count("baseline_steps")
-    to_go = max(0, steps[0] + baseline - steps[-1]) if steps else baseline
-    ended = any(e.get("type") == "run_end" for e in data.events)
-    return RunShape(key_ranks=key_ranks, ranks=len(set(data.perf) | {0}),
-                    baseline_steps_to_go=to_go, prompt_types=len(types), ended=ended)
 
 
 def not_judged(view: RunView) -> list[dict[str, Any]]:

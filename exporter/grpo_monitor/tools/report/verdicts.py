@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
+from grpo_monitor.contract.cards import CARDS_BY_NAME, arm
 from grpo_monitor.runtime.signals import (
     GROWTH_OFFSETS,
     GROWTH_WINDOW,
@@ -50,6 +51,7 @@ from grpo_monitor.tools.report.statistics import (
     median,
     ratio,
     rounded,
+    run_shape,
     windows,
 )
 
@@ -130,8 +132,14 @@ def diagnose(run: RunData | RunView) -> list[dict[str, Any]]:
     view = run if isinstance(run, RunView) else RunView(run)
     if not view.steps:
         return []
+    # A card the run could not have raised (its declaration disarmed on this run: a baseline
+    # the run never reached, a signal it does not log) is not named: the live rules would not
+    # raise it, and the report lists it under "not judged" instead.
+    shape = run_shape(view)
+    armed = {kind.id for kind in VERDICTS.values()
+             if kind.card not in CARDS_BY_NAME or arm(CARDS_BY_NAME[kind.card], shape).reason == "armed"}
     found = {kind.id: _written(kind, finding) for kind in VERDICTS.values()
-             if not kind.alone and (finding := kind.judge(view)) is not None}
+             if not kind.alone and kind.id in armed and (finding := kind.judge(view)) is not None}
     out = [v for vid, v in found.items() if not VERDICTS[vid].explained_by & found.keys()]
     if not out:
         out = [_written(kind, finding) for kind in VERDICTS.values()
