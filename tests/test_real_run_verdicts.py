@@ -43,12 +43,10 @@ KNOWN_MISSES = {
 
 # Rule branches (alert, `reason` label) the report does not judge yet: on these runs the live
 # rules raise the card from that branch, and the report names it later (from a branch it does
-# judge) or not at all. The trend branches read the exporter's Mann-Kendall features
-# (runtime/trend.py), which the report's own window statistics do not compute.
+# judge) or not at all.
 REPORT_LACKS: dict[str, dict[str, str]] = {
     "grpo-qwen3-1.7b-math-verl-klblowup": {"GRPOResponseLengthShift": "trend"},
     "mixedcuts-qwen3-1.7b-math-verl-collapse": {"GRPOResponseLengthShift": "trend"},
-    "nipsgrpo-qwen25-7b-rho1-seed44-healthy": {"GRPORolloutMismatchRising": "trend"},
     "nipsgrpo-qwen25-7b-rho3-seed42-healthy": {"GRPOResponseLengthShift": "trend"},
     "nipsgrpo-qwen35-9b-rho07-seed44-collapse": {"GRPOTrainingBlowUp": "trend"},
     "openrlhf-gptoss120b-aime-grpo-a24-truncation-collapse": {"GRPOTrainingBlowUp": "truncation_crash"},
@@ -60,7 +58,6 @@ REPORT_LACKS: dict[str, dict[str, str]] = {
     "scratchgrpo-qwen25math-15b-lr1e-4-entropy-collapse": {"GRPOEntropyCollapse": "first_records"},
     "scratchgrpo-qwen25math-15b-lr3e-5-healthy": {"GRPOResponseLengthShift": "trend"},
     "scratchgrpo-qwen25math-15b-nobaseline-length-collapse": {"GRPOResponseLengthShift": "trend"},
-    "tinker-rh-llama32-1b-leetcode-proxy": {"GRPORewardHackingSuspected": "trend"},
 }
 # How far the report's first step of a card may lie from the rules' first firing step: two
 # records of a run logged every 5 steps (the report dates a sickness from its window's first

@@ -407,7 +407,12 @@ def test_a_slowly_rising_mismatch_is_caught_below_the_level_line(tmp_path: Path)
     assert kl["initial"] == pytest.approx(0.0115, abs=0.001)
     # Twice the start (~0.021) is passed by the window's 10th percentile (the value ~45 steps
     # back, less 1.3 sigma of noise) near step 180.
-    assert 160 < v["steps"][0] < 200 and v["steps"][1] == 300
+    assert 160 < kl["steps"][0] < 200 and v["steps"][1] == 300
+    # The trend branch sees it first: the 20-step mean past the same line (~10 steps back)
+    # while the exporter's trend of the last 30 records rises steadily.
+    ramp = v["evidence"]["trend_kl"]
+    assert ramp["window_mean"] > 2 * ramp["initial"] and ramp["trend_z"] >= 3
+    assert 130 < ramp["steps"][0] < kl["steps"][0] and v["steps"][0] == ramp["steps"][0]
     assert res["summary"]["rollout_vs_trainer"]["keys"]["mismatch/kl"]["trend"] == "rising"
 
 

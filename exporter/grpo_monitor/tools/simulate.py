@@ -373,6 +373,9 @@ def _entropy_reward_law(sim: Sim, step: int, m: dict[str, float]) -> None:
     h = (0.2 + 1.3 * math.exp(-step / 200)) * (1 + sim.aux.gauss(0, 0.01))
     m["entropy/mean"] = h
     m["reward/mean"] = 1 - 0.2 * math.exp(h) + sim.aux.gauss(0, 0.01)
+    # A verifier's reward: the accuracy climbs with it (a reward that climbed without it would
+    # be the hacking card's business).
+    m["eval/sample_acc"] = m["reward/mean"]
 
 
 def _levels(levels: Mapping[str, float]) -> Callable[[Sim, int, dict[str, float]], None]:

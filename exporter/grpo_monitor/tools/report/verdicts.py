@@ -315,13 +315,31 @@ def _accuracy_flat(view: RunView) -> Finding | None:
         "sample_acc_gain": acc_gain})
 
 
+def _accuracy_trend(view: RunView) -> Finding | None:
+    """The exporter's trends (runtime/trend.py) at each of the reward's steps: the reward's line
+    up by hacking_trend_reward_factor, steadily (Z >= trend_z), while the sample accuracy's Z
+    (as it stood then) is under hacking_trend_accuracy_z."""
+    reward, acc = view.track("reward/mean"), view.track("eval/sample_acc")
+    if reward is None or acc is None:
+        return None
+    z, factor = reward.trends()
+    acc_z = acc.at(reward.steps, acc.trends()[0])
+    with np.errstate(invalid="ignore"):
+        mask = ((factor >= th.value("hacking_trend_reward_factor")) & (z >= th.value("trend_z"))
+                & (acc_z < th.value("hacking_trend_accuracy_z")))
+    hit = _flagged(reward, mask, reward_trend_factor=factor, reward_trend_z=z, sample_acc_trend_z=acc_z)
+    return None if hit is None else Finding(hit.pop("steps"), {"trend": hit})
+
+
 @verdict("reward_hacking", "warning",
          "reward up with a length surge or without sample accuracy: grader exploited",
          card="GRPORewardHackingSuspected")
 def reward_hacking(view: RunView) -> Finding | None:
-    """Reward up with a length surge, or reward up while sample accuracy stays flat; the span and
-    the evidence cover both when both are seen."""
-    parts = [f for f in (_length_surge(view), _accuracy_flat(view)) if f is not None]
+    """Reward up with a length surge, or reward up while sample accuracy stays flat (over the
+    report's windows, or on the trends of the last records); the span and the evidence cover
+    each that is seen."""
+    parts = [f for f in (_length_surge(view), _accuracy_flat(view), _accuracy_trend(view))
+             if f is not None]
     if not parts:
         return None
     return Finding([min(f.steps[0] for f in parts), max(f.steps[-1] for f in parts)],
@@ -981,7 +999,9 @@ RISING_MISMATCH: dict[str, str] = {"kl": "mismatch/kl", "k3_kl": "mismatch/k3_kl
          card="GRPORolloutMismatchRising")
 def rollout_mismatch_rising(view: RunView) -> Finding | None:
     """GRPORolloutMismatchRising: a mismatch signal's 50-step p10 over mismatch_rise_ratio x its
-    initial value and over mismatch_rise_floor, while its 50-step slope is still positive."""
+    initial value and over mismatch_rise_floor, while its 50-step slope is still positive; or
+    (``trend_<key>``) its short-window mean over that line while the exporter's trend of its
+    last records rises steadily (Z >= trend_z)."""
     sus, rise, floor = (th.count("sustain_steps"), th.value("mismatch_rise_ratio"),
                         th.value("mismatch_rise_floor"))
     found: dict[str, dict[str, Any] | None] = {}
@@ -997,6 +1017,16 @@ def rollout_mismatch_rising(view: RunView) -> Finding | None:
         if found[reason] is not None:
             i = int(np.searchsorted(tr.steps, found[reason]["steps"][0]))
             found[reason]["slope_per_step"] = rounded(float(trend[i]))
+        # The rule's trend branch: the short window's mean past the same line while the
+        # exporter's trend of the last records rises steadily (a ramp, caught while it ramps).
+        mean, z = tr.rolling(_short_window(), "mean"), tr.trends()[0]
+        with np.errstate(invalid="ignore"):
+            ramp = (mean > rise * tr.initial()) & (mean > floor) & (z >= th.value("trend_z"))
+        hit = _flagged(tr, ramp, window_mean=mean, trend_z=z)
+        if hit is not None:
+            hit.update(initial=rounded(tr.initial()), window_steps=_short_window(),
+                       last=rounded(float(tr.values[-1])))
+        found[f"trend_{reason}"] = hit
     return _branches(**found)
 
 
