@@ -35,6 +35,9 @@ def unknown(**logged: Any) -> dict[str, float]:
     ("ppo_clip_ratio", "policy/clip_frac"),  # OpenRLHF
     ("timing/step_total", "perf/step_time_s"),  # OpenRLHF
     ("actor/lr(1e-4)", "train/lr"),  # verl before 2025, scaled (below)
+    # hand-written loops' plain names
+    ("rewards/mean", "reward/mean"), ("rewards/std", "reward/std"), ("ref_kl", "kl/mean"),
+    ("kl_ref", "kl/mean"), ("token_entropy", "entropy/mean"), ("total_grad_norm", "grad/norm"),
 ])
 def test_added_alias_maps_onto_its_key(name: str, key: str) -> None:
     assert canonical_key(name) == key
@@ -42,6 +45,7 @@ def test_added_alias_maps_onto_its_key(name: str, key: str) -> None:
 
 
 @pytest.mark.parametrize("name", [
+    "rewards/format_reward", "rewards/format_reward/mean",  # TRL's reward functions: their own
     "actor/ppo_kl", "ppo_kl",  # KL between the rollout policy and the updated one, not to the reference
     "entropy_loss",  # +entropy in OpenRLHF, -entropy in Stable-Baselines3: ambiguous
     "critic/kl_coeff", "actor/kl_coef",  # the coefficients, not the KL

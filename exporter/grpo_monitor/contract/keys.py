@@ -38,15 +38,17 @@ class Signal:
 SIGNALS: tuple[Signal, ...] = (
     # Reward feedback (background.md#reward-feedback).
     Signal("reward/mean", "grpo_reward_mean", "Mean reward over the step's rollouts.", "reward",
-           ("reward_mean", "reward", "critic/score/mean", "rollout/reward_mean")),
+           # rewards/mean, ...: a loop's plural namespace (TRL's rewards/<function>/mean are
+           # the reward functions', left unmapped: KNOWN_UNMAPPED).
+           ("reward_mean", "reward", "critic/score/mean", "rollout/reward_mean", "rewards/mean")),
     Signal("reward/std", "grpo_reward_std", "Standard deviation of the step's rewards.", "reward",
            # TRL before 0.22 (Aug 2025) logged the mean within-group std as reward_std, since
            # then the batch std; the name cannot tell them apart.
-           ("reward_std", "rollout/reward_std", "critic/score/std")),
+           ("reward_std", "rollout/reward_std", "critic/score/std", "rewards/std")),
     Signal("reward/min", "grpo_reward_min", "Smallest reward of the step.", "reward",
-           ("reward_min", "critic/score/min")),
+           ("reward_min", "critic/score/min", "rewards/min")),
     Signal("reward/max", "grpo_reward_max", "Largest reward of the step.", "reward",
-           ("reward_max", "critic/score/max")),
+           ("reward_max", "critic/score/max", "rewards/max")),
     Signal("reward/p25", "grpo_reward_quantile", "Reward quantiles of the step.", "reward",
            ("reward_p25", "reward_quantiles/25"), (("quantile", "0.25"),)),
     Signal("reward/p50", "grpo_reward_quantile", "Reward quantiles of the step.", "reward",
@@ -75,7 +77,9 @@ SIGNALS: tuple[Signal, ...] = (
     # penalty ranks first: it appears only when that KL is computed, while recent verl logs
     # actor/kl_loss as 0.0 even when use_kl_loss is off.
     Signal("kl/mean", "grpo_kl_mean", "Mean KL divergence of the policy to the reference model.",
-           "nats", ("kl_mean", "kl", "actor/reward_kl_penalty", "critic/kl", "actor/kl_loss")),
+           # ref_kl, kl_ref: hand-written loops' names for the KL to the reference model.
+           "nats", ("kl_mean", "kl", "actor/reward_kl_penalty", "critic/kl", "actor/kl_loss", "ref_kl",
+                    "kl_ref")),
     Signal("kl/p50", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
            "nats", ("kl_p50",), (("quantile", "0.5"),)),
     Signal("kl/p95", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
@@ -90,7 +94,8 @@ SIGNALS: tuple[Signal, ...] = (
     # logs the same value under that name next to actor/entropy, which ranks first. A bare
     # ``entropy_loss`` is left unmapped: OpenRLHF's is +entropy, Stable-Baselines3's -entropy.
     Signal("entropy/mean", "grpo_entropy_mean", "Mean token entropy of the policy.", "nats",
-           ("entropy", "entropy_mean", "actor/entropy", "policy/entropy", "actor/entropy_loss")),
+           ("entropy", "entropy_mean", "actor/entropy", "policy/entropy", "actor/entropy_loss",
+            "token_entropy")),
     Signal("response/len_mean", "grpo_response_length_mean_tokens", "Mean response length.",
            # completion_length: TRL GRPO from Jan to Apr 2025 (and Unsloth notebooks of then).
            "tokens", ("response_len_mean", "completions/mean_length", "response_length/mean",
@@ -197,7 +202,8 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("loss", "grpo_loss", "Policy loss.", "loss",
            ("actor/pg_loss", "policy_loss", "Training Loss")),
     Signal("grad/norm", "grpo_grad_norm", "Gradient norm before clipping.", "norm",
-           ("grad_norm", "grad/grad_norm", "actor/grad_norm", "actor_grad_norm")),
+           # total_grad_norm: the global norm over all parameters, the one clipping reads.
+           ("grad_norm", "grad/grad_norm", "actor/grad_norm", "actor_grad_norm", "total_grad_norm")),
     Signal("train/lr", "grpo_learning_rate", "Learning rate.", "rate",
            ("lr", "learning_rate", "actor/lr", "actor_lr"), scaled=(("actor/lr(1e-4)", 1e-4),)),
     Signal("eval/sample_acc", "grpo_sample_accuracy_ratio",
