@@ -77,9 +77,7 @@ SIGNALS: tuple[Signal, ...] = (
     # penalty ranks first: it appears only when that KL is computed, while recent verl logs
     # actor/kl_loss as 0.0 even when use_kl_loss is off.
     Signal("kl/mean", "grpo_kl_mean", "Mean KL divergence of the policy to the reference model.",
-           # ref_kl, kl_ref: hand-written loops' names for the KL to the reference model.
-           "nats", ("kl_mean", "kl", "actor/reward_kl_penalty", "critic/kl", "actor/kl_loss", "ref_kl",
-                    "kl_ref")),
+           "nats", ("kl_mean", "kl", "actor/reward_kl_penalty", "critic/kl", "actor/kl_loss")),
     Signal("kl/p50", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
            "nats", ("kl_p50",), (("quantile", "0.5"),)),
     Signal("kl/p95", "grpo_kl_quantile", "Quantiles of the per-sequence KL to the reference.",
