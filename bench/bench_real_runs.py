@@ -141,8 +141,8 @@ LABELS: dict[str, Label] = {
         "diverged around step 48 and collapsed within ten steps, by its authors; the data first "
         "move at step 48 (grad norm above all earlier values)"),
     "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": Label(
-        # Only entropy and validation were committed: no yellow card reads them.
-        "sick", 678, NONE,
+        # Only entropy and validation were committed: the entropy's own yellow card counts.
+        "sick", 678, frozenset({"GRPOEntropyRebound"}),
         "filed by its authors under training instability; entropy leaves its band for good at "
         "step 678 and explodes from step 790"),
     "trl-dapo-qwen25vl-3b-aokvqa-collapse": Label(
@@ -258,6 +258,9 @@ TUNED_ON: dict[tuple[str, str], frozenset[str]] = {
     ("GRPOEntropyCollapse", "first_records"): frozenset({"JuncyLu/trl_DAPO"}),
     # The entropy rebound: the TreeRL run's explosion after a long settled phase.
     ("GRPOEntropyExplosion", "rebound"): frozenset({"befocuss/Deep-GRPO"}),
+    # The plateau left behind: its 1.75x set between the TreeRL plateau (1.6-1.9x its floor)
+    # and the healthy runs that settled (at most 1.5x, the rho sweep's healthy seed).
+    ("GRPOEntropyRebound", ""): frozenset({"befocuss/Deep-GRPO"}),
     # The dead learning signal from the first steps: the two zero-spread runs.
     ("GRPOAdvantageVanishing", "dead_groups"): frozenset({"aaravarora01/agent-memory-redteam",
                                                            "aryan-gupta7/round2_sclr"}),

@@ -40,11 +40,14 @@ SICK_ONSET = {
     "grpo-qwen3-1.7b-math-verl-klblowup": (63, {"GRPOTrainingBlowUp", "GRPOResponseLengthShift"}),
     # TRL: reward 0 and zero-spread groups from step 1.
     "recall-qwen25-7b-l3-zero-std-dead": (1, {"GRPOAdvantageVanishing"}),
-    # verl fork: entropy leaves its 0.15-0.25 band at step 678 for a 0.30-0.45 plateau and is
-    # above 0.35 for good from step 790, 1.0 at 850: the card is measured from 790, the start of
-    # the explosion (132 steps after the plateau begins; docs/benchmarks.md).
-    "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": (790, {"GRPOEntropyExplosion"}),
+    # verl fork: entropy leaves its 0.15-0.25 band at step 678 for a 0.30-0.45 plateau (1.6-1.9x
+    # its floor, the yellow card) and is above 0.35 for good from step 790, 1.0 at 850 (the red
+    # card, measured from the start of the explosion).
+    "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": (678, {"GRPOEntropyRebound"}),
 }
+# A sickness that worsens: the red card that follows, within 50 steps of its own onset.
+WORSENS = {"treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion": (790, {"GRPOEntropyRebound",
+                                                                    "GRPOEntropyExplosion"})}
 # Dead learning signal from the first step: reward 0 at 84 of 100 steps, 96% of the groups
 # with identical rewards.
 DEAD = "memredteam-qwen25-3b-grpo-sparse-reward"
@@ -109,6 +112,7 @@ def test_early_collapse_is_caught_and_the_red_card_holds(tmp_path: Path) -> None
 def test_sick_real_run_is_caught_within_50_steps_of_its_onset(name: str, tmp_path: Path) -> None:
     onset, cards = SICK_ONSET[name]
     played = play_real(name)
-    at = min(scrape_index_at(played, onset + CAUGHT_WITHIN), last(played))
-    check_cards(played, [Check(at, cards, only="".join(
-        f',alertname!="{a}"' for a in ("GRPOSignalMissing",)))], tmp_path)
+    checks = [(onset, cards), *([WORSENS[name]] if name in WORSENS else [])]
+    check_cards(played, [Check(min(scrape_index_at(played, step + CAUGHT_WITHIN), last(played)),
+                               expected, only=',alertname!="GRPOSignalMissing"')
+                         for step, expected in checks], tmp_path)

@@ -31,14 +31,8 @@ from real_runs import load, run_names, split_runs, write_snapshots
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_real_runs as bench  # noqa: E402
 
-# Sick runs the cards do not catch within 50 steps of their onset, and why.
-KNOWN_MISSES = {
-    # Entropy leaves its 0.15-0.25 band at step 678 for a 0.30-0.45 plateau, 1.6-1.9x its
-    # lowest 20-step mean yet still below the 0.32 it started at: no card calls a climb back
-    # toward the start a sickness (healthy runs spend 30-60% of their entropy and may recover
-    # some); the explosion from step 790, above the start, is red at step 810.
-    "treerl-qwen25-0.5b-gsm8k-verl-entropy-explosion",
-}
+# Sick runs the cards do not catch within 50 steps of their onset, and why (none today).
+KNOWN_MISSES: set[str] = set()
 
 
 # Rule branches (alert, `reason` label) the report does not judge yet: on these runs the live

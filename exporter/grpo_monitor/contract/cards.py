@@ -168,6 +168,8 @@ CARDS: tuple[Card, ...] = (
     Card("GRPOShortcutLearning", "warning", ALERTS, (
         _B(("reward/mean",), prompt_types=2, reason="against_initial"),
         _B(("reward/mean",), prompt_types=2, reason="within_200_steps"))),
+    # Entropy climbing off the floor it settled at: the explosion's early sign, no baseline.
+    Card("GRPOEntropyRebound", "warning", ALERTS, (_B(("entropy/mean",)),)),
     Card("GRPOEntropyCovarianceSurge", "warning", ALERTS, (
         _B(("entropy/logp_adv_cov", "entropy/mean")),)),
     # The entropy-reward law is fitted on the entropy's and the reward's block means.

@@ -190,6 +190,14 @@ TABLE: tuple[Threshold, ...] = (
         accuracy behind it is paying for a proxy (compiling, a format, a length). Healthy runs
         whose reward climbs that fast climb in accuracy with it (their accuracy's Z is 2.6 or
         more where the reward's line rises 2-3x)."""),
+    Threshold("entropy_rebound_warn_ratio", 1.75, "yellow", """
+        Entropy leaving the floor it settled at: after a decline to entropy_rebound_floor_ratio
+        of its start or less, above this multiple of its floor in 90% of the last 20 steps, still
+        short of the red rebound (back above the start and 2.5x the floor). Healthy runs spend
+        30-60% of their entropy and settle; a settled policy whose entropy climbs three quarters
+        back above its floor is leaving its plateau, the way an explosion after a long decline
+        starts. A floor under entropy_collapse_ratio of the start is a collapse, whose red card
+        judges it: its tiny floor jitters by multiples."""),
     Threshold("length_shift_ratio", 0.5, "yellow", """
         Response length mean moving by more than this fraction within 200 steps, up or down; early
         in a run, before a 200-step comparison exists, against its initial value in 90% of the

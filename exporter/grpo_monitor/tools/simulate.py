@@ -538,8 +538,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              caught_within=8),
     # Judged against its start, entropy that fell and came back up never looks like an explosion.
     Scenario("entropy_rebound", "Entropy 0.4 -> 0.2 for 750 steps, then back up to 1.0 within 50 "
-             "steps of step 800.", "background.md#entropy-explosion", ("GRPOEntropyExplosion",),
-             verdicts=("entropy_explosion",), steps=900, onset=800, shape=_entropy_rebound,
+             "steps of step 800.", "background.md#entropy-explosion",
+             ("GRPOEntropyRebound", "GRPOEntropyExplosion"),
+             verdicts=("entropy_explosion", "entropy_rebound"), steps=900, onset=800,
+             shape=_entropy_rebound,
              sicken=_blow_up({"entropy/mean": 1.0}, 50)),
     Scenario("reward_collapse", "Reward falls back to 0 within 5 steps at step 160.", "background.md#the-three-curves",
              ("GRPORewardCollapse",),

@@ -642,6 +642,28 @@ def entropy_explosion(view: RunView) -> Finding | None:
     return _entropy_beyond_initial(view, collapse=False)
 
 
+@verdict("entropy_rebound", "warning",
+         f"entropy stayed above {th.value('entropy_rebound_warn_ratio'):g}x the floor it had "
+         f"settled at in 90% of {th.count('early_window_steps')} steps: the policy is leaving "
+         "its plateau",
+         card="GRPOEntropyRebound")
+def entropy_rebound(view: RunView) -> Finding | None:
+    """GRPOEntropyRebound: entropy's p10 over the short window above 1.75x its floor, a floor
+    between 0.1x and 0.6x its initial value."""
+    tr = view.track("entropy/mean")
+    if tr is None or not tr.initial() > 0:
+        return None
+    floor, initial = tr.floor(), tr.initial()
+    window = tr.rolling(_short_window(), "p10")
+    with np.errstate(invalid="ignore"):
+        rising = ((window > th.value("entropy_rebound_warn_ratio") * floor)
+                  & (floor < th.value("entropy_rebound_floor_ratio") * initial)
+                  & (floor > th.value("entropy_collapse_ratio") * initial))
+    return _found(_flagged(tr, rising, entropy_window_p10=window, entropy_floor=floor),
+                  {"entropy_initial": initial, "window_steps": _short_window()},
+                  entropy_last=float(tr.values[-1]))
+
+
 # The blow-up card's signals: (key, the threshold its rise is judged by); None for the reward,
 # which falls below all of its earlier records.
 BLOWUP_SIGNALS: tuple[tuple[str, str | None], ...] = (
