@@ -10,9 +10,9 @@ regression. The bench prints the same verdicts, and the leave-one-repository-out
 them, as the table of docs/benchmarks.md.
 
 The same run read by `grpo-monitor report` must name the cards the rules raised, each from about
-the step they first fired: one diagnosis, not two. The rule branches the report does not judge
-yet are listed by run (REPORT_LACKS), and the test fails when the report catches up with one
-of them, as with the misses.
+the step they first fired: one diagnosis, not two. A rule branch the report did not judge would
+be listed by run (REPORT_LACKS, empty today), and the test fails when the report catches up with
+one of them, as with the misses.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor import cli
-from real_runs import load, run_names, split_runs, write_snapshots
+from real_runs import load, run_label, run_names, split_runs, write_snapshots
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_real_runs as bench  # noqa: E402
@@ -35,24 +35,10 @@ import bench_real_runs as bench  # noqa: E402
 KNOWN_MISSES: set[str] = set()
 
 
-# Rule branches (alert, `reason` label) the report does not judge yet: on these runs the live
-# rules raise the card from that branch, and the report names it later (from a branch it does
-# judge) or not at all.
-REPORT_LACKS: dict[str, dict[str, str]] = {
-    "grpo-qwen3-1.7b-math-verl-klblowup": {"GRPOResponseLengthShift": "trend"},
-    "mixedcuts-qwen3-1.7b-math-verl-collapse": {"GRPOResponseLengthShift": "trend"},
-    "nipsgrpo-qwen25-7b-rho3-seed42-healthy": {"GRPOResponseLengthShift": "trend"},
-    "nipsgrpo-qwen35-9b-rho07-seed44-collapse": {"GRPOTrainingBlowUp": "trend"},
-    "openrlhf-gptoss120b-aime-grpo-a24-truncation-collapse": {"GRPOTrainingBlowUp": "truncation_crash"},
-    "rhdemo-qwen25-05b-imdb-sentiment-cap09-healthy": {"GRPOAdvantageVanishing": "saturated"},
-    "rhdemo-qwen25-05b-imdb-sentiment-kl01-healthy": {"GRPOAdvantageVanishing": "saturated"},
-    "rhdemo-qwen25-05b-imdb-sentiment-nokl-rewardhack": {"GRPOAdvantageVanishing": "saturated"},
-    "rlvr-experiments-qwen3-1.7b-gsm8k-sweep": {"GRPOResponseLengthShift": "trend"},
-    "rmoveropt-qwen25-05b-gsm8k-proxyrm-goodhart": {"GRPORewardOverOptimization": "smoothed"},
-    "scratchgrpo-qwen25math-15b-lr1e-4-entropy-collapse": {"GRPOEntropyCollapse": "first_records"},
-    "scratchgrpo-qwen25math-15b-lr3e-5-healthy": {"GRPOResponseLengthShift": "trend"},
-    "scratchgrpo-qwen25math-15b-nobaseline-length-collapse": {"GRPOResponseLengthShift": "trend"},
-}
+# Rule branches (alert, `reason` label) the report does not judge yet, by run: on these runs the
+# live rules would raise the card from that branch and the report name it later or not at all.
+# None today: every branch the rules have, the report judges.
+REPORT_LACKS: dict[str, dict[str, str]] = {}
 # How far the report's first step of a card may lie from the rules' first firing step: two
 # records of a run logged every 5 steps (the report dates a sickness from its window's first
 # sick step, the rules from the scrape that saw the window full).
@@ -61,9 +47,10 @@ PARITY_STEPS = 10
 
 def report_cards(name: str, tmp: Path) -> dict[str, int]:
     """card -> the first step `grpo-monitor report` names it from, over the run's folders (a
-    sweep logged to one file is one folder a run, as the bench plays it)."""
+    sweep logged to one file is one folder a run, as the bench plays it). ``name``: a shared
+    run's name, or the path of a steps file (tests/real_runs.py)."""
     cards: dict[str, int] = {}
-    for run, records in split_runs(load(name), name).items():
+    for run, records in split_runs(load(name), run_label(name)).items():
         write_snapshots(records, tmp / "snapshots", run)
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):

@@ -237,7 +237,9 @@ REPORT_READS = [
     ("early_kl_explosion", "kl_early_level", 1e6, "kl_explosion"),
     ("entropy_rebound", "entropy_rebound_ratio", 1e6, "entropy_explosion"),
     ("entropy_rebound", "entropy_rebound_floor_ratio", 0.0, "entropy_explosion"),
-    ("blow_up", "blowup_min_signals", 6, "training_blow_up"),
+    ("entropy_rebound", "entropy_rebound_warn_ratio", 1e6, "entropy_rebound"),
+    # The late blow-up's reward holds (no trend path): its signals alone judge it.
+    ("blow_up_late", "blowup_min_signals", 6, "training_blow_up"),
     ("blow_up_late", "blowup_length_ratio", 10, "training_blow_up"),
 ]
 

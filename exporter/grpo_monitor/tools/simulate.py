@@ -518,9 +518,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # 1.7B model on math did (steps 48-58 of 61): no baseline, no 20-step window fills in time.
     Scenario("blow_up", "Entropy 0.03 -> 6.8, KL 0.15 -> 5.2, grad norm 0.25 -> 2.4, length 900 -> "
              "4800, reward 0.72 -> 0, all within 10 steps at step 48 of a 61-step run.",
-             "background.md#blow-ups", ("GRPOTrainingBlowUp",),
+             "background.md#blow-ups", ("GRPOTrainingBlowUp", "GRPOResponseLengthShift"),
              # The report also reads the three curves: reward down from its best while KL blew up.
-             verdicts=("training_blow_up", "reward_collapse_kl_blowup"), steps=61, onset=48,
+             verdicts=("training_blow_up", "reward_collapse_kl_blowup", "length_shift"), steps=61,
+             onset=48,
              shape=_levels({"entropy/mean": 0.03, "kl/mean": 0.15, "grad/norm": 0.25,
                             "response/len_mean": 900.0, "reward/mean": 0.72}),
              sicken=_blow_up({"entropy/mean": 6.8, "kl/mean": 5.2, "grad/norm": 2.4,
@@ -530,8 +531,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # Its sister run, milder and at the very end (steps 62-72 of 72): three signals, none by an
     # order of magnitude but KL and grad norm.
     Scenario("blow_up_late", "KL 0.12 -> 1.05, length 1400 -> 2600, grad norm 0.1 -> 1.0 in the "
-             "last 10 steps of a 72-step run.", "background.md#blow-ups", ("GRPOTrainingBlowUp",),
-             verdicts=("training_blow_up",), steps=72, onset=62,
+             "last 10 steps of a 72-step run.", "background.md#blow-ups",
+             ("GRPOTrainingBlowUp", "GRPOResponseLengthShift"),
+             verdicts=("training_blow_up", "length_shift"), steps=72, onset=62,
              shape=_levels({"kl/mean": 0.12, "grad/norm": 0.1, "response/len_mean": 1400.0}),
              sicken=_blow_up({"kl/mean": 1.05, "grad/norm": 1.0, "response/len_mean": 2600.0}, 10),
              # the length, the slowest of the three, passes 1.5x its level in its 6th record

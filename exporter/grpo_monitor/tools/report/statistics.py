@@ -193,6 +193,12 @@ class Track:
         with np.errstate(invalid="ignore"):
             return np.fmin.accumulate(self.rolling(RANGE_WINDOW, "mean"))
 
+    def level(self) -> np.ndarray:
+        """grpo_run_window_mean_max at each step: the highest RANGE_WINDOW-step mean so far (the
+        working level)."""
+        with np.errstate(invalid="ignore"):
+            return np.fmax.accumulate(self.rolling(RANGE_WINDOW, "mean"))
+
     def slope(self, window: int) -> np.ndarray:
         """grpo_window_slope: the least-squares slope per step of the values of steps
         (t - window, t] at each step t, by the exporter's own function; NaN while the history

@@ -33,6 +33,7 @@ import numpy as np
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.cards import CARDS_BY_NAME, arm
 from grpo_monitor.runtime.signals import (
+    FIRST_RECORDS,
     GROWTH_OFFSETS,
     GROWTH_WINDOW,
     HELDOUT_KEY,
@@ -179,6 +180,18 @@ def _branches(**found: dict[str, Any] | None) -> Finding | None:
         return None
     span = [min(v["steps"][0] for v in hits.values()), max(v["steps"][1] for v in hits.values())]
     return Finding(span, hits)
+
+
+def _with_branches(main: Finding | None, **others: Finding | None) -> Finding | None:
+    """A card's main finding with its other branches' (their `reason`s) beside it: its span
+    covers every branch that fired, and each other branch keeps its evidence under its name."""
+    found = {k: f for k, f in others.items() if f is not None}
+    if not found:
+        return main
+    every = [*([main] if main is not None else []), *found.values()]
+    return Finding([min(f.steps[0] for f in every), max(f.steps[1] for f in every)],
+                   {**(main.evidence if main is not None else {}),
+                    **{k: f.evidence for k, f in found.items()}})
 
 
 def _beyond(tr: Track, window: np.ndarray, mask: np.ndarray, name: str,
@@ -629,8 +642,32 @@ def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
          f"of {th.count('early_window_steps')} steps: the policy stopped exploring",
          card="GRPOEntropyCollapse")
 def entropy_collapse(view: RunView) -> Finding | None:
-    """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value."""
-    return _entropy_beyond_initial(view, collapse=True)
+    """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value;
+    or (reason first_records) a cliff in the run's first records."""
+    return _with_branches(_entropy_beyond_initial(view, collapse=True),
+                          first_records=_entropy_cliff(view))
+
+
+def _entropy_cliff(view: RunView) -> Finding | None:
+    """GRPOEntropyCollapse's first-records branch: entropy in each of its last FIRST_RECORDS
+    records below entropy_collapse_ratio x the median of its first FIRST_RECORDS (exact zeros
+    left out), raised while the run has logged at most first_records_judged steps, held while
+    the last records stay under that line."""
+    tr = view.track("entropy/mean")
+    if tr is None:
+        return None
+    first = tr.values[tr.values != 0][:FIRST_RECORDS]
+    if first.size < FIRST_RECORDS:
+        return None
+    line = th.value("entropy_collapse_ratio") * float(np.median(first))
+    last_max = tr.records(FIRST_RECORDS, 0, FIRST_RECORDS, "max")
+    logged = np.searchsorted(np.asarray(view.steps), tr.steps, side="right")
+    with np.errstate(invalid="ignore"):
+        under = last_max < line
+    raised = under & (logged <= th.count("first_records_judged"))
+    return _found(_flagged(tr, _held(raised, under), entropy_last_records_max=last_max),
+                  {"entropy_first_records_median": float(np.median(first)), "limit": line},
+                  entropy_min=float(tr.values.min()), entropy_last=float(tr.values[-1]))
 
 
 @verdict("entropy_explosion", "critical",
@@ -681,7 +718,94 @@ BLOWUP_LEVELS: dict[str, str] = {"response/clip_ratio": "blowup_truncated_ratio"
 def training_blow_up(view: RunView) -> Finding | None:
     """GRPOTrainingBlowUp: at a step, at least blowup_min_signals of BLOWUP_SIGNALS beyond their
     earlier records (the last RECORD_WINDOWS window against the one before); once raised, held
-    while one signal fewer of the rising ones stays above its multiple of its floor."""
+    while one signal fewer of the rising ones stays above its multiple of its floor. Or its
+    two-signal branches: the crash into the length limit (reason truncation_crash) and the slow
+    blow-up on trends (reason trend)."""
+    return _with_branches(_blow_up_together(view), truncation_crash=_truncation_crash(view),
+                          trend=_blow_up_trend(view))
+
+
+def _truncation_crash(view: RunView) -> Finding | None:
+    """The crash into the length limit: the truncated share's last records above all of its
+    earlier ones and above blowup_truncated_ratio while the reward's last records are below all
+    of its earlier ones; held while the truncated share stays above that ratio."""
+    clip, reward = view.track("response/clip_ratio"), view.track("reward/mean")
+    if clip is None or reward is None:
+        return None
+    (recent, recent_off, recent_min), (ref, ref_off, ref_min) = RECORD_WINDOWS
+    steps = np.asarray(view.steps)
+    cut = clip.records(recent, recent_off, recent_min, "min")
+    level = th.value("blowup_truncated_ratio")
+    low = reward.records(recent, recent_off, recent_min, "max")
+    with np.errstate(invalid="ignore"):
+        high = clip.asof(steps, ((cut > clip.records(ref, ref_off, ref_min, "max")) & (cut > level))
+                         .astype(float)) == 1
+        new_low = reward.asof(steps, (low < reward.records(ref, ref_off, ref_min, "min"))
+                              .astype(float)) == 1
+        stays = clip.asof(steps, (cut > level).astype(float)) == 1
+    return _fired(steps, _held(high & new_low, stays), limit=level,
+                  truncated_last_records_min=clip.asof(steps, cut),
+                  reward_last_records_max=reward.asof(steps, low))
+
+
+def _fired(steps: np.ndarray, firing: np.ndarray, **at_first: np.ndarray | float) -> Finding | None:
+    """Where a branch judged on the run's steps fired: its first and last step, how many steps,
+    and each of ``at_first`` (a series: its value at the first step, where finite)."""
+    idx = np.flatnonzero(firing)
+    if not idx.size:
+        return None
+    first = int(idx[0])
+    values = {k: v[first] if isinstance(v, np.ndarray) else v for k, v in at_first.items()}
+    return Finding([int(steps[first]), int(steps[idx[-1]])],
+                   {"steps_flagged": int(idx.size),
+                    **{k: rounded(float(v)) for k, v in values.items() if math.isfinite(v)}})
+
+
+# The slow blow-up's rising signals: (key, the threshold its trend's factor is judged by); the
+# truncated share is judged by its short-window level instead (truncated_ratio).
+BLOWUP_TREND_SIGNALS: tuple[tuple[str, str], ...] = (
+    ("entropy/mean", "blowup_ratio"), ("kl/mean", "blowup_ratio"), ("grad/norm", "blowup_ratio"),
+    ("response/len_mean", "blowup_length_ratio"))
+
+
+def _blow_up_trend(view: RunView) -> Finding | None:
+    """The slow blow-up: the reward's trend falling steadily to blowup_trend_reward_factor of its
+    line's start while another signal climbs steadily by its blow-up factor (or the truncated
+    share sits at truncated_ratio in 90% of the short window); held while the reward's
+    short-window mean stays at or below that factor of its working level."""
+    reward = view.track("reward/mean")
+    if reward is None:
+        return None
+    steps = np.asarray(view.steps)
+    steady, factor = th.value("trend_z"), th.value("blowup_trend_reward_factor")
+    z, moved = reward.trends()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        falling = reward.asof(steps, ((moved <= factor) & (z <= -steady)).astype(float)) == 1
+        stays = reward.asof(steps, (reward.rolling(_short_window(), "mean")
+                                    / np.where(reward.level() > 0, reward.level(), np.nan)
+                                    <= factor).astype(float)) == 1
+    climbing = np.zeros(steps.size, dtype=bool)
+    risen: dict[str, np.ndarray] = {}
+    for key, name in BLOWUP_TREND_SIGNALS:
+        tr = view.track(key)
+        if tr is None:
+            continue
+        kz, kf = tr.trends()
+        with np.errstate(invalid="ignore"):
+            up = tr.asof(steps, ((kf >= th.value(name)) & (kz >= steady)).astype(float)) == 1
+        climbing |= up
+        risen[f"{key}_trend_factor"] = tr.asof(steps, kf)
+    clip = view.track("response/clip_ratio")
+    if clip is not None:
+        with np.errstate(invalid="ignore"):
+            climbing |= clip.asof(steps, (clip.rolling(_short_window(), "p10")
+                                          >= th.value("truncated_ratio")).astype(float)) == 1
+    return _fired(steps, _held(falling & climbing, stays), reward_trend_factor=reward.asof(steps, moved),
+                  reward_trend_z=reward.asof(steps, z), **risen)
+
+
+def _blow_up_together(view: RunView) -> Finding | None:
+    """Several signals out of the range of their earlier records within two records."""
     (recent, recent_off, recent_min), (ref, ref_off, ref_min) = RECORD_WINDOWS
     steps = np.asarray(view.steps)
     moved = np.zeros(steps.size, dtype=int)
@@ -731,6 +855,8 @@ def reward_collapse(view: RunView) -> Finding | None:
     between the highest short-window mean of the reward's max and the lowest of its min."""
     tr, std = view.track("reward/mean"), view.track("reward/std")
     hi, lo = view.track("reward/max"), view.track("reward/min")
+    if tr is not None and std is None and hi is None and lo is None:
+        return _reward_mean_only_collapse(tr)
     if tr is None or (std is None and (hi is None or lo is None)):
         return None
     means = tr.rolling(_short_window(), "mean")
@@ -752,6 +878,20 @@ def reward_collapse(view: RunView) -> Finding | None:
     return _found(_flagged(tr, mask, reward_window_p90=p90, working_level=top, floor=floor,
                            limit=line, range_needed=needed),
                   {"window_steps": window}, reward_last=float(tr.values[-1]))
+
+
+def _reward_mean_only_collapse(tr: Track) -> Finding | None:
+    """GRPORewardCollapse for a run that logs its mean reward and nothing beside it (reason
+    mean_only): its p90 over the sustain window at or below reward_mean_collapse_ratio of its
+    working level, a reward whose lowest short-window mean was never negative."""
+    top, floor = tr.level(), tr.floor()
+    window = th.count("sustain_steps")
+    p90 = tr.rolling(window, "p90")
+    line = th.value("reward_mean_collapse_ratio") * top
+    with np.errstate(invalid="ignore"):
+        mask = (p90 <= line) & (top > 0) & (floor >= 0)
+    return _found(_flagged(tr, mask, reward_window_p90=p90, working_level=top, limit=line),
+                  {"window_steps": window, "mean_only": True}, reward_last=float(tr.values[-1]))
 
 
 def _heldout_points(view: RunView) -> dict[str, np.ndarray] | None:
@@ -779,8 +919,8 @@ def _heldout_points(view: RunView) -> dict[str, np.ndarray] | None:
         best_at = np.array([int(np.flatnonzero(values[:i + 1] == best[i])[0]) for i in range(values.size)])
         at_best = level[best_at]
     points = np.arange(1, values.size + 1)
-    return {"steps": tr.steps, "best": best, "recent": recent, "noise": noise, "points": points,
-            "level": level, "level_at_best": at_best}
+    return {"steps": tr.steps, "values": values, "best": best, "recent": recent, "noise": noise,
+            "points": points, "level": level, "level_at_best": at_best}
 
 
 @verdict("heldout_collapse", "critical",
@@ -815,7 +955,42 @@ def reward_over_optimization(view: RunView) -> Finding | None:
                 & (fall > th.value("heldout_noise_factor") * p["noise"])
                 & (p["points"] >= th.count("heldout_min_points"))
                 & (p["level"] >= p["level_at_best"]))
-    return _points_found(p, mask)
+    return _with_branches(_points_found(p, mask), smoothed=_smoothed_turn(p))
+
+
+def _smoothed_turn(p: dict[str, np.ndarray]) -> Finding | None:
+    """The same on the held-out points' heldout_smooth_points-point means (reason smoothed), as
+    the exporter's HeldOutTracker: the latest mean more than heldout_drop_ratio of the best mean
+    so far and heldout_noise_factor times the noise of such a mean below it, while the reward's
+    level holds within heldout_reward_hold_ratio of its level where that best mean ended."""
+    k = th.count("heldout_smooth_points")
+    values = p["values"]
+    if values.size < k:
+        return None
+    means = np.convolve(values, np.ones(k) / k, mode="valid")  # means[j]: points j .. j+k-1
+    n = values.size
+    best, recent, at_best = (np.full(n, math.nan) for _ in range(3))
+    top = -math.inf
+    for j, m in enumerate(means):
+        i = j + k - 1
+        if m > top:  # the earliest of equal means stays the best, as the exporter's
+            top, top_level = float(m), p["level"][i]
+        best[i], recent[i], at_best[i] = top, m, top_level
+    fall = best - recent
+    hold = th.value("heldout_reward_hold_ratio")
+    with np.errstate(invalid="ignore"):
+        mask = ((fall > th.value("heldout_drop_ratio") * np.abs(best))
+                & (fall > th.value("heldout_noise_factor") * p["noise"] / math.sqrt(k))
+                & (p["points"] >= th.count("heldout_min_points"))
+                & (p["level"] >= at_best - np.abs(at_best) * hold))
+    idx = np.flatnonzero(mask)
+    if not idx.size:
+        return None
+    i = int(idx[0])
+    return Finding([int(p["steps"][i]), int(p["steps"][idx[-1]])], {
+        "heldout_smoothed_best": float(best[i]), "heldout_smoothed_recent": float(recent[i]),
+        "heldout_noise": float(p["noise"][i]), "points_flagged": int(idx.size),
+        "smooth_points": k})
 
 
 def _points_found(p: dict[str, np.ndarray], mask: np.ndarray) -> Finding | None:
@@ -859,7 +1034,8 @@ def kl_growth_accelerating(view: RunView) -> Finding | None:
 def length_shift(view: RunView) -> Finding | None:
     """GRPOResponseLengthShift: the 50-step mean over the one 200 steps before off 1 by more than
     0.5; before that comparison exists, the short window off the initial length by as much in
-    90% of its steps (its p90 below, or its p10 above)."""
+    90% of its steps (its p90 below, or its p10 above); or the trend of its last records moved
+    by as much, steadily (Mann-Kendall Z beyond trend_z)."""
     tr = view.track("response/len_mean")
     if tr is None:
         return None
@@ -878,7 +1054,13 @@ def length_shift(view: RunView) -> Finding | None:
         late.update(window_steps=sus, lookback_steps=back)
     if early is not None:
         early.update(length_initial=rounded(tr.initial()), window_steps=_short_window())
-    return _branches(within_200_steps=late, against_initial=early)
+    # reason trend: the exporter's trend of the last records, moved steadily by as much.
+    z, factor = tr.trends()
+    steady = th.value("trend_z")
+    with np.errstate(invalid="ignore"):
+        moved = (((factor >= 1 + shift) & (z >= steady)) | ((factor <= 1 - shift) & (z <= -steady)))
+    trend = _flagged(tr, moved, trend_factor=factor, trend_z=z)
+    return _branches(within_200_steps=late, against_initial=early, trend=trend)
 
 
 @verdict("completions_truncated", "warning",
@@ -923,9 +1105,12 @@ def reward_quantile_extreme(view: RunView) -> Finding | None:
          "from the first steps, nearly every prompt group had equal rewards (or the whole batch "
          "did): nothing to learn from", card="GRPOAdvantageVanishing")
 def dead_learning_signal(view: RunView) -> Finding | None:
-    """GRPOAdvantageVanishing from the first steps (reasons dead_groups, reward_constant): the
-    short-window mean of the zero-std group share over 0.9, or reward/std 0 in 90% of it."""
-    dead = reward_constant = None
+    """GRPOAdvantageVanishing from the first steps (reasons dead_groups, reward_constant,
+    saturated, mean_constant): the short-window mean of the zero-std group share over 0.9;
+    reward/std 0 in 90% of the short window; the reward pinned at its working level with almost
+    no spread; or, where no spread is logged, the mean reward the same value in 90% of the
+    sustain window."""
+    dead = reward_constant = saturated = mean_constant = None
     zero = view.track("group/zero_std_frac")
     if zero is not None:
         mean = zero.rolling(_short_window(), "mean")
@@ -942,7 +1127,26 @@ def dead_learning_signal(view: RunView) -> Finding | None:
             reward_constant.update(window_steps=_short_window(),
                                    steps_with_reward_std_0=int((std.values <= 0).sum()),
                                    steps_logged=int(std.values.size))
-    return _branches(dead_groups=dead, reward_constant=reward_constant)
+    reward = view.track("reward/mean")
+    if reward is not None and std is not None:
+        level = reward.rolling(_short_window(), "mean")
+        spread = std.at(reward.steps, std.rolling(_short_window(), "mean"))
+        working = reward.level()
+        with np.errstate(invalid="ignore"):
+            pinned = ((level > 0) & (spread < th.value("reward_saturation_std_ratio") * level)
+                      & (reward.rolling(_short_window(), "p10")
+                         >= th.value("reward_saturation_level_ratio") * working))
+        saturated = _flagged(reward, pinned, reward_std_window_mean=spread, reward_working_level=working)
+        if saturated is not None:
+            saturated.update(window_steps=_short_window())
+    elif reward is not None:
+        sus = th.count("sustain_steps")
+        p10, p90 = reward.rolling(sus, "p10"), reward.rolling(sus, "p90")
+        mean_constant = _flagged(reward, p90 == p10, reward_window_p10=p10)
+        if mean_constant is not None:
+            mean_constant.update(window_steps=sus)
+    return _branches(dead_groups=dead, reward_constant=reward_constant, saturated=saturated,
+                     mean_constant=mean_constant)
 
 
 @verdict("advantage_vanishing", "warning",
