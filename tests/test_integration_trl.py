@@ -219,7 +219,8 @@ def test_two_processes_stop_at_one_step_when_one_folder_holds_the_card(tmp_path:
          "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
          str(Path(__file__).with_name("trl_ranks.py")), str(tmp_path)],
         env=clean_env(), capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # A hung rank's threads, dumped by trl_ranks.py before it exits, are in its stderr.
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     for rank in (0, 1):
         assert json.loads((tmp_path / f"result-{rank}.json").read_text())["global_step"] == 3
         recs = _read(tmp_path / f"node-{rank}" / "trl-ranks" / f"rank-{rank}.jsonl")

@@ -7,6 +7,7 @@ record lands in the folder of process 1 only, while it generates step 3.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -23,7 +24,13 @@ from grpo_monitor.integrations.trl import GRPOMonitorCallback
 RUN = "trl-ranks"
 
 
+# Well under the test's 300 s: a rank that hangs (a collective its peer never joins) prints where
+# every thread of it waits and exits, and the test shows that instead of a bare timeout.
+HANG_DUMP_S = 240
+
+
 def main() -> None:
+    faulthandler.dump_traceback_later(HANG_DUMP_S, exit=True)
     work = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     snapshot_dir = work / f"node-{rank}"
