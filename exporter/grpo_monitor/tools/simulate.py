@@ -541,7 +541,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # Judged against its start, entropy that fell and came back up never looks like an explosion.
     Scenario("entropy_rebound", "Entropy 0.4 -> 0.2 for 750 steps, then back up to 1.0 within 50 "
              "steps of step 800.", "background.md#entropy-explosion",
-             ("GRPOEntropyRebound", "GRPOEntropyExplosion"),
+             # the red card first: it must come within 50 steps; the yellow one comes before it
+             ("GRPOEntropyExplosion", "GRPOEntropyRebound"),
              verdicts=("entropy_explosion", "entropy_rebound"), steps=900, onset=800,
              shape=_entropy_rebound,
              sicken=_blow_up({"entropy/mean": 1.0}, 50)),
