@@ -127,11 +127,12 @@ class Track:
         """grpo_baseline_ready at each step: the cards that need the baseline wait for it."""
         return self.steps >= self.run_first + th.count("baseline_steps")
 
+    @cached_property
     def trends(self) -> tuple[np.ndarray, np.ndarray]:
         """grpo_trend_z and grpo_trend_factor at each step: the exporter's own trend
         (runtime/trend.py) of the signal's last TREND_RECORDS records up to that step; NaN where
         it publishes none (too few records; no factor where the line's start or end is not
-        positive)."""
+        positive). Computed once a track: several cards' branches read the same trend."""
         z = np.full(self.steps.size, np.nan)
         factor = np.full(self.steps.size, np.nan)
         steps, values = self.steps.tolist(), self.values.tolist()
@@ -143,12 +144,6 @@ class Track:
                 if t.factor is not None:
                     factor[i] = t.factor
         return z, factor
-
-    def at(self, steps: np.ndarray, series: np.ndarray) -> np.ndarray:
-        """``series`` (one value a step of this track) as it stood at each of ``steps``: its
-        value at the newest of its steps at or before each (NaN before its first)."""
-        idx = np.searchsorted(self.steps, steps, side="right") - 1
-        return np.where(idx >= 0, series[np.clip(idx, 0, None)], np.nan)
 
     def rolling(self, window: int, stat: str, offset: int = 0) -> np.ndarray:
         """``stat`` ("mean", "p10", "p90") of the values of steps (t - offset - window, t - offset]

@@ -335,8 +335,8 @@ def _accuracy_trend(view: RunView) -> Finding | None:
     reward, acc = view.track("reward/mean"), view.track("eval/sample_acc")
     if reward is None or acc is None:
         return None
-    z, factor = reward.trends()
-    acc_z = acc.at(reward.steps, acc.trends()[0])
+    z, factor = reward.trends
+    acc_z = acc.asof(reward.steps, acc.trends[0])
     with np.errstate(invalid="ignore"):
         mask = ((factor >= th.value("hacking_trend_reward_factor")) & (z >= th.value("trend_z"))
                 & (acc_z < th.value("hacking_trend_accuracy_z")))
@@ -778,7 +778,7 @@ def _blow_up_trend(view: RunView) -> Finding | None:
         return None
     steps = np.asarray(view.steps)
     steady, factor = th.value("trend_z"), th.value("blowup_trend_reward_factor")
-    z, moved = reward.trends()
+    z, moved = reward.trends
     with np.errstate(invalid="ignore", divide="ignore"):
         falling = reward.asof(steps, ((moved <= factor) & (z <= -steady)).astype(float)) == 1
         stays = reward.asof(steps, (reward.rolling(_short_window(), "mean")
@@ -790,7 +790,7 @@ def _blow_up_trend(view: RunView) -> Finding | None:
         tr = view.track(key)
         if tr is None:
             continue
-        kz, kf = tr.trends()
+        kz, kf = tr.trends
         with np.errstate(invalid="ignore"):
             up = tr.asof(steps, ((kf >= th.value(name)) & (kz >= steady)).astype(float)) == 1
         climbing |= up
@@ -1055,7 +1055,7 @@ def length_shift(view: RunView) -> Finding | None:
     if early is not None:
         early.update(length_initial=rounded(tr.initial()), window_steps=_short_window())
     # reason trend: the exporter's trend of the last records, moved steadily by as much.
-    z, factor = tr.trends()
+    z, factor = tr.trends
     steady = th.value("trend_z")
     with np.errstate(invalid="ignore"):
         moved = (((factor >= 1 + shift) & (z >= steady)) | ((factor <= 1 - shift) & (z <= -steady)))
@@ -1130,7 +1130,7 @@ def dead_learning_signal(view: RunView) -> Finding | None:
     reward = view.track("reward/mean")
     if reward is not None and std is not None:
         level = reward.rolling(_short_window(), "mean")
-        spread = std.at(reward.steps, std.rolling(_short_window(), "mean"))
+        spread = std.asof(reward.steps, std.rolling(_short_window(), "mean"))
         working = reward.level()
         with np.errstate(invalid="ignore"):
             pinned = ((level > 0) & (spread < th.value("reward_saturation_std_ratio") * level)
@@ -1245,7 +1245,7 @@ def rollout_mismatch_rising(view: RunView) -> Finding | None:
             found[reason]["slope_per_step"] = rounded(float(trend[i]))
         # The rule's trend branch: the short window's mean past the same line while the
         # exporter's trend of the last records rises steadily (a ramp, caught while it ramps).
-        mean, z = tr.rolling(_short_window(), "mean"), tr.trends()[0]
+        mean, z = tr.rolling(_short_window(), "mean"), tr.trends[0]
         with np.errstate(invalid="ignore"):
             ramp = (mean > rise * tr.initial()) & (mean > floor) & (z >= th.value("trend_z"))
         hit = _flagged(tr, ramp, window_mean=mean, trend_z=z)
