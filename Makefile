@@ -129,6 +129,7 @@ docs: deps
 	$(PY) -m grpo_monitor.tools.frameworks_doc > docs/frameworks.md
 	$(PY) -m grpo_monitor.tools.runbook_index --write
 	$(PY) -m grpo_monitor.tools.state_format_doc --write
+	$(PY) -m grpo_monitor.contract.card_logic --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache build $(DIST)

@@ -325,8 +325,8 @@ def test_a_run_too_short_for_a_baseline_gets_only_the_early_cards(tmp_path: Path
     assert _ids(res) == ["entropy_collapse"], res["text"]
     v = res["verdicts"][0]
     # Step 68 is the first whose 20-step window is 90% under 0.1x the initial 1.0.
-    assert v["steps"] == [68, 150] and v["evidence"]["entropy_initial"] == 1.0
-    assert "steps 68-150" in res["text"] and "entropy_window_p90" in res["text"]
+    assert v["steps"] == [68, 150] and v["evidence"]["initial"] == 1.0
+    assert "steps 68-150" in res["text"] and "window_p90" in res["text"]
 
 
 # -- the newer stacks' signals: rollout vs trainer, dead groups by cause, length bias, the

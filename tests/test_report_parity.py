@@ -5,7 +5,10 @@ on every shared real run. A few branches fire on none of them: the mean reward's
 constant value where a run logs no spread (reasons mean_only, mean_constant), and the entropy
 leaving the floor it settled at. Each is a run written here as a trainer's flat log, played as a
 real run is (the exporter's ingest and store, one scrape per logged step, the real promtool) and
-read by the report: both must name the same card, from about the same step.
+read by the report: both must name the same card, from about the same step. One more run
+crosses the lines of the declared level branches (contract/card_logic.py) that no shared run
+crosses: the rollout weights' two-sided level, stale rollouts, prompts too easy and the grad
+norm's spike against its baseline, which waits for the baseline period.
 """
 
 from __future__ import annotations
@@ -49,11 +52,25 @@ def _entropy_leaves_its_floor() -> list[dict[str, float]]:
             for i in range(480)]
 
 
+def _levels_crossed() -> list[dict[str, float]]:
+    # Grad norm ~1 through its 200-step baseline, 8x from step 231; rollouts 6 versions old from
+    # step 101; the mean importance weight 0.4 (under 0.5) from step 151; 60% of the groups all
+    # right from step 181.
+    rng = random.Random(8)
+    return [{"grad/norm": (8.0 if i >= 230 else 1.0) * (1 + rng.gauss(0, 0.05)),
+             "staleness/mean": 6.0 if i >= 100 else 1.0,
+             "mismatch/is_weight_mean": (0.4 if i >= 150 else 1.0) + rng.gauss(0, 0.01),
+             "group/all_right_frac": 0.6 if i >= 180 else 0.1,
+             "reward/mean": 0.5 + rng.gauss(0, 0.02)}
+            for i in range(280)]
+
+
 CASES = {
     # (rows, the card both name, the step its sickness starts)
     "mean_only_collapse": (_reward_falls_to_zero, "GRPORewardCollapse", 61),
     "mean_constant": (_reward_stuck, "GRPOAdvantageVanishing", 1),
     "entropy_rebound": (_entropy_leaves_its_floor, "GRPOEntropyRebound", 401),
+    "declared_levels": (_levels_crossed, "GRPOGradNormSpike", 231),
 }
 
 

@@ -69,8 +69,8 @@ def test_collapsing_run_gets_entropy_collapse_length_shift_and_dead_signal(
     entropy = verdicts["entropy_collapse"]
     assert (entropy["severity"], entropy["card"]) == ("critical", "GRPOEntropyCollapse")
     ev = entropy["evidence"]
-    assert ev["entropy_initial"] == pytest.approx(0.9559, abs=1e-3)  # step 10 alone
-    assert ev["entropy_window_p90"] < ev["limit"] == pytest.approx(0.09559, abs=1e-4)
+    assert ev["initial"] == pytest.approx(0.9559, abs=1e-3)  # step 10 alone
+    assert ev["window_p90"] < ev["below"] == pytest.approx(0.09559, abs=1e-4)
     assert 130 <= entropy["steps"][0] <= 130 + 50 and entropy["steps"][1] == 490
 
     length = verdicts["length_shift"]["evidence"]["against_initial"]
@@ -80,7 +80,7 @@ def test_collapsing_run_gets_entropy_collapse_length_shift_and_dead_signal(
 
     dead = verdicts["dead_learning_signal"]
     assert dead["card"] == "GRPOAdvantageVanishing"
-    assert dead["evidence"]["dead_groups"]["zero_std_share_window_mean"] > 0.9
+    assert dead["evidence"]["dead_groups"]["window_mean"] > 0.9
     assert dead["steps"][0] <= 20 + 100  # twenty-step windows of values ten steps apart
 
 
@@ -98,9 +98,9 @@ def test_sparse_reward_run_gets_the_dead_learning_signal_alone(
     assert dead["steps"] == [6, 100]
     groups, constant = dead["evidence"]["dead_groups"], dead["evidence"]["reward_constant"]
     assert groups["zero_std_share_run_mean"] == pytest.approx(0.96)
-    assert groups["zero_std_share_window_mean"] > groups["limit"]
+    assert groups["window_mean"] > groups["above"]
     assert (constant["steps_with_reward_std_0"], constant["steps_logged"]) == (84, 100)
-    assert constant["reward_std_window_p90"] == 0
+    assert constant["window_p90"] == constant["below"] == 0
 
 
 def test_ppo_run_ends_at_its_ceiling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

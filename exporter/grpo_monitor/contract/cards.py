@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from grpo_monitor.contract import thresholds
+from grpo_monitor.contract.card_logic import Level, Line, above, below, mean_above
 
 Severity = Literal["critical", "warning"]
 Reason = Literal["armed", "missing_signal", "baseline_pending", "not_applicable"]
@@ -47,7 +48,9 @@ class Branch:
     feature rather than by name (the entropy-reward law's fit reads the reward).
     ``unless_logged``: keys whose presence hands the run to another branch (a path for runs that
     log less: the mean reward's collapse where no spread is logged); such a branch is not
-    applicable to a run that logs any of them.
+    applicable to a run that logs any of them. ``logic``: the branch's logic, where it is
+    declared (contract/card_logic.py): its rule's expression is rendered from it and the report
+    evaluates it; see ``_level``.
     """
 
     keys: tuple[str, ...] = ()
@@ -59,6 +62,7 @@ class Branch:
     reason: str = ""
     indirect: tuple[str, ...] = ()
     unless_logged: tuple[str, ...] = ()
+    logic: Level | None = None
 
     @property
     def needed(self) -> int:
@@ -90,6 +94,15 @@ ALERTS = "grpo-alerts.yml"
 CLUSTER = "grpo-cluster.yml"
 COVERAGE = "grpo-coverage.yml"
 _B = Branch
+SHORT = thresholds.count("early_window_steps")  # 20 steps: the level cards' window
+SUSTAIN = thresholds.count("sustain_steps")  # 50 steps: a sustained level
+
+
+def _level(level: Level, reason: str = "") -> Branch:
+    """A branch whose logic is a declared level: it reads the level's key and waits for the
+    baseline where the level does."""
+    return Branch((level.key,), baseline=level.baseline, reason=reason, logic=level)
+
 
 CARDS: tuple[Card, ...] = (
     # -- red cards ------------------------------------------------------------------------------
@@ -98,9 +111,15 @@ CARDS: tuple[Card, ...] = (
         _B(("kl/mean",), baseline=True),
         _B(("kl/mean",), reason="before_baseline"))),
     Card("GRPOEntropyCollapse", "critical", ALERTS, (
-        _B(("entropy/mean",)), _B(("entropy/mean",), reason="first_records"))),
+        _level(Level("entropy/mean", SHORT, (below("entropy_collapse_ratio", "initial"),))),
+        _B(("entropy/mean",), reason="first_records"))),
     Card("GRPOEntropyExplosion", "critical", ALERTS, (
-        _B(("entropy/mean",)), _B(("entropy/mean",), reason="rebound"))),
+        _level(Level("entropy/mean", SHORT, (above("entropy_explosion_ratio", "initial"),))),
+        # Back above its start and far above the floor it had fallen to: a collapse that
+        # rebounds into an explosion never reaches 5x its start.
+        _level(Level("entropy/mean", SHORT, (above("entropy_rebound_ratio", "floor"),), gates=(
+            Line("p10", ">", reference="initial"),
+            Line("floor", "<", "entropy_rebound_floor_ratio", reference="initial"))), "rebound"))),
     Card("GRPOTrainingBlowUp", "critical", ALERTS, (
         _B(("entropy/mean", "kl/mean", "grad/norm", "response/len_mean", "reward/mean",
             "response/clip_ratio"),
@@ -134,42 +153,59 @@ CARDS: tuple[Card, ...] = (
         _B(("response/len_mean",), baseline=True),
         _B(("response/len_mean",), reason="against_initial"),
         _B(("response/len_mean",), reason="trend"))),
-    Card("GRPOCompletionsTruncated", "warning", ALERTS, (_B(("response/clip_ratio",)),)),
+    Card("GRPOCompletionsTruncated", "warning", ALERTS, (
+        _level(Level("response/clip_ratio", SHORT, (above("truncated_ratio"),))),)),
     Card("GRPORewardOverOptimization", "warning", ALERTS, (
         _B(("eval/heldout_score", "reward/mean")),
         _B(("eval/heldout_score", "reward/mean"), reason="smoothed"))),
-    Card("GRPORewardStdRising", "warning", ALERTS, (_B(("reward/std",), baseline=True),)),
+    Card("GRPORewardStdRising", "warning", ALERTS, (
+        _level(Level("reward/std", 0, (Line("rising", ">=", "reward_std_rising_windows"),),
+                     baseline=True)),)),
     Card("GRPORewardQuantileExtreme", "warning", ALERTS, (
         _B(("reward/p25", "reward/p50", "reward/p75", "reward/p95"), at_least=1, baseline=True),)),
     Card("GRPOAdvantageVanishing", "warning", ALERTS, (
-        _B(("group/zero_std_frac",), reason="dead_groups"),
-        _B(("reward/std",), reason="reward_constant"),
+        _level(Level("group/zero_std_frac", SHORT, (mean_above("dead_signal_zero_std_ratio"),)),
+               "dead_groups"),
+        _level(Level("reward/std", SHORT, (Line("p90", "<=", constant=0),)), "reward_constant"),
         _B(("reward/mean", "reward/std"), reason="saturated"),
         # The mean reward alone: the same value step after step (exactly 0, or the top).
         _B(("reward/mean",), reason="mean_constant", unless_logged=("reward/std",)),
         _B(("group/zero_std_frac", "adv/mean_abs"), at_least=1, baseline=True))),
     Card("GRPOGroupDominated", "warning", ALERTS, (
         _B(("group/reward_gap", "reward/std"), baseline=True),)),
-    Card("GRPOGradNormSpike", "warning", ALERTS, (_B(("grad/norm",), baseline=True),)),
+    Card("GRPOGradNormSpike", "warning", ALERTS, (
+        _level(Level("grad/norm", SUSTAIN, (above("grad_norm_spike_ratio", "baseline"),),
+                     baseline=True)),)),
     Card("GRPOStepTimeDrift", "warning", ALERTS, (_B(("perf/step_time_s",), baseline=True),)),
     Card("GRPOThroughputDrop", "warning", ALERTS, (
         _B(("perf/samples_per_s", "perf/tokens_per_s"), at_least=1, baseline=True),)),
     Card("GRPORolloutMismatch", "warning", ALERTS, (
-        _B(("mismatch/kl",), reason="kl"), _B(("mismatch/chi2_token",), reason="chi2_token"),
-        _B(("mismatch/is_weight_mean",), reason="is_weight"),
-        _B(("mismatch/is_ess_ratio",), reason="ess"))),
+        _level(Level("mismatch/kl", SHORT, (above("mismatch_kl"),)), "kl"),
+        _level(Level("mismatch/chi2_token", SHORT, (above("mismatch_chi2_token"),)), "chi2_token"),
+        _level(Level("mismatch/is_weight_mean", SHORT, (below("mismatch_is_weight_low"),
+                                                        above("mismatch_is_weight_high"))),
+               "is_weight"),
+        _level(Level("mismatch/is_ess_ratio", SHORT, (below("mismatch_ess_ratio"),)), "ess"))),
     Card("GRPORolloutMismatchRising", "warning", ALERTS, (
         _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1),
         _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1,
            reason="trend"))),
-    Card("GRPOStaleRollouts", "warning", ALERTS, (_B(("staleness/mean",)),)),
-    Card("GRPOPromptsTooHard", "warning", ALERTS, (_B(("group/all_wrong_frac",)),)),
-    Card("GRPOPromptsTooEasy", "warning", ALERTS, (_B(("group/all_right_frac",)),)),
+    Card("GRPOStaleRollouts", "warning", ALERTS, (
+        _level(Level("staleness/mean", SHORT, (above("staleness_steps"),))),)),
+    Card("GRPOPromptsTooHard", "warning", ALERTS, (
+        _level(Level("group/all_wrong_frac", SHORT, (above("dead_group_cause_ratio"),))),)),
+    Card("GRPOPromptsTooEasy", "warning", ALERTS, (
+        _level(Level("group/all_right_frac", SHORT, (above("dead_group_cause_ratio"),))),)),
     Card("GRPOShortcutLearning", "warning", ALERTS, (
         _B(("reward/mean",), prompt_types=2, reason="against_initial"),
         _B(("reward/mean",), prompt_types=2, reason="within_200_steps"))),
     # Entropy climbing off the floor it settled at: the explosion's early sign, no baseline.
-    Card("GRPOEntropyRebound", "warning", ALERTS, (_B(("entropy/mean",)),)),
+    # The floor between 0.1x and 0.6x the start: it settled (not collapsed, whose tiny floor
+    # jitters by multiples and has its red card) after spending at least 40% of its entropy.
+    Card("GRPOEntropyRebound", "warning", ALERTS, (
+        _level(Level("entropy/mean", SHORT, (above("entropy_rebound_warn_ratio", "floor"),), gates=(
+            Line("floor", "<", "entropy_rebound_floor_ratio", reference="initial"),
+            Line("floor", ">", "entropy_collapse_ratio", reference="initial")))),)),
     Card("GRPOEntropyCovarianceSurge", "warning", ALERTS, (
         _B(("entropy/logp_adv_cov", "entropy/mean")),)),
     # The entropy-reward law is fitted on the entropy's and the reward's block means.

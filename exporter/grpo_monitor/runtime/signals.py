@@ -585,6 +585,21 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def window_mean(h: KeyHistory, now: int, window: int, offset: int, perf: bool) -> float | None:
+    """grpo_window_mean: the mean of the key's values in steps (now - offset - window, now -
+    offset]; None while its history does not reach that far (a training key's EARLY_WINDOWS
+    cover the run so far)."""
+    chunk = h.window(now, window, offset, early=not perf and window in EARLY_WINDOWS)
+    return None if chunk is None else sum(chunk) / len(chunk)
+
+
+def window_percentiles(h: KeyHistory, now: int, window: int) -> tuple[float, float] | None:
+    """grpo_window_p10 and grpo_window_p90 of a training key over its last ``window`` steps,
+    from PERSISTENCE_RECORDS records; None before."""
+    chunk = h.window(now, window, 0, PERSISTENCE_RECORDS, early=window in EARLY_WINDOWS)
+    return None if chunk is None else (percentile(chunk, 0.1), percentile(chunk, 0.9))
+
+
 @dataclass
 class Features:
     """What one rank publishes, ready for the exposition."""
@@ -751,6 +766,32 @@ class RankSignals:
         once it logs a training signal, PERF_REACH while it logs performance signals only."""
         return PERF_REACH if all(is_perf(key) for key in self.keys) else HISTORY
 
+    def reading(self, key: str, feature: str, window: int = 0) -> float | None:
+        """One feature of ``key`` as the exposition publishes it now: "p10" / "p90"
+        (grpo_window_p10 / _p90 over ``window`` steps), "mean" (grpo_window_mean over
+        ``window``, offset 0), "initial" (grpo_initial_mean), "baseline" (grpo_baseline_mean,
+        once the baseline is ready), "floor" (grpo_run_window_mean_min), "rising"
+        (grpo_rising_windows); None where it publishes none. The report reads a declared
+        card branch's inputs through it (contract/card_logic.py)."""
+        h = self.keys.get(key)
+        if h is None:
+            return None
+        if feature in ("p10", "p90"):
+            if is_perf(key) or (p := window_percentiles(h, self.step, window)) is None:
+                return None
+            return p[0] if feature == "p10" else p[1]
+        if feature == "mean":
+            return window_mean(h, self.step, window, 0, is_perf(key))
+        if feature == "initial":
+            return None if is_perf(key) else h.initial_mean(self.step, self.initial_steps)
+        if feature == "baseline":
+            return h.baseline.mean if self.ready and h.baseline.n else None
+        if feature == "floor":  # grpo_run_window_mean_min, published beside its maximum
+            return h.range_min if h.range_max is not None else None
+        if feature == "rising":
+            return h.rising if h.last_block_mean is not None else None
+        raise ValueError(f"no feature {feature!r}")
+
     def _history(self, key: str) -> KeyHistory:
         h = self.keys.get(key)
         if h is None:
@@ -890,9 +931,8 @@ class RankSignals:
             perf = is_perf(key)
             by_window: dict[tuple[int, int], float] = {}
             for window, offset in PERF_MEANS if perf else TRAINING_MEANS:
-                chunk = h.window(now, window, offset, early=not perf and window in EARLY_WINDOWS)
-                if chunk is not None:
-                    by_window[window, offset] = mean = sum(chunk) / len(chunk)
+                if (mean := window_mean(h, now, window, offset, perf)) is not None:
+                    by_window[window, offset] = mean
                     means.append((key, window, offset, mean))
             for offset in () if perf else GROWTH_OFFSETS:
                 latest = by_window.get((GROWTH_WINDOW, offset))
@@ -906,9 +946,8 @@ class RankSignals:
             if perf:
                 continue
             for window in TRAINING_PERCENTILES:
-                chunk = h.window(now, window, 0, PERSISTENCE_RECORDS, early=window in EARLY_WINDOWS)
-                if chunk is not None:
-                    percentiles.append((key, window, percentile(chunk, 0.1), percentile(chunk, 0.9)))
+                if (p10_p90 := window_percentiles(h, now, window)) is not None:
+                    percentiles.append((key, window, *p10_p90))
             for window in SLOPE_WINDOWS:
                 points = h.window_points(now, window, 0)
                 trend = None if points is None else slope(*points)

@@ -29,6 +29,7 @@ from grpo_monitor.contract.snapshot import Snapshot, Timeline
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunStore
+from grpo_monitor.tools.report.declared import Reading, take
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -49,6 +50,9 @@ class RunData:
     # Rank 0's undone spans, in the order they were undone: (first undone step, last undone
     # step, the step the run went back to).
     undone: list[tuple[int, int, int]] = field(default_factory=list)
+    # rank 0's features a declared card branch compares, as the exporter's store had them just
+    # after each logged step (declared.take): step -> reading -> value
+    readings: dict[int, dict[Reading, float]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:
@@ -71,8 +75,9 @@ def load_run(run_dir: Path | str) -> RunData:
     run_dir = Path(run_dir)
     where = run_dir.absolute()  # "." or "run": the ingest's root must be a folder above it
     # The name goes into UTF-8 files: one that is not UTF-8 on disk is written escaped.
-    reader = _Reader(RunData(run=run_label(where.name), path=run_dir))
-    ingestor = Ingestor(where.parent, RunStore(), _Problems(reader))
+    store = RunStore()
+    reader = _Reader(RunData(run=run_label(where.name), path=run_dir), store)
+    ingestor = Ingestor(where.parent, store, _Problems(reader))
     ingestor.on_record = reader.taken
     ingestor.scan_folder(where)  # the start-up replay's way: oldest first, to the end
     ingestor.loggers.flush_all()
@@ -102,8 +107,9 @@ class _Problems(ExporterHealth):
 class _Reader:
     """The records of a run's files, in the order written, into RunData."""
 
-    def __init__(self, data: RunData) -> None:
+    def __init__(self, data: RunData, store: RunStore) -> None:
         self.runs: dict[str, str] = {}  # the runs read, and the source each is read from
+        self.store = store
         self._start(data)
 
     def _start(self, data: RunData) -> None:
@@ -145,6 +151,7 @@ class _Reader:
             self.data.undone.append((gone[0], gone[-1], keep_through))
         for step in gone:
             del self.data.train[step]
+            self.data.readings.pop(step, None)
             self.data.by_type.pop(step, None)
             self.latest.pop(step, None)
 
@@ -176,6 +183,8 @@ class _Reader:
         if snap.step not in data.train:
             _add(self.train_steps, snap.step)
         data.train[snap.step] = train
+        if (run := self.store.run_state(snap.run)) is not None and 0 in run.ranks:
+            data.readings[snap.step] = take(run.ranks[0].signals)
         if snap.by_type:
             data.by_type[snap.step] = snap.by_type
         else:

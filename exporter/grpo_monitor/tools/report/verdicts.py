@@ -11,9 +11,11 @@ Two families:
   windows over the logged steps (base, reference, last; values compared are window medians);
   the report's own (plateaus, loss without reward, reward collapse with a KL blow-up) have no
   card: they need the whole run;
-* the cards' verdicts, each replaying its card on the card's own step windows (``Track``): the
-  same features compared with the same thresholds, naming the steps where the card would have
-  been firing.
+* the cards' verdicts, naming the steps where the card would have been firing: a branch whose
+  logic is declared once (contract/card_logic.py) is judged by ``declared.judge`` on the
+  features the exporter's own code computed as the run was read (``_declared``); the others
+  replay their rule on the card's own step windows (``Track``), the same features compared with
+  the same thresholds.
 
 Every number a verdict compares with is read from grpo_monitor.contract.thresholds at each use: the card
 thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
@@ -43,6 +45,7 @@ from grpo_monitor.runtime.signals import (
     REWARD_LEVEL_WINDOW,
     SLOPE_WINDOWS,
 )
+from grpo_monitor.tools.report import declared
 from grpo_monitor.tools.report.load import RunData
 from grpo_monitor.tools.stack import card_severities
 from grpo_monitor.tools.report.statistics import (
@@ -205,26 +208,12 @@ def _beyond(tr: Track, window: np.ndarray, mask: np.ndarray, name: str,
     return hit
 
 
-def _level(view: RunView, key: str, above: float | None = None,
-           below: float | None = None) -> dict[str, Any] | None:
-    """A level card's branch: ``key`` above ``above`` in 90% of the short window (its p10 over
-    the line) or below ``below`` in 90% of it (its p90 under the line)."""
-    tr = view.track(key)
-    if tr is None:
-        return None
-    stats: dict[str, np.ndarray] = {}
-    mask = np.zeros(tr.steps.size, dtype=bool)
-    with np.errstate(invalid="ignore"):
-        if above is not None:
-            stats["window_p10"] = tr.rolling(_short_window(), "p10")
-            mask |= stats["window_p10"] > above
-        if below is not None:
-            stats["window_p90"] = tr.rolling(_short_window(), "p90")
-            mask |= stats["window_p90"] < below
-    hit = _flagged(tr, mask, **stats)
-    if hit is not None:
-        hit.update({k: v for k, v in (("above", above), ("below", below)) if v is not None},
-                   window_steps=_short_window(), last=rounded(float(tr.values[-1])))
+def _declared(view: RunView, card: str, reason: str = "") -> dict[str, Any] | None:
+    """A declared card branch (contract/card_logic.py) judged on the exporter's features as the
+    run was read (declared.judge), with the signal's last value."""
+    hit = declared.judge(view.steps, view.data.readings, card, reason)
+    if hit is not None and (tr := view.track(declared.LEVELS[card, reason].key)) is not None:
+        hit["last"] = float(tr.values[-1])
     return hit
 
 
@@ -537,19 +526,9 @@ def kl_tail_outliers(view: RunView) -> Finding | None:
          "reward spread kept rising: easy prompts farmed, hard ones abandoned",
          card="GRPORewardStdRising")
 def reward_std_rising(view: RunView) -> Finding | None:
-    """reward/std's mean rising over reward_std_rising_windows consecutive windows of
-    rising_window_steps logged steps, or more."""
-    if not view.has("reward/std"):
-        return None
-    std, window = view.series("reward/std"), th.count("rising_window_steps")
-    streak, longest, previous = 0, 0, None
-    for i in range(0, len(std) - window + 1, window):
-        mean = float(np.nanmean(std[i:i + window]))
-        streak = streak + 1 if previous is not None and mean > previous else 0
-        longest, previous = max(longest, streak), mean
-    if not longest >= th.value("reward_std_rising_windows"):
-        return None
-    return Finding(view.whole, {"rising_windows": longest})
+    """GRPORewardStdRising: once the baseline is ready, reward/std's mean rising over
+    reward_std_rising_windows consecutive windows of rising_window_steps steps, or more."""
+    return _found(_declared(view, "GRPORewardStdRising"))
 
 
 @verdict("group_dominated", "warning", "one response per group dominated the gradient",
@@ -614,29 +593,6 @@ def _held(raised: np.ndarray, stays: np.ndarray) -> np.ndarray:
     return firing
 
 
-def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
-    """The two entropy cards, one rule mirrored: 90% of the short window below ``ratio`` x the
-    initial value (collapse: the window's p90 under it) or above it (explosion: its p10 over)."""
-    tr = view.track("entropy/mean")
-    if tr is None or not tr.initial() > 0:
-        return None
-    vid, stat = ("entropy_collapse", "p90") if collapse else ("entropy_explosion", "p10")
-    limit = th.value(f"{vid}_ratio") * tr.initial()
-    window = tr.rolling(_short_window(), stat)
-    rebound: dict[str, np.ndarray] = {}
-    with np.errstate(invalid="ignore"):
-        beyond = window < limit if collapse else window > limit
-        if not collapse:  # or back above its start, far above its floor (reason rebound)
-            rebound["entropy_floor"] = floor = tr.floor()
-            beyond |= ((window > th.value("entropy_rebound_ratio") * floor) & (window > tr.initial())
-                       & (floor < th.value("entropy_rebound_floor_ratio") * tr.initial()))
-    extreme = {"entropy_min": float(tr.values.min())} if collapse else \
-        {"entropy_max": float(tr.values.max())}
-    return _found(_flagged(tr, beyond, **{f"entropy_window_{stat}": window}, **rebound),
-                  {"entropy_initial": tr.initial(), "limit": limit, "window_steps": _short_window()},
-                  **extreme, entropy_last=float(tr.values[-1]))
-
-
 @verdict("entropy_collapse", "critical",
          f"entropy stayed below {th.value('entropy_collapse_ratio'):g}x its initial value in 90% "
          f"of {th.count('early_window_steps')} steps: the policy stopped exploring",
@@ -644,7 +600,7 @@ def _entropy_beyond_initial(view: RunView, collapse: bool) -> Finding | None:
 def entropy_collapse(view: RunView) -> Finding | None:
     """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value;
     or (reason first_records) a cliff in the run's first records."""
-    return _with_branches(_entropy_beyond_initial(view, collapse=True),
+    return _with_branches(_found(_declared(view, "GRPOEntropyCollapse")),
                           first_records=_entropy_cliff(view))
 
 
@@ -675,8 +631,10 @@ def _entropy_cliff(view: RunView) -> Finding | None:
          f"of {th.count('early_window_steps')} steps: the policy is turning to noise",
          card="GRPOEntropyExplosion")
 def entropy_explosion(view: RunView) -> Finding | None:
-    """GRPOEntropyExplosion: entropy's p10 over the short window above 5x its initial value."""
-    return _entropy_beyond_initial(view, collapse=False)
+    """GRPOEntropyExplosion: entropy's p10 over the short window above 5x its initial value; or
+    (reason rebound) back above its start and far above the floor it had fallen to."""
+    return _with_branches(_found(_declared(view, "GRPOEntropyExplosion")),
+                          rebound=_found(_declared(view, "GRPOEntropyExplosion", "rebound")))
 
 
 @verdict("entropy_rebound", "warning",
@@ -687,18 +645,7 @@ def entropy_explosion(view: RunView) -> Finding | None:
 def entropy_rebound(view: RunView) -> Finding | None:
     """GRPOEntropyRebound: entropy's p10 over the short window above 1.75x its floor, a floor
     between 0.1x and 0.6x its initial value."""
-    tr = view.track("entropy/mean")
-    if tr is None or not tr.initial() > 0:
-        return None
-    floor, initial = tr.floor(), tr.initial()
-    window = tr.rolling(_short_window(), "p10")
-    with np.errstate(invalid="ignore"):
-        rising = ((window > th.value("entropy_rebound_warn_ratio") * floor)
-                  & (floor < th.value("entropy_rebound_floor_ratio") * initial)
-                  & (floor > th.value("entropy_collapse_ratio") * initial))
-    return _found(_flagged(tr, rising, entropy_window_p10=window, entropy_floor=floor),
-                  {"entropy_initial": initial, "window_steps": _short_window()},
-                  entropy_last=float(tr.values[-1]))
+    return _found(_declared(view, "GRPOEntropyRebound"))
 
 
 # The blow-up card's signals: (key, the threshold its rise is judged by); None for the reward,
@@ -1068,13 +1015,7 @@ def length_shift(view: RunView) -> Finding | None:
          f"limit in 90% of {th.count('early_window_steps')} steps", card="GRPOCompletionsTruncated")
 def completions_truncated(view: RunView) -> Finding | None:
     """GRPOCompletionsTruncated: the truncated share's p10 over the short window above 0.9."""
-    tr = view.track("response/clip_ratio")
-    if tr is None:
-        return None
-    p10 = tr.rolling(_short_window(), "p10")
-    return _found(_flagged(tr, p10 > th.value("truncated_ratio"), truncated_window_p10=p10),
-                  {"limit": th.value("truncated_ratio"), "window_steps": _short_window()},
-                  truncated_last=float(tr.values[-1]))
+    return _found(_declared(view, "GRPOCompletionsTruncated"))
 
 
 @verdict("reward_quantile_extreme", "warning", "a reward quantile fell far below its baseline",
@@ -1110,23 +1051,8 @@ def dead_learning_signal(view: RunView) -> Finding | None:
     reward/std 0 in 90% of the short window; the reward pinned at its working level with almost
     no spread; or, where no spread is logged, the mean reward the same value in 90% of the
     sustain window."""
-    dead = reward_constant = saturated = mean_constant = None
-    zero = view.track("group/zero_std_frac")
-    if zero is not None:
-        mean = zero.rolling(_short_window(), "mean")
-        dead = _flagged(zero, mean > th.value("dead_signal_zero_std_ratio"),
-                        zero_std_share_window_mean=mean)
-        if dead is not None:
-            dead.update(limit=th.value("dead_signal_zero_std_ratio"), window_steps=_short_window(),
-                        zero_std_share_run_mean=rounded(float(zero.values.mean())))
+    saturated = mean_constant = None
     std = view.track("reward/std")
-    if std is not None:
-        p90 = std.rolling(_short_window(), "p90")
-        reward_constant = _flagged(std, p90 <= 0, reward_std_window_p90=p90)
-        if reward_constant is not None:
-            reward_constant.update(window_steps=_short_window(),
-                                   steps_with_reward_std_0=int((std.values <= 0).sum()),
-                                   steps_logged=int(std.values.size))
     reward = view.track("reward/mean")
     if reward is not None and std is not None:
         level = reward.rolling(_short_window(), "mean")
@@ -1145,7 +1071,14 @@ def dead_learning_signal(view: RunView) -> Finding | None:
         mean_constant = _flagged(reward, p90 == p10, reward_window_p10=p10)
         if mean_constant is not None:
             mean_constant.update(window_steps=sus)
-    return _branches(dead_groups=dead, reward_constant=reward_constant, saturated=saturated,
+    dead = _declared(view, "GRPOAdvantageVanishing", "dead_groups")
+    if dead is not None and (zero := view.track("group/zero_std_frac")) is not None:
+        dead["zero_std_share_run_mean"] = float(zero.values.mean())
+    constant = _declared(view, "GRPOAdvantageVanishing", "reward_constant")
+    if constant is not None and std is not None:
+        constant.update(steps_with_reward_std_0=int((std.values <= 0).sum()),
+                        steps_logged=int(std.values.size))
+    return _branches(dead_groups=dead, reward_constant=constant, saturated=saturated,
                      mean_constant=mean_constant)
 
 
@@ -1179,15 +1112,9 @@ def advantage_vanishing(view: RunView) -> Finding | None:
          f"grad norm stayed over {th.value('grad_norm_spike_ratio'):g}x its baseline in 90% of "
          f"{th.count('sustain_steps')} steps", card="GRPOGradNormSpike")
 def grad_norm_spike(view: RunView) -> Finding | None:
-    """GRPOGradNormSpike: grad norm's p10 over 50 steps above 5x its baseline mean."""
-    tr = view.track("grad/norm")
-    if tr is None:
-        return None
-    sus = th.count("sustain_steps")
-    limit = th.value("grad_norm_spike_ratio") * tr.baseline()
-    p10 = tr.rolling(sus, "p10")
-    return _found(_flagged(tr, tr.ready() & (p10 > limit), grad_norm_window_p10=p10),
-                  {"baseline_mean": tr.baseline(), "limit": limit, "window_steps": sus})
+    """GRPOGradNormSpike: once the baseline is ready, grad norm's p10 over 50 steps above 5x its
+    baseline mean."""
+    return _found(_declared(view, "GRPOGradNormSpike"))
 
 
 # -- the cards of the newer RL stacks' signals: rollout vs trainer, staleness, dead groups by
@@ -1206,12 +1133,8 @@ def rollout_mismatch(view: RunView) -> Finding | None:
     the rollout-to-trainer KL over mismatch_kl, the per-token chi-square over
     mismatch_chi2_token, the mean importance weight outside [mismatch_is_weight_low, _high], or
     the weights' effective sample share under mismatch_ess_ratio."""
-    return _branches(
-        kl=_level(view, "mismatch/kl", above=th.value("mismatch_kl")),
-        chi2_token=_level(view, "mismatch/chi2_token", above=th.value("mismatch_chi2_token")),
-        is_weight=_level(view, "mismatch/is_weight_mean", above=th.value("mismatch_is_weight_high"),
-                         below=th.value("mismatch_is_weight_low")),
-        ess=_level(view, "mismatch/is_ess_ratio", below=th.value("mismatch_ess_ratio")))
+    return _branches(**{b.reason: _declared(view, "GRPORolloutMismatch", b.reason)
+                        for b in CARDS_BY_NAME["GRPORolloutMismatch"].branches})
 
 
 # The mismatch signals whose slow rise the rising card follows, by its reason label.
@@ -1262,11 +1185,11 @@ def rollout_mismatch_rising(view: RunView) -> Finding | None:
 def stale_rollouts(view: RunView) -> Finding | None:
     """GRPOStaleRollouts: the trajectories' mean age over staleness_steps policy versions in 90%
     of the short window."""
-    return _found(_level(view, "staleness/mean", above=th.value("staleness_steps")))
+    return _found(_declared(view, "GRPOStaleRollouts"))
 
 
-def _dead_cause(view: RunView, key: str) -> Finding | None:
-    return _found(_level(view, key, above=th.value("dead_group_cause_ratio")), {"signal": key})
+def _dead_cause(view: RunView, card: str) -> Finding | None:
+    return _found(_declared(view, card), {"signal": declared.LEVELS[card, ""].key})
 
 
 @verdict("prompts_too_hard", "warning",
@@ -1276,7 +1199,7 @@ def _dead_cause(view: RunView, key: str) -> Finding | None:
 def prompts_too_hard(view: RunView) -> Finding | None:
     """GRPOPromptsTooHard: over dead_group_cause_ratio of the groups all wrong in 90% of the
     short window."""
-    return _dead_cause(view, "group/all_wrong_frac")
+    return _dead_cause(view, "GRPOPromptsTooHard")
 
 
 @verdict("prompts_too_easy", "warning",
@@ -1286,7 +1209,7 @@ def prompts_too_hard(view: RunView) -> Finding | None:
 def prompts_too_easy(view: RunView) -> Finding | None:
     """GRPOPromptsTooEasy: over dead_group_cause_ratio of the groups all right in 90% of the
     short window."""
-    return _dead_cause(view, "group/all_right_frac")
+    return _dead_cause(view, "GRPOPromptsTooEasy")
 
 
 @verdict("entropy_covariance_surge", "warning",

@@ -1,0 +1,137 @@
+"""The declared card branches (contract/card_logic.py): one declaration, the rule and the report.
+
+The rule file's expression of each declared branch is rendered from its declaration (`make
+docs`; tests/test_thresholds.py holds the committed file fresh). Here: what a declaration renders
+reads only series the exporter publishes; the report's inputs of a declared branch are the very
+values the exporter's exposition carries at the same step; a declared branch missing from the
+rule file is an error, not a silent skip. Parity of the two on runs is held by
+tests/test_real_run_verdicts.py, tests/test_report_parity.py and tests/test_scenarios.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from promtool_harness import alerts
+
+from grpo_monitor.contract import card_logic
+from grpo_monitor.contract.card_logic import Level, Line, above
+from grpo_monitor.contract.cards import CARDS
+from grpo_monitor.runtime import signals
+from grpo_monitor.runtime.health import ExporterHealth
+from grpo_monitor.runtime.ingest import Ingestor
+from grpo_monitor.runtime.store import RunStore
+from grpo_monitor.tools.report import declared, load_run
+from grpo_monitor.tools.simulate import write_run
+
+DECLARED = card_logic.declared()
+
+
+def test_the_catalog_declares_the_level_branches() -> None:
+    # The cards whose every branch is a level; a branch declared elsewhere in the catalog would
+    # land here too, and so be rendered and judged.
+    whole = {c.name for c in CARDS if all(b.logic is not None for b in c.branches)}
+    assert {"GRPOCompletionsTruncated", "GRPORolloutMismatch", "GRPOStaleRollouts",
+            "GRPOPromptsTooHard", "GRPOPromptsTooEasy", "GRPOGradNormSpike"} <= whole
+    assert len(DECLARED) >= 13
+
+
+@pytest.mark.parametrize("branch", sorted(DECLARED), ids=lambda b: f"{b[0]}-{b[1] or 'main'}")
+def test_a_declared_branch_reads_what_the_exporter_publishes(branch: tuple[str, str]) -> None:
+    level = DECLARED[branch]
+    published = {"p10": signals.TRAINING_PERCENTILES, "p90": signals.TRAINING_PERCENTILES,
+                 "mean": {w for w, o in signals.TRAINING_MEANS if o == 0}}
+    assert all(level.window in published[f] for f in level.features if f in published), level
+    card = next(c for c in CARDS if c.name == branch[0])
+    assert next(b for b in card.branches if b.reason == branch[1]).keys == (level.key,)
+    # The rule as loaded is the rendering (the file is written from it).
+    rule = next(r for r in alerts() if r["alert"] == branch[0]
+                and r.get("labels", {}).get("reason", "") == branch[1])
+    assert rule["expr"] == level.promql()
+
+
+def test_the_renderings_shapes() -> None:
+    with_reference = Level("grad/norm", 50, (above("grad_norm_spike_ratio", "baseline"),),
+                           baseline=True).promql()
+    assert with_reference == (
+        'max without (window_steps) (\n'
+        '  grpo_window_p10{key="grad/norm",window_steps="50"}\n'
+        '    > on(run, rank, key) group_left()\n'
+        '  (grpo_baseline_mean{key="grad/norm"} * on() group_left() grpo:threshold:grad_norm_spike_ratio)\n'
+        ')\nand on(run, rank) run_rank:grpo_baseline_ready:training\n')
+    constant = Level("reward/std", 20, (Line("p90", "<=", constant=0),)).promql()
+    assert constant == ('max without (key, window_steps) (\n'
+                        '  grpo_window_p90{key="reward/std",window_steps="20"} <= 0\n)\n')
+    # Lines and gates: the gates inside the maximum, each matched on the signal's own labels.
+    gated = Level("entropy/mean", 20, (above("entropy_rebound_ratio", "floor"),), gates=(
+        Line("floor", "<", "entropy_rebound_floor_ratio", reference="initial"),)).promql()
+    assert gated == (
+        'max without (window_steps) (\n'
+        '  grpo_window_p10{key="entropy/mean",window_steps="20"}\n'
+        '    > on(run, rank, key) group_left()\n'
+        '  (grpo_run_window_mean_min{key="entropy/mean"} * on() group_left() grpo:threshold:entropy_rebound_ratio)\n'
+        '  and on(run, rank, key)\n'
+        '  (\n'
+        '    grpo_run_window_mean_min{key="entropy/mean"}\n'
+        '      < on(run, rank, key) group_left()\n'
+        '    (grpo_initial_mean{key="entropy/mean"} * on() group_left() grpo:threshold:entropy_rebound_floor_ratio)\n'
+        '  )\n)\n')
+    with pytest.raises(ValueError):
+        Line("p10", ">")
+    with pytest.raises(ValueError):
+        Line("p10", ">", constant=1, reference="initial")
+    with pytest.raises(ValueError):
+        Level("kl/mean", 0, (above("kl_early_level"),))
+
+
+def test_a_declared_branch_without_its_rule_in_the_file_is_an_error() -> None:
+    text = card_logic.TARGET.read_text()
+    assert card_logic.render(text) == text
+    # An edited expression is written back from its declaration.
+    edited = text.replace('grpo_window_p10{key="staleness/mean",window_steps="20"}',
+                          'grpo_window_p10{key="staleness/mean",window_steps="50"}')
+    assert edited != text and card_logic.render(edited) == text
+    gone = re.sub(r"      - alert: GRPOStaleRollouts\n(?:        .*\n)+", "", text)
+    with pytest.raises(ValueError, match="GRPOStaleRollouts"):
+        card_logic.render(gone)
+
+
+def _exposition(root: Path) -> dict[str, float]:
+    store = RunStore()
+    ingestor = Ingestor(root, store, ExporterHealth())
+    ingestor.scan_folder(root / "run")
+    store.flush()
+    out = {}
+    for line in "".join(store.render()).splitlines():
+        if not line.startswith("#") and ('rank="0"' in line):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+@pytest.mark.parametrize("scenario", ["entropy_collapse", "grad_norm_spike", "dead_signal",
+                                      "entropy_rebound", "reward_std_rising"])
+def test_the_reports_readings_are_the_exporters_series(scenario: str, tmp_path: Path) -> None:
+    steps = write_run(tmp_path, "run", scenario, steps=260, ranks=1)
+    data = load_run(tmp_path / "run")
+    last = max(data.readings)
+    assert last == steps - 1 or last == steps
+    taken = data.readings[last]
+    series = _exposition(tmp_path)
+    compared = 0
+    for (key, feature, window), value in taken.items():
+        if feature == "ready":
+            name = next(n for n in series if n.startswith("grpo_baseline_ready{"))
+            assert series[name] == value == 1
+            continue
+        metric = card_logic.FEATURE_SERIES[feature]
+        match = [v for n, v in series.items() if n.startswith(metric + "{")
+                 and f'key="{key}"' in n
+                 and (window is None or f'window_steps="{window}"' in n)
+                 and (feature != "mean" or 'offset_steps="0"' in n)]
+        assert match == [pytest.approx(value)], (key, feature, window, match)
+        compared += 1
+    assert compared >= 2, taken
+    assert set(taken) <= set(declared.READINGS)
