@@ -17,7 +17,7 @@ import pytest
 from promtool_harness import alerts
 
 from grpo_monitor.contract import card_logic
-from grpo_monitor.contract.card_logic import Level, Line, above
+from grpo_monitor.contract.card_logic import AnyOf, Level, Line, above, below
 from grpo_monitor.contract.cards import CARDS
 from grpo_monitor.runtime import signals
 from grpo_monitor.runtime.health import ExporterHealth
@@ -30,26 +30,31 @@ DECLARED = card_logic.declared()
 
 
 def test_the_catalog_declares_the_level_branches() -> None:
-    # The cards whose every branch is a level; a branch declared elsewhere in the catalog would
+    # The cards whose every branch is declared; a branch declared elsewhere in the catalog would
     # land here too, and so be rendered and judged.
     whole = {c.name for c in CARDS if all(b.logic is not None for b in c.branches)}
     assert {"GRPOCompletionsTruncated", "GRPORolloutMismatch", "GRPOStaleRollouts",
-            "GRPOPromptsTooHard", "GRPOPromptsTooEasy", "GRPOGradNormSpike"} <= whole
-    assert len(DECLARED) >= 13
+            "GRPOPromptsTooHard", "GRPOPromptsTooEasy", "GRPOGradNormSpike",
+            "GRPORolloutMismatchRising", "GRPOEntropyRebound", "GRPORewardStdRising"} <= whole
+    assert len(DECLARED) >= 19
 
 
 @pytest.mark.parametrize("branch", sorted(DECLARED), ids=lambda b: f"{b[0]}-{b[1] or 'main'}")
 def test_a_declared_branch_reads_what_the_exporter_publishes(branch: tuple[str, str]) -> None:
-    level = DECLARED[branch]
+    logic = DECLARED[branch]
     published = {"p10": signals.TRAINING_PERCENTILES, "p90": signals.TRAINING_PERCENTILES,
-                 "mean": {w for w, o in signals.TRAINING_MEANS if o == 0}}
-    assert all(level.window in published[f] for f in level.features if f in published), level
+                 "mean": {w for w, o in signals.TRAINING_MEANS if o == 0},
+                 "slope": signals.SLOPE_WINDOWS}
+    for level in declared.levels(logic):
+        assert all(level.window in published[f] for f in level.features if f in published), level
+        if "trend_z" in level.features:
+            assert set(level.keys) <= signals.TREND_KEYS
     card = next(c for c in CARDS if c.name == branch[0])
-    assert next(b for b in card.branches if b.reason == branch[1]).keys == (level.key,)
+    assert next(b for b in card.branches if b.reason == branch[1]).keys == logic.keys
     # The rule as loaded is the rendering (the file is written from it).
     rule = next(r for r in alerts() if r["alert"] == branch[0]
                 and r.get("labels", {}).get("reason", "") == branch[1])
-    assert rule["expr"] == level.promql()
+    assert rule["expr"] == logic.promql()
 
 
 def test_the_renderings_shapes() -> None:
@@ -84,6 +89,32 @@ def test_the_renderings_shapes() -> None:
         Line("p10", ">", constant=1, reference="initial")
     with pytest.raises(ValueError):
         Level("kl/mean", 0, (above("kl_early_level"),))
+    # Several keys: selected by a regular expression, each judged on its own (the key stays).
+    several = Level(("mismatch/kl", "mismatch/k3_kl"), 20, (above("mismatch_kl"),)).promql()
+    assert several.startswith('max without (window_steps) (\n'
+                              '  grpo_window_p10{key=~"mismatch/kl|mismatch/k3_kl",window_steps="20"}\n')
+    # Levels of different signals, any one firing: each without its key, the baseline outside.
+    either = AnyOf((Level("a/x", 50, (above("kl_early_level"),)),
+                    Level("b/y", 50, (below("kl_early_level", "baseline"),))), baseline=True).promql()
+    assert either.count("max without (key, window_steps) (") == 2
+    assert either.startswith("(\n") and either.endswith(")\nand on(run, rank) run_rank:grpo_baseline_ready:training\n")
+    with pytest.raises(ValueError):
+        AnyOf((Level("a/x", 50, (above("kl_early_level"),), baseline=True),))
+
+
+def test_a_branch_in_words_quotes_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from grpo_monitor.contract.thresholds import THRESHOLDS
+
+    rising = DECLARED["GRPORolloutMismatchRising", ""]
+    assert rising.words() == "50-step p10 > 2x initial and p10 > 0.001 and slope > 0"
+    monkeypatch.setitem(THRESHOLDS, "mismatch_rise_ratio",
+                        replace(THRESHOLDS["mismatch_rise_ratio"], value=3))
+    assert rising.words().startswith("50-step p10 > 3x initial")
+    assert DECLARED["GRPOAdvantageVanishing", ""].words() == (
+        "group/zero_std_frac 50-step p10 > 0.5 or adv/mean_abs 50-step p90 < 0.2x baseline "
+        "(after the baseline)")
 
 
 def test_a_declared_branch_without_its_rule_in_the_file_is_an_error() -> None:
@@ -112,13 +143,13 @@ def _exposition(root: Path) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("scenario", ["entropy_collapse", "grad_norm_spike", "dead_signal",
-                                      "entropy_rebound", "reward_std_rising"])
+                                      "entropy_rebound", "reward_std_rising", "mismatch_rising"])
 def test_the_reports_readings_are_the_exporters_series(scenario: str, tmp_path: Path) -> None:
     steps = write_run(tmp_path, "run", scenario, steps=260, ranks=1)
     data = load_run(tmp_path / "run")
     last = max(data.readings)
     assert last == steps - 1 or last == steps
-    taken = data.readings[last]
+    taken = {r: v for r, v in zip(declared.READINGS, data.readings[last]) if v == v}  # not NaN
     series = _exposition(tmp_path)
     compared = 0
     for (key, feature, window), value in taken.items():

@@ -1,17 +1,20 @@
 """A card branch's logic, declared once: the live rule's PromQL is rendered from it, and the
 report evaluates the same declaration on the features the exporter's own code computes.
 
-The first kind declared here is the *level*: one signal's window statistic beyond a line. The
-line is a threshold of the thresholds table, or that threshold times a reference of the signal
-(its initial mean, its baseline mean), or a constant. "Above" compares the window's 10th
-percentile (the signal over the line in 90% of the window: one-step spikes do not count),
-"below" its 90th percentile, "mean" the window's mean. A branch may wait for the baseline
-period. The declaration sits in the card's entry of ``contract/cards.py`` (``Branch.logic``);
-``make docs`` writes each declared branch's expression into ``prometheus/rules/grpo-alerts.yml``
-(the rest of the rule, its labels and its annotations, stays written there), and a test fails
-when the two differ. The report (``tools/report/declared.py``) evaluates the declaration on the
-window statistics the exporter publishes (``runtime/signals.window_percentiles`` and
-``window_mean``), taken at each logged step as the run is read.
+The kind declared here is the *level*: a signal's features against lines. A feature is one the
+exporter publishes for the signal: a window statistic ("p10": over the line in 90% of the
+window, one-step spikes do not count; "p90": under it in 90%; the mean; the least-squares
+slope), its floor, its count of rising windows, its trend's Z, its initial or baseline mean. A
+line is a threshold of the thresholds table, that threshold times a reference feature, the
+reference alone, or a constant. Any line crossed fires the branch while every gate holds, after
+the baseline period where the level waits for it; a level may judge several signals alike, and
+``AnyOf`` fires where any of its levels does. The declaration sits in the card's entry of
+``contract/cards.py`` (``Branch.logic``); ``make docs`` writes each declared branch's expression
+into ``prometheus/rules/grpo-alerts.yml`` (the rest of the rule, its labels and its annotations,
+stays written there), and a test fails when the two differ. The report
+(``tools/report/declared.py``) evaluates the declaration on the features the exporter computes
+(``runtime/signals.RankSignals.reading``), taken at each logged step as the run is read, and
+says it in words (``words``) where it names a card's line.
 
 Standard library only: the trainer side may import it (through cards.py).
 """
@@ -25,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-Feature = Literal["p10", "p90", "mean", "floor", "rising", "initial", "baseline"]
+from grpo_monitor.contract import thresholds
+
+Feature = Literal["p10", "p90", "mean", "slope", "floor", "rising", "trend_z", "initial", "baseline"]
 Op = Literal[">", "<", ">=", "<="]
 Reference = Literal["initial", "baseline", "floor"]
 
@@ -33,10 +38,13 @@ Reference = Literal["initial", "baseline", "floor"]
 # level's window (a mean its offset 0 too).
 FEATURE_SERIES: dict[Feature, str] = {
     "p10": "grpo_window_p10", "p90": "grpo_window_p90", "mean": "grpo_window_mean",
-    "floor": "grpo_run_window_mean_min", "rising": "grpo_rising_windows",
-    "initial": "grpo_initial_mean", "baseline": "grpo_baseline_mean"}
-WINDOWED: frozenset[Feature] = frozenset({"p10", "p90", "mean"})
+    "slope": "grpo_window_slope", "floor": "grpo_run_window_mean_min",
+    "rising": "grpo_rising_windows", "trend_z": "grpo_trend_z", "initial": "grpo_initial_mean",
+    "baseline": "grpo_baseline_mean"}
+WINDOWED: frozenset[Feature] = frozenset({"p10", "p90", "mean", "slope"})
 BASELINE_READY = "run_rank:grpo_baseline_ready:training"
+# A feature in a person's words (Level.words).
+FEATURE_WORDS: dict[Feature, str] = {"rising": "rising windows", "trend_z": "trend Z"}
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,13 @@ class Level:
     while every one of ``gates`` holds (and, with ``baseline``, once the baseline period is
     over: the rule reads run_rank:grpo_baseline_ready:training).
 
-    ``key``: the canonical key; ``window``: the window in steps of its window statistics (a
-    published window: runtime/signals.TRAINING_PERCENTILES, TRAINING_MEANS; 0 where it reads
-    none).
+    ``key``: the canonical key, or several judged alike (each on its own features: the rule
+    selects them by a regular expression and matches on the key); ``window``: the window in
+    steps of its window statistics (a published window: runtime/signals.TRAINING_PERCENTILES,
+    TRAINING_MEANS, SLOPE_WINDOWS; 0 where it reads none).
     """
 
-    key: str
+    key: str | tuple[str, ...]
     window: int
     lines: tuple[Line, ...]
     gates: tuple[Line, ...] = ()
@@ -96,12 +105,18 @@ class Level:
         if self.window <= 0 and WINDOWED & set(self.features):
             raise ValueError(f"a level of {self.key} that reads a window statistic needs its window")
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,) if isinstance(self.key, str) else self.key
+
     def selector(self, feature: Feature) -> str:
-        """The series of one feature of the key, as the rule selects it."""
+        """The series of one feature of the key(s), as the rule selects it."""
+        keys = self.keys
+        key = f'key="{keys[0]}"' if len(keys) == 1 else f'key=~"{"|".join(map(re.escape, keys))}"'
         if feature not in WINDOWED:
-            return f'{FEATURE_SERIES[feature]}{{key="{self.key}"}}'
+            return f"{FEATURE_SERIES[feature]}{{{key}}}"
         offset = ',offset_steps="0"' if feature == "mean" else ""
-        return f'{FEATURE_SERIES[feature]}{{key="{self.key}",window_steps="{self.window}"{offset}}}'
+        return f'{FEATURE_SERIES[feature]}{{{key},window_steps="{self.window}"{offset}}}'
 
     def comparison(self, ln: Line) -> str:
         """One line as PromQL: the feature's samples that cross it."""
@@ -115,30 +130,86 @@ class Level:
             f"({ref} * on() group_left() grpo:threshold:{ln.threshold})"
         return f"{left}\n  {ln.op} on(run, rank, key) group_left()\n{line}"
 
+    def words(self) -> str:
+        """The branch in words with the table's numbers, e.g. "50-step p10 > 2x initial and p10
+        > 0.001 and slope > 0"."""
+        def term(ln: Line) -> str:
+            if ln.constant is not None:
+                line = _number(ln.constant)
+            else:
+                number = "" if ln.threshold is None else _number(thresholds.value(ln.threshold))
+                line = (number if ln.reference is None else
+                        f"{number}x {ln.reference}" if number else ln.reference)
+            return f"{FEATURE_WORDS.get(ln.feature, ln.feature)} {ln.op} {line}"
+
+        window = f"{self.window}-step " if self.window else ""
+        text = window + " or ".join(term(ln) for ln in self.lines)
+        text += "".join(f" and {term(g)}" for g in self.gates)
+        return text + (" (after the baseline)" if self.baseline else "")
+
     @property
     def features(self) -> tuple[Feature, ...]:
         """Every feature of the key the branch reads."""
         return tuple(dict.fromkeys(f for ln in (*self.lines, *self.gates)
                                    for f in (ln.feature, ln.reference) if f is not None))
 
-    def promql(self) -> str:
-        """The rule's expression: one sample a (run, rank) while the branch fires, valued at the
-        feature that crossed its line."""
+    def promql(self, keep_key: bool | None = None) -> str:
+        """The rule's expression: one sample a (run, rank) while the branch fires (a (run, rank,
+        key) of several keys), valued at the feature that crossed its line. ``keep_key``: keep
+        the key label or not, whatever the lines read."""
         lines = "\n  or\n".join(_indent(self.comparison(ln), 2) for ln in self.lines)
         if self.gates and len(self.lines) > 1:
             lines = f"  (\n{_indent(lines, 2)}\n  )"
         gates = "".join(f"\n  and on(run, rank, key)\n  (\n{_indent(self.comparison(g), 4)}\n  )"
                         for g in self.gates)
-        # The key stays a label where a line is the signal's own reference: the description
-        # reads the reference by it.
-        dropped = ["window_steps"] if any(ln.reference for ln in (*self.lines, *self.gates)) \
-            else ["key", "window_steps"]
-        if "mean" in self.features:
+        # The key stays a label where a line is the signal's own reference (the description
+        # reads the reference by it), or where several keys are judged.
+        if keep_key is None:
+            keep_key = len(self.keys) > 1 or any(ln.reference for ln in (*self.lines, *self.gates))
+        dropped = ["window_steps"] if keep_key else ["key", "window_steps"]
+        # The labels the lines' own series carry beyond those (the gates' are not kept).
+        if any(ln.feature == "mean" for ln in self.lines):
             dropped.append("offset_steps")
+        if any(ln.feature == "trend_z" for ln in self.lines) and not keep_key:
+            dropped.append("records")
         expr = f"max without ({', '.join(dropped)}) (\n{lines}{gates}\n)"
         if self.baseline:
             expr += f"\nand on(run, rank) {BASELINE_READY}"
         return expr + "\n"
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Levels of different signals, any one of which fires the branch (each judged without the
+    baseline: ``baseline`` gates them all)."""
+
+    levels: tuple[Level, ...]
+    baseline: bool = False
+
+    def __post_init__(self) -> None:
+        if any(lv.baseline for lv in self.levels):
+            raise ValueError("the levels of an AnyOf wait for the baseline through it")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(k for lv in self.levels for k in lv.keys))
+
+    def words(self) -> str:
+        text = " or ".join(f"{'/'.join(lv.keys)} {lv.words()}" for lv in self.levels)
+        return text + (" (after the baseline)" if self.baseline else "")
+
+    def promql(self) -> str:
+        """The levels' expressions, or'ed: one sample a (run, rank), the first level's where
+        several fire."""
+        inner = "\n  or\n".join(_indent(lv.promql(keep_key=False).rstrip("\n"), 2)
+                                for lv in self.levels)
+        expr = f"(\n{inner}\n)"
+        if self.baseline:
+            expr += f"\nand on(run, rank) {BASELINE_READY}"
+        return expr + "\n"
+
+
+Logic = Level | AnyOf
 
 
 def _indent(text: str, n: int) -> str:
@@ -157,7 +228,7 @@ _RULE = re.compile(r"^      - alert: (\S+)\n        expr: \|\n((?:          .*\n
 _REASON = re.compile(r"^          reason: (\S+)$", re.M)
 
 
-def declared() -> dict[tuple[str, str], Level]:
+def declared() -> dict[tuple[str, str], Logic]:
     """(card, reason) -> the branch's declared logic, for every declared branch of the catalog."""
     from grpo_monitor.contract.cards import CARDS  # cards.py imports this module
     return {(card.name, b.reason): b.logic for card in CARDS for b in card.branches

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from grpo_monitor.contract import thresholds
-from grpo_monitor.contract.card_logic import Level, Line, above, below, mean_above
+from grpo_monitor.contract.card_logic import AnyOf, Level, Line, Logic, above, below, mean_above
 
 Severity = Literal["critical", "warning"]
 Reason = Literal["armed", "missing_signal", "baseline_pending", "not_applicable"]
@@ -62,7 +62,7 @@ class Branch:
     reason: str = ""
     indirect: tuple[str, ...] = ()
     unless_logged: tuple[str, ...] = ()
-    logic: Level | None = None
+    logic: Logic | None = None
 
     @property
     def needed(self) -> int:
@@ -98,10 +98,16 @@ SHORT = thresholds.count("early_window_steps")  # 20 steps: the level cards' win
 SUSTAIN = thresholds.count("sustain_steps")  # 50 steps: a sustained level
 
 
-def _level(level: Level, reason: str = "") -> Branch:
-    """A branch whose logic is a declared level: it reads the level's key and waits for the
-    baseline where the level does."""
-    return Branch((level.key,), baseline=level.baseline, reason=reason, logic=level)
+def _level(logic: Logic, reason: str = "") -> Branch:
+    """A branch whose logic is declared (a level, or levels any one of which fires): it reads
+    their keys (any one of several) and waits for the baseline where the logic does."""
+    keys = logic.keys
+    return Branch(keys, at_least=1 if len(keys) > 1 else None, baseline=logic.baseline,
+                  reason=reason, logic=logic)
+
+
+# The rollout-vs-trainer mismatches whose slow rise GRPORolloutMismatchRising follows.
+MISMATCH_RISING = ("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean")
 
 
 CARDS: tuple[Card, ...] = (
@@ -170,7 +176,9 @@ CARDS: tuple[Card, ...] = (
         _B(("reward/mean", "reward/std"), reason="saturated"),
         # The mean reward alone: the same value step after step (exactly 0, or the top).
         _B(("reward/mean",), reason="mean_constant", unless_logged=("reward/std",)),
-        _B(("group/zero_std_frac", "adv/mean_abs"), at_least=1, baseline=True))),
+        _level(AnyOf((Level("group/zero_std_frac", SUSTAIN, (above("zero_std_group_ratio"),)),
+                      Level("adv/mean_abs", SUSTAIN, (below("advantage_vanishing_ratio", "baseline"),))),
+                     baseline=True)))),
     Card("GRPOGroupDominated", "warning", ALERTS, (
         _B(("group/reward_gap", "reward/std"), baseline=True),)),
     Card("GRPOGradNormSpike", "warning", ALERTS, (
@@ -186,10 +194,14 @@ CARDS: tuple[Card, ...] = (
                                                         above("mismatch_is_weight_high"))),
                "is_weight"),
         _level(Level("mismatch/is_ess_ratio", SHORT, (below("mismatch_ess_ratio"),)), "ess"))),
+    # Past mismatch_rise_ratio x its start and over the floor while its slope is still positive;
+    # or (trend) the short window's mean past that line while its records rise steadily.
     Card("GRPORolloutMismatchRising", "warning", ALERTS, (
-        _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1),
-        _B(("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"), at_least=1,
-           reason="trend"))),
+        _level(Level(MISMATCH_RISING, SUSTAIN, (above("mismatch_rise_ratio", "initial"),), gates=(
+            above("mismatch_rise_floor"), Line("slope", ">", constant=0)))),
+        _level(Level(MISMATCH_RISING, SHORT, (Line("mean", ">", "mismatch_rise_ratio", reference="initial"),),
+                     gates=(Line("mean", ">", "mismatch_rise_floor"), Line("trend_z", ">=", "trend_z"))),
+               "trend"))),
     Card("GRPOStaleRollouts", "warning", ALERTS, (
         _level(Level("staleness/mean", SHORT, (above("staleness_steps"),))),)),
     Card("GRPOPromptsTooHard", "warning", ALERTS, (

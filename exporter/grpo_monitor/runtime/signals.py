@@ -593,6 +593,12 @@ def window_mean(h: KeyHistory, now: int, window: int, offset: int, perf: bool) -
     return None if chunk is None else sum(chunk) / len(chunk)
 
 
+def window_slope(h: KeyHistory, now: int, window: int) -> float | None:
+    """grpo_window_slope: the least-squares slope per step of the key's last ``window`` steps."""
+    points = h.window_points(now, window, 0)
+    return None if points is None else slope(*points)
+
+
 def window_percentiles(h: KeyHistory, now: int, window: int) -> tuple[float, float] | None:
     """grpo_window_p10 and grpo_window_p90 of a training key over its last ``window`` steps,
     from PERSISTENCE_RECORDS records; None before."""
@@ -770,8 +776,9 @@ class RankSignals:
         """One feature of ``key`` as the exposition publishes it now: "p10" / "p90"
         (grpo_window_p10 / _p90 over ``window`` steps), "mean" (grpo_window_mean over
         ``window``, offset 0), "initial" (grpo_initial_mean), "baseline" (grpo_baseline_mean,
-        once the baseline is ready), "floor" (grpo_run_window_mean_min), "rising"
-        (grpo_rising_windows); None where it publishes none. The report reads a declared
+        once the baseline is ready), "slope" (grpo_window_slope over ``window``), "floor"
+        (grpo_run_window_mean_min), "rising" (grpo_rising_windows), "trend_z" (grpo_trend_z);
+        None where it publishes none. The report reads a declared
         card branch's inputs through it (contract/card_logic.py)."""
         h = self.keys.get(key)
         if h is None:
@@ -782,6 +789,11 @@ class RankSignals:
             return p[0] if feature == "p10" else p[1]
         if feature == "mean":
             return window_mean(h, self.step, window, 0, is_perf(key))
+        if feature == "slope":
+            return None if is_perf(key) else window_slope(h, self.step, window)
+        if feature == "trend_z":
+            t = trend_of(h.steps, h.values) if key in TREND_KEYS else None
+            return None if t is None else t.z
         if feature == "initial":
             return None if is_perf(key) else h.initial_mean(self.step, self.initial_steps)
         if feature == "baseline":
@@ -949,9 +961,7 @@ class RankSignals:
                 if (p10_p90 := window_percentiles(h, now, window)) is not None:
                     percentiles.append((key, window, *p10_p90))
             for window in SLOPE_WINDOWS:
-                points = h.window_points(now, window, 0)
-                trend = None if points is None else slope(*points)
-                if trend is not None:
+                if (trend := window_slope(h, now, window)) is not None:
                     slopes.append((key, window, trend))
             for count, offset, fewest in PUBLISHED_RECORD_WINDOWS if key in RECORD_KEYS else ():
                 values = h.records(count, offset, fewest)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from array import array
 from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from grpo_monitor.contract.snapshot import Snapshot, Timeline
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunStore
-from grpo_monitor.tools.report.declared import Reading, take
+from grpo_monitor.tools.report.declared import take
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -51,8 +52,8 @@ class RunData:
     # step, the step the run went back to).
     undone: list[tuple[int, int, int]] = field(default_factory=list)
     # rank 0's features a declared card branch compares, as the exporter's store had them just
-    # after each logged step (declared.take): step -> reading -> value
-    readings: dict[int, dict[Reading, float]] = field(default_factory=dict)
+    # after each logged step (declared.take): step -> the values of declared.READINGS
+    readings: dict[int, array] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:

@@ -34,6 +34,7 @@ from grpo_monitor.runtime.signals import (
     LawTracker,
     slope,
 )
+from grpo_monitor.tools.report.declared import table
 from grpo_monitor.tools.report.load import RunData
 
 # The throughput signals of a rank, the first one it logs read (else 1 / its step time).
@@ -351,6 +352,11 @@ class RunView:
             self._tracks[key] = (Track(np.asarray(self.steps)[keep], xs[keep], self.steps[0])
                                  if keep.any() else None)
         return self._tracks[key]
+
+    @cached_property
+    def readings(self) -> np.ndarray:
+        """The declared branches' readings of rank 0's steps (declared.table)."""
+        return table(self.steps, self.data.readings)
 
     @cached_property
     def checkpoint_steps(self) -> set[int]:

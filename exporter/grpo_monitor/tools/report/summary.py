@@ -36,7 +36,8 @@ from grpo_monitor.tools.report.statistics import (
     rounded,
     windows,
 )
-from grpo_monitor.tools.report.verdicts import RISING_MISMATCH, VERDICTS
+from grpo_monitor.contract.cards import CARDS
+from grpo_monitor.tools.report.verdicts import VERDICTS
 
 SUMMARY_SIGNALS: tuple[str, ...] = (
     "reward/mean", "reward/std", "kl/mean", "loss", "eval/sample_acc", "entropy/mean",
@@ -102,21 +103,17 @@ def not_judged(view: RunView) -> list[dict[str, Any]]:
 
 
 def _card_lines() -> dict[str, str]:
-    """The line each rollout-vs-trainer card draws for a key, in words: the thresholds table's
-    numbers and windows, and the keys the rising card watches (verdicts.RISING_MISMATCH)."""
-    short, sus = th.count("early_window_steps"), th.count("sustain_steps")
-    rise = (f"rising: {sus}-step p10 > {th.value('mismatch_rise_ratio'):g}x initial and > "
-            f"{th.value('mismatch_rise_floor'):g}, slope > 0")
-    lines = {key: rise for key in RISING_MISMATCH.values()}
-    lines["mismatch/kl"] = f"{short}-step p10 > {th.value('mismatch_kl'):g}; {rise}"
-    return {
-        **lines,
-        "mismatch/chi2_token": f"{short}-step p10 > {th.value('mismatch_chi2_token'):g}",
-        "mismatch/is_weight_mean": f"{short}-step p90 < {th.value('mismatch_is_weight_low'):g} or "
-                                   f"p10 > {th.value('mismatch_is_weight_high'):g}",
-        "mismatch/is_ess_ratio": f"{short}-step p90 < {th.value('mismatch_ess_ratio'):g}",
-        "staleness/mean": f"{short}-step p10 > {th.value('staleness_steps'):g}",
-    }
+    """The lines each rollout-vs-trainer key is judged against, in words: every declared card
+    branch that reads it (contract/card_logic.py), with the thresholds table's numbers."""
+    lines: dict[str, list[str]] = {}
+    for card in CARDS:
+        for branch in card.branches:
+            if branch.logic is None:
+                continue
+            name = card.name.removeprefix("GRPO") + (f"/{branch.reason}" if branch.reason else "")
+            for key in branch.logic.keys:
+                lines.setdefault(key, []).append(f"{name}: {branch.logic.words()}")
+    return {key: "; ".join(each) for key, each in lines.items()}
 
 
 def rollout_section(view: RunView) -> dict[str, Any] | None:

@@ -208,12 +208,19 @@ def _beyond(tr: Track, window: np.ndarray, mask: np.ndarray, name: str,
     return hit
 
 
-def _declared(view: RunView, card: str, reason: str = "") -> dict[str, Any] | None:
+def _declared_each(view: RunView, card: str, reason: str = "") -> dict[str, dict[str, Any] | None]:
     """A declared card branch (contract/card_logic.py) judged on the exporter's features as the
-    run was read (declared.judge), with the signal's last value."""
-    hit = declared.judge(view.steps, view.data.readings, card, reason)
-    if hit is not None and (tr := view.track(declared.LEVELS[card, reason].key)) is not None:
-        hit["last"] = float(tr.values[-1])
+    run was read (declared.judge), for each key it judges, with the signal's last value."""
+    hits = declared.judge(view.steps, view.readings, card, reason)
+    for key, hit in hits.items():
+        if hit is not None and (tr := view.track(key)) is not None:
+            hit["last"] = float(tr.values[-1])
+    return hits
+
+
+def _declared(view: RunView, card: str, reason: str = "") -> dict[str, Any] | None:
+    """A declared branch of one key, judged (``_declared_each``)."""
+    (hit,) = _declared_each(view, card, reason).values()
     return hit
 
 
@@ -1088,24 +1095,8 @@ def dead_learning_signal(view: RunView) -> Finding | None:
 def advantage_vanishing(view: RunView) -> Finding | None:
     """GRPOAdvantageVanishing once the baseline is ready: the zero-std group share over 0.5 in
     90% of 50 steps, or |advantage| under 0.2x its baseline mean in 90% of 50 steps."""
-    sus = th.count("sustain_steps")
-    share = small = None
-    zero = view.track("group/zero_std_frac")
-    if zero is not None:
-        p10 = zero.rolling(sus, "p10")
-        share = _flagged(zero, zero.ready() & (p10 > th.value("zero_std_group_ratio")),
-                         zero_std_share_window_p10=p10)
-        if share is not None:
-            share.update(limit=th.value("zero_std_group_ratio"), window_steps=sus)
-    adv = view.track("adv/mean_abs")
-    if adv is not None:
-        limit = th.value("advantage_vanishing_ratio") * adv.baseline()
-        p90 = adv.rolling(sus, "p90")
-        small = _flagged(adv, adv.ready() & (p90 < limit), adv_abs_window_p90=p90)
-        if small is not None:
-            small.update(adv_abs_baseline=rounded(adv.baseline()), limit=rounded(limit),
-                         window_steps=sus)
-    return _branches(zero_std_share=share, advantage_small=small)
+    hits = _declared_each(view, "GRPOAdvantageVanishing")
+    return _branches(zero_std_share=hits["group/zero_std_frac"], advantage_small=hits["adv/mean_abs"])
 
 
 @verdict("grad_norm_spike", "warning",
@@ -1137,11 +1128,6 @@ def rollout_mismatch(view: RunView) -> Finding | None:
                         for b in CARDS_BY_NAME["GRPORolloutMismatch"].branches})
 
 
-# The mismatch signals whose slow rise the rising card follows, by its reason label.
-RISING_MISMATCH: dict[str, str] = {"kl": "mismatch/kl", "k3_kl": "mismatch/k3_kl",
-                                   "logprob_diff_mean": "mismatch/logprob_diff_mean"}
-
-
 @verdict("rollout_mismatch_rising", "warning",
          f"a rollout-vs-trainer mismatch rose past {th.value('mismatch_rise_ratio'):g}x its start "
          "and is still rising: precision drift, a stale weight sync or a growing lag",
@@ -1149,34 +1135,12 @@ RISING_MISMATCH: dict[str, str] = {"kl": "mismatch/kl", "k3_kl": "mismatch/k3_kl
 def rollout_mismatch_rising(view: RunView) -> Finding | None:
     """GRPORolloutMismatchRising: a mismatch signal's 50-step p10 over mismatch_rise_ratio x its
     initial value and over mismatch_rise_floor, while its 50-step slope is still positive; or
-    (``trend_<key>``) its short-window mean over that line while the exporter's trend of its
-    last records rises steadily (Z >= trend_z)."""
-    sus, rise, floor = (th.count("sustain_steps"), th.value("mismatch_rise_ratio"),
-                        th.value("mismatch_rise_floor"))
-    found: dict[str, dict[str, Any] | None] = {}
-    for reason, key in RISING_MISMATCH.items():
-        tr = view.track(key)
-        if tr is None:
-            continue
-        p10, trend = tr.rolling(sus, "p10"), tr.slope(SLOPE_WINDOWS[0])
-        with np.errstate(invalid="ignore"):
-            mask = (p10 > rise * tr.initial()) & (p10 > floor) & (trend > 0)
-        found[reason] = _beyond(tr, p10, mask, "window_p10", initial=tr.initial(),
-                                limit=max(rise * tr.initial(), floor), window_steps=sus)
-        if found[reason] is not None:
-            i = int(np.searchsorted(tr.steps, found[reason]["steps"][0]))
-            found[reason]["slope_per_step"] = rounded(float(trend[i]))
-        # The rule's trend branch: the short window's mean past the same line while the
-        # exporter's trend of the last records rises steadily (a ramp, caught while it ramps).
-        mean, z = tr.rolling(_short_window(), "mean"), tr.trends[0]
-        with np.errstate(invalid="ignore"):
-            ramp = (mean > rise * tr.initial()) & (mean > floor) & (z >= th.value("trend_z"))
-        hit = _flagged(tr, ramp, window_mean=mean, trend_z=z)
-        if hit is not None:
-            hit.update(initial=rounded(tr.initial()), window_steps=_short_window(),
-                       last=rounded(float(tr.values[-1])))
-        found[f"trend_{reason}"] = hit
-    return _branches(**found)
+    (``trend_<signal>``) its short-window mean over that line while the exporter's trend of its
+    last records rises steadily (Z >= trend_z). Each signal's evidence under its name."""
+    card = "GRPORolloutMismatchRising"
+    return _branches(**{key.split("/", 1)[1]: hit for key, hit in _declared_each(view, card).items()},
+                     **{"trend_" + key.split("/", 1)[1]: hit
+                        for key, hit in _declared_each(view, card, "trend").items()})
 
 
 @verdict("stale_rollouts", "warning",
@@ -1189,7 +1153,8 @@ def stale_rollouts(view: RunView) -> Finding | None:
 
 
 def _dead_cause(view: RunView, card: str) -> Finding | None:
-    return _found(_declared(view, card), {"signal": declared.LEVELS[card, ""].key})
+    (signal,) = declared.LOGIC[card, ""].keys
+    return _found(_declared(view, card), {"signal": signal})
 
 
 @verdict("prompts_too_hard", "warning",
