@@ -43,19 +43,29 @@ def test_the_catalog_declares_the_level_branches() -> None:
 @pytest.mark.parametrize("branch", sorted(DECLARED), ids=lambda b: f"{b[0]}-{b[1] or 'main'}")
 def test_a_declared_branch_reads_what_the_exporter_publishes(branch: tuple[str, str]) -> None:
     logic = DECLARED[branch]
-    published = {"p10": signals.TRAINING_PERCENTILES, "p90": signals.TRAINING_PERCENTILES,
-                 "mean": {w for w, o in signals.TRAINING_MEANS if o == 0},
-                 "slope": signals.SLOPE_WINDOWS}
-    for level in declared.levels(logic):
-        assert all(level.window in published[f] for f in level.features if f in published), level
-        if "trend_z" in level.features:
-            assert set(level.keys) <= signals.TREND_KEYS
+    published = {"p10": {(w, 0) for w in signals.TRAINING_PERCENTILES},
+                 "p90": {(w, 0) for w in signals.TRAINING_PERCENTILES},
+                 "mean": set(signals.TRAINING_MEANS), "slope": {(w, 0) for w in signals.SLOPE_WINDOWS},
+                 **{f"records_{s}": {(c, o) for c, o, _ in signals.PUBLISHED_RECORD_WINDOWS}
+                    for s in ("min", "max", "median")}}
+    for key, feature, window, offset in declared.inputs(logic):
+        if feature in published:
+            assert (window, offset) in published[feature], (key, feature, window, offset)
+        if feature.startswith("trend"):
+            assert key in signals.TREND_KEYS
+        if feature.startswith("records"):
+            assert key in signals.RECORD_KEYS
+    # The keys its branches (a rule may read either of two sets, a branch each) list: what it
+    # reads, those whose presence hands the run to another branch, and those read through a
+    # derived feature.
     card = next(c for c in CARDS if c.name == branch[0])
-    assert next(b for b in card.branches if b.reason == branch[1]).keys == logic.keys
+    listed = {k for b in card.branches if b.reason == branch[1]
+              for k in (*b.keys, *b.unless_logged, *b.indirect)}
+    assert listed == set(logic.keys)
     # The rule as loaded is the rendering (the file is written from it).
     rule = next(r for r in alerts() if r["alert"] == branch[0]
                 and r.get("labels", {}).get("reason", "") == branch[1])
-    assert rule["expr"] == logic.promql()
+    assert rule["expr"] == card_logic.expression(logic, *branch)
 
 
 def test_the_renderings_shapes() -> None:
@@ -143,20 +153,48 @@ def _exposition(root: Path) -> dict[str, float]:
     return out
 
 
+def _heldout_run(root: Path) -> int:
+    """A run that logs a held-out score every 10 steps, rising then falling, beside its reward
+    and entropy (the over-optimisation card's and the law's inputs)."""
+    from grpo_monitor.sdk.writer import SnapshotWriter
+
+    writer = SnapshotWriter(root, "run", rank=0)
+    for step in range(1, 301):
+        metrics = {"reward/mean": 0.2 + step / 600, "entropy/mean": 1.5 - step / 400,
+                   "kl/mean": 0.01 + step / 10_000}
+        if step % 10 == 0:
+            metrics["eval/heldout_score"] = 0.3 + step / 500 if step < 200 else 0.9 - step / 400
+        writer.log(metrics, step)
+    writer.close()
+    return 300
+
+
 @pytest.mark.parametrize("scenario", ["entropy_collapse", "grad_norm_spike", "dead_signal",
-                                      "entropy_rebound", "reward_std_rising", "mismatch_rising"])
+                                      "entropy_rebound", "reward_std_rising", "mismatch_rising",
+                                      "blow_up", "kl_growth", "kl_tail", "reward_ceiling",
+                                      "reward_hacking", "length_bias", "heldout",
+                                      "step_time_drift", "throughput_drop"])
 def test_the_reports_readings_are_the_exporters_series(scenario: str, tmp_path: Path) -> None:
     # Every declared reading of a key the run logs, at its last step: a value exactly where the
     # exposition has the series, and the series' value.
-    steps = write_run(tmp_path, "run", scenario, steps=260, ranks=1)
+    if scenario == "heldout":
+        steps = _heldout_run(tmp_path)
+    else:
+        steps = write_run(tmp_path, "run", scenario, steps=420 if scenario == "kl_growth" else 260,
+                          ranks=1)
     data = load_run(tmp_path / "run")
-    last = max(data.readings)
+    if scenario in ("step_time_drift", "throughput_drop"):  # rank 0's performance readings
+        perf = data.perf_readings[0]
+        last = max(perf)
+        taken = dict(zip(declared.PERF_READINGS, perf[last]))
+    else:
+        last = max(data.readings)
+        taken = dict(zip(declared.READINGS, data.readings[last]))
     assert last == steps - 1 or last == steps
-    taken = dict(zip(declared.READINGS, data.readings[last]))
     series = _exposition(tmp_path)
-    logged = {k for k in {r[0] for r in declared.READINGS} if any(f'key="{k}"' in n for n in series)}
+    logged = {k for k in {r[0] for r in taken} if any(f'key="{k}"' in n for n in series)}
     compared = 0
-    for (key, feature, window), value in taken.items():
+    for (key, feature, window, offset), value in taken.items():
         if feature == "ready":
             name = next(n for n in series if n.startswith("grpo_baseline_ready{"))
             assert (series[name] == 1) == (value == 1), (series[name], value)
@@ -164,11 +202,16 @@ def test_the_reports_readings_are_the_exporters_series(scenario: str, tmp_path: 
         if key not in logged:
             assert math.isnan(value), (key, feature)
             continue
-        metric = card_logic.FEATURE_SERIES[feature]
+        metric = card_logic.EXPR_SERIES[feature]
+        if feature in card_logic.RANK_SERIES:
+            labels = []
+        else:
+            selector = card_logic.Series(feature, key, window, offset).render()
+            labels = selector[selector.index("{") + 1:selector.index("}")].split(",")
         match = [v for n, v in series.items() if n.startswith(metric + "{")
-                 and f'key="{key}"' in n
-                 and (window is None or f'window_steps="{window}"' in n)
-                 and (feature != "mean" or 'offset_steps="0"' in n)]
+                 and all(lb in n for lb in labels)]
+        if feature == "least_growth":  # the least of the windows' growths
+            match = [min(match)] if match else []
         assert match == ([] if math.isnan(value) else [pytest.approx(value)]), (key, feature, window, match)
         compared += bool(match)
     assert compared >= 2, taken

@@ -74,7 +74,7 @@ def test_collapsing_run_gets_entropy_collapse_length_shift_and_dead_signal(
     assert 130 <= entropy["steps"][0] <= 130 + 50 and entropy["steps"][1] == 490
 
     length = verdicts["length_shift"]["evidence"]["against_initial"]
-    assert length["length_initial"] == pytest.approx(53.35)
+    assert length["initial"] == pytest.approx(53.35)
     assert length["ratio_to_initial"] < 0.1  # 2-5 tokens out of 53
     assert 20 <= length["steps"][0] <= 20 + 50
 
@@ -116,7 +116,7 @@ def test_ppo_run_ends_at_its_ceiling(tmp_path: Path, capsys: pytest.CaptureFixtu
     ev = v["evidence"]
     assert ev["headroom_ratio"] == pytest.approx(0.09997, abs=1e-5)
     assert ev["law_r_squared"] == pytest.approx(0.966, abs=1e-3)
-    assert ev["entropy_initial"] == pytest.approx(0.5102, abs=1e-4)
+    assert ev["entropy/mean:initial"] == pytest.approx(0.5102, abs=1e-4)
     law = out["summary"]["entropy_reward_law"]
     assert law["end"]["near_ceiling"] and law["end"]["headroom_ratio"] == pytest.approx(0.0873, abs=1e-4)
     assert law["prediction"]["error_pct_of_range"] == pytest.approx(2.15, abs=0.01)

@@ -239,8 +239,8 @@ def _admits(selector: str) -> set[str]:
                                     "run_rank_key:grpo_window_mean:delta_200steps"])
 def test_a_recording_rule_limited_to_some_keys_has_every_key_its_readers_ask_for(record: str) -> None:
     """These rules read only the keys something reads them for (every rank's perf/* keys would
-    cost the most and feed nothing); each card and dashboard panel that reads one names keys
-    the rule computes, so a narrower rule cannot silently starve a card."""
+    cost the most and feed nothing); each card, dashboard panel and runbook query that reads
+    one names keys the rule computes, so a narrower rule cannot silently starve any of them."""
     (rule,) = [r for r in rules() if r.get("record") == record]
     inputs = [m.group(0) for m in re.finditer(r"\w+\{[^}]*\}", rule["expr"])]
     computed = set.intersection(*(_admits(sel) for sel in inputs))
@@ -249,6 +249,8 @@ def test_a_recording_rule_limited_to_some_keys_has_every_key_its_readers_ask_for
     texts += [p.read_text() for p in (ROOT / "grafana").rglob("*.json")]
     readers = [m.group(1).replace('\\"', '"') for text in texts
                for m in re.finditer(re.escape(record) + r"(\{[^}]*\}|(?![\w{]))", text)]
+    # The queries a runbook section runs (its prose names the rule bare).
+    readers += re.findall(re.escape(record) + r"(\{[^}]*\})", (ROOT / "docs" / "runbook.md").read_text())
     assert readers, f"nothing reads {record}"
     for selector in readers:
         if any("$" in pattern for _, pattern in _MATCHER.findall(selector)):

@@ -225,7 +225,7 @@ REPORT_READS = [
     ("kl_explosion", "kl_explosion_ratio", 1e6, "kl_explosion"),
     ("entropy_collapse", "entropy_collapse_ratio", 1e-6, "entropy_collapse"),
     ("grad_norm_spike", "grad_norm_spike_ratio", 100, "grad_norm_spike"),
-    ("reward_up_accuracy_flat", "reward_rise", 10, "reward_hacking"),
+    ("reward_up_accuracy_flat", "hacking_reward_sigmas", 1e6, "reward_hacking"),
     ("entropy_explosion", "entropy_explosion_ratio", 1e6, "entropy_explosion"),
     ("entropy_explosion", "truncated_ratio", 1.0, "completions_truncated"),
     ("reward_collapse", "reward_collapse_spread_ratio", 1e6, "reward_collapse"),

@@ -1,14 +1,16 @@
 """A card branch's logic, declared once: the live rule's PromQL is rendered from it, and the
 report evaluates the same declaration on the features the exporter's own code computes.
 
-The kind declared here is the *level*: a signal's features against lines. A feature is one the
+Two kinds. The *level*: a signal's features against lines. A feature is one the
 exporter publishes for the signal: a window statistic ("p10": over the line in 90% of the
 window, one-step spikes do not count; "p90": under it in 90%; the mean; the least-squares
 slope), its floor, its count of rising windows, its trend's Z, its initial or baseline mean. A
 line is a threshold of the thresholds table, that threshold times a reference feature, the
 reference alone, or a constant. Any line crossed fires the branch while every gate holds, after
 the baseline period where the level waits for it; a level may judge several signals alike, and
-``AnyOf`` fires where any of its levels does. The declaration sits in the card's entry of
+``AnyOf`` fires where any of its levels does. The *expression* (``Rule``): a tree of published
+features, thresholds, arithmetic, comparisons and set operations, with a hold on the card's own
+firing (``Held``), for what a level cannot say. The declaration sits in the card's entry of
 ``contract/cards.py`` (``Branch.logic``); ``make docs`` writes each declared branch's expression
 into ``prometheus/rules/grpo-alerts.yml`` (the rest of the rule, its labels and its annotations,
 stays written there), and a test fails when the two differ. The report
@@ -209,7 +211,566 @@ class AnyOf:
         return expr + "\n"
 
 
-Logic = Level | AnyOf
+# -- expressions: what a level cannot say ------------------------------------------------------
+#
+# A branch that compares two signals, a derived quantity (a ratio, a difference, exp), counts
+# signals, holds on its own firing (the card's ALERTS) or reads a run-level count is declared as
+# an expression tree of these nodes. Each node renders itself as PromQL (``render``) and the
+# report evaluates the same tree (tools/report/declared.py); the matching of two vectors is
+# decided once here, from the keys each side carries (``keys``), and both evaluators follow it:
+# the same keys on both sides match on (run, rank, key), otherwise on (run, rank) with the right
+# side one sample a rank, or on (run) where a side is a run's.
+
+# The features an expression reads beyond a level's: the baseline's stddev, the working level's
+# highest (grpo_run_window_mean_max), the median of the first records, the record windows' min /
+# max / median (``window``: records, ``offset``: offset_records), the trend's factor, the least
+# growth of the window's mean over the one before, of the published back-to-back windows.
+EXPR_SERIES: dict[str, str] = {
+    **FEATURE_SERIES, "stddev": "grpo_baseline_stddev", "ceiling": "grpo_run_window_mean_max",
+    "first_median": "grpo_first_records_median", "records_min": "grpo_records_min",
+    "records_max": "grpo_records_max", "records_median": "grpo_records_median",
+    "trend_factor": "grpo_trend_factor", "least_growth": "grpo_window_growth_ratio"}
+RECORDED: frozenset[str] = frozenset({"records_min", "records_max", "records_median"})
+# Features of the rank, not of a key (no key label): the held-out score's judgement (of
+# eval/heldout_score) and the entropy-reward law's fit (of reward/mean and entropy/mean). A
+# Series of one names the key it is read from.
+RANK_SERIES: dict[str, str] = {
+    "heldout_best": "grpo_heldout_best_score", "heldout_recent": "grpo_heldout_recent_score",
+    "heldout_noise": "grpo_heldout_noise_score", "heldout_points": "grpo_heldout_points",
+    "heldout_reward_at_best": "grpo_heldout_reward_at_best",
+    "heldout_smoothed_best": "grpo_heldout_smoothed_best_score",
+    "heldout_smoothed_recent": "grpo_heldout_smoothed_recent_score",
+    "heldout_reward_at_smoothed_best": "grpo_heldout_reward_at_smoothed_best",
+    "law_scale": "grpo_forecast_law_scale", "law_r_squared": "grpo_forecast_fit_r_squared"}
+EXPR_SERIES.update(RANK_SERIES)
+# The labels each feature's series carries beyond run, rank and key (``max without`` drops them).
+_EXTRA_LABELS: dict[str, tuple[str, ...]] = {
+    **{f: ("window_steps",) for f in ("p10", "p90", "slope", "floor", "ceiling", "rising")},
+    "mean": ("window_steps", "offset_steps"), "least_growth": ("window_steps",), "trend_z": ("records",), "trend_factor": ("records",),
+    **{f: ("records", "offset_records") for f in RECORDED}}
+NO_KEY = ""  # the key of a vector without a key label
+
+
+class Expr:
+    """A node of a branch's expression: a vector (samples of (run, rank), of (run, rank, key)
+    where it carries ``keys``, or of (run) where ``run_level``) or, where ``scalar``, a number
+    the thresholds table or a constant gives. Built with Python's operators: ``+ - * /`` are
+    arithmetic, ``> < >= <=`` and ``eq`` filter the left side's samples, ``&``, ``|`` and
+    ``unless`` are PromQL's and, or, unless."""
+
+    scalar = False
+    run_level = False
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Labels beyond run, rank (and job / instance) the samples carry."""
+        return ()
+
+    def render(self, alert: str, reason: str) -> str:
+        raise NotImplementedError
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def walk(self) -> list[Expr]:
+        return [self, *(n for c in self.children() for n in c.walk())]
+
+    def words(self) -> str:
+        raise NotImplementedError
+
+    def __add__(self, other: Expr | float) -> Expr:
+        return Arith("+", self, _expr(other))
+
+    def __sub__(self, other: Expr | float) -> Expr:
+        return Arith("-", self, _expr(other))
+
+    def __mul__(self, other: Expr | float) -> Expr:
+        return Arith("*", self, _expr(other))
+
+    def __truediv__(self, other: Expr | float) -> Expr:
+        return Arith("/", self, _expr(other))
+
+    def __rsub__(self, other: float) -> Expr:
+        return Arith("-", Const(other), self)
+
+    def __gt__(self, other: Expr | float) -> Expr:  # type: ignore[override]
+        return Cmp(">", self, _expr(other))
+
+    def __lt__(self, other: Expr | float) -> Expr:  # type: ignore[override]
+        return Cmp("<", self, _expr(other))
+
+    def __ge__(self, other: Expr | float) -> Expr:  # type: ignore[override]
+        return Cmp(">=", self, _expr(other))
+
+    def __le__(self, other: Expr | float) -> Expr:  # type: ignore[override]
+        return Cmp("<=", self, _expr(other))
+
+    def eq(self, other: Expr | float) -> Expr:
+        return Cmp("==", self, _expr(other))
+
+    def __and__(self, other: Expr) -> Expr:
+        return SetOp("and", self, other)
+
+    def __or__(self, other: Expr) -> Expr:
+        return SetOp("or", self, other)
+
+    def unless(self, other: Expr) -> Expr:
+        return SetOp("unless", self, other)
+
+    def named(self, name: str) -> Expr:
+        """The same, its value at the first step a branch fires kept in the report's evidence
+        under ``name``."""
+        return Named(name, self)
+
+
+def _expr(x: Expr | float) -> Expr:
+    return x if isinstance(x, Expr) else Const(float(x))
+
+
+def _simple(e: Expr) -> bool:
+    return isinstance(e, (Series, Threshold, Const, Held, Ready, Logged, Func, Agg))
+
+
+def _wrap(e: Expr, alert: str, reason: str) -> str:
+    """An operand: in parentheses unless a selector or a call; on one line where it fits."""
+    while isinstance(e, Named):
+        e = e.arg
+    text = e.render(alert, reason)
+    if _simple(e):
+        return text
+    return f"({text})" if "\n" not in text else f"(\n{_indent(text, 2)}\n)"
+
+
+@dataclass(frozen=True, eq=False)
+class Series(Expr):
+    """A feature of one key or of several judged alike (``Level``'s features and EXPR_SERIES):
+    ``window`` / ``offset`` are the steps of a window statistic (the records of a record window)."""
+
+    feature: str
+    key: str | tuple[str, ...]
+    window: int = 0
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.feature not in EXPR_SERIES:
+            raise ValueError(f"no feature {self.feature!r}")
+        if (self.feature in WINDOWED or self.feature in RECORDED or self.feature == "least_growth") \
+                and self.window <= 0:
+            raise ValueError(f"{self.feature} of {self.key} needs its window")
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The keys whose features it reads."""
+        return (self.key,) if isinstance(self.key, str) else self.key
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (NO_KEY,) if self.feature in RANK_SERIES else self.reads
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return () if self.feature in RANK_SERIES else ("key", *_EXTRA_LABELS.get(self.feature, ()))
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        if self.feature in RANK_SERIES:
+            return RANK_SERIES[self.feature]
+        keys = self.keys
+        out = [f'key="{keys[0]}"' if len(keys) == 1 else f'key=~"{"|".join(map(re.escape, keys))}"']
+        if self.feature == "least_growth":  # the least of the windows' growths, back to back
+            out.append(f'window_steps="{self.window}"')
+            return f"min without (offset_steps) ({EXPR_SERIES[self.feature]}{{{','.join(out)}}})"
+        if self.feature in WINDOWED:
+            out.append(f'window_steps="{self.window}"')
+            if self.feature == "mean":
+                out.append(f'offset_steps="{self.offset}"')
+        elif self.feature in RECORDED:
+            out += [f'records="{self.window}"', f'offset_records="{self.offset}"']
+        return f"{EXPR_SERIES[self.feature]}{{{','.join(out)}}}"
+
+    def words(self) -> str:
+        what = FEATURE_WORDS.get(self.feature, self.feature)
+        if self.feature in RECORDED:
+            what = f"{what.split('_')[1]} of {self.window} records" + (
+                f" {self.offset} back" if self.offset else "")
+        elif self.feature in WINDOWED:
+            what = f"{self.window}-step {what}" + (f" {self.offset} steps back" if self.offset else "")
+        return f"{'/'.join(self.reads)} {what}"
+
+
+@dataclass(frozen=True, eq=False)
+class Threshold(Expr):
+    """A threshold of the table (grpo:threshold:NAME), read at each evaluation."""
+
+    name: str
+    scalar = True
+
+    def __post_init__(self) -> None:
+        thresholds.value(self.name)  # an unknown name fails here, not in the rule
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return ()
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return f"grpo:threshold:{self.name}"
+
+    def words(self) -> str:
+        return _number(thresholds.value(self.name))
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Expr):
+    value: float
+    scalar = True
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return ()
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return _number(self.value)
+
+    def words(self) -> str:
+        return _number(self.value)
+
+
+def matching(left: Expr, right: Expr, op: str = "") -> str:
+    """How two vectors are matched, decided by their keys: see the section's comment. ``or``
+    of two keyed sides is their union, key by key."""
+    if left.run_level or right.run_level:
+        return "on(run)"
+    keyed = NO_KEY not in left.keys and NO_KEY not in right.keys
+    if keyed and (left.keys == right.keys or op == "or"):
+        return "on(run, rank, key)"
+    return "on(run, rank)"
+
+
+def _check_one_side(left: Expr, right: Expr) -> None:
+    if matching(left, right) != "on(run, rank, key)" and len(right.keys) > 1:
+        raise ValueError(f"the right side of a match on the rank carries several keys: {right.keys}")
+
+
+@dataclass(frozen=True, eq=False)
+class Arith(Expr):
+    """Arithmetic; between two vectors, matched as ``matching`` says (the left side's labels
+    kept); a threshold is a scalar broadcast to every sample."""
+
+    op: Literal["+", "-", "*", "/"]
+    left: Expr
+    right: Expr
+
+    def __post_init__(self) -> None:
+        if not (self.left.scalar or self.right.scalar):
+            _check_one_side(self.left, self.right)
+        if self.left.scalar and not self.right.scalar and not isinstance(self.left, Const):
+            raise ValueError("a threshold on the left of a vector: write the vector first")
+
+    @property
+    def scalar(self) -> bool:  # type: ignore[override]
+        return self.left.scalar and self.right.scalar
+
+    @property
+    def run_level(self) -> bool:  # type: ignore[override]
+        return (self.right if self.left.scalar else self.left).run_level
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.right.keys if self.left.scalar else self.left.keys
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.right.labels if self.left.scalar else self.left.labels
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def _join(self) -> str:
+        if self.scalar or isinstance(self.right, Const) or isinstance(self.left, Const):
+            return ""
+        if self.right.scalar:
+            return " on() group_left()"
+        return f" {matching(self.left, self.right)} group_left()"
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        left, right = _wrap(self.left, alert, reason), _wrap(self.right, alert, reason)
+        if self.scalar:
+            return f"{left} {self.op} {right}"  # in parentheses where it is an operand
+        one_line = f"{left} {self.op}{self._join()} {right}"
+        if "\n" not in one_line and len(one_line) <= 110:
+            return one_line
+        if "\n" not in right and len(right) <= 60:  # a short right side stays on the operator's line
+            return f"{left}\n  {self.op}{self._join()} {right}"
+        return f"{left}\n  {self.op}{self._join()}\n{right}"
+
+    def words(self) -> str:
+        return f"({self.left.words()} {self.op} {self.right.words()})"
+
+
+@dataclass(frozen=True, eq=False)
+class Cmp(Arith):
+    """A comparison: the left side's samples where it holds, valued as the left side."""
+
+    op: Literal[">", "<", ">=", "<=", "=="]  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.left.scalar:
+            raise ValueError("a comparison filters its left side: a vector")
+        super().__post_init__()
+
+    def words(self) -> str:
+        op = "=" if self.op == "==" else self.op
+        return f"{self.left.words()} {op} {self.right.words()}"
+
+
+@dataclass(frozen=True, eq=False)
+class SetOp(Expr):
+    """PromQL's ``and`` (the left side where the right has a sample), ``or`` (the left side,
+    and the right where the left has none) and ``unless``, matched as ``matching`` says."""
+
+    op: Literal["and", "or", "unless"]
+    left: Expr
+    right: Expr
+
+    def __post_init__(self) -> None:
+        if self.left.scalar or self.right.scalar:
+            raise ValueError(f"{self.op} takes two vectors")
+
+    @property
+    def run_level(self) -> bool:  # type: ignore[override]
+        return self.left.run_level and (self.op != "or" or self.right.run_level)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        if self.op == "or" and matching(self.left, self.right, "or") == "on(run, rank, key)":
+            return tuple(dict.fromkeys((*self.left.keys, *self.right.keys)))
+        return self.left.keys
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        if self.op == "or":
+            return tuple(dict.fromkeys((*self.left.labels, *self.right.labels)))
+        return self.left.labels
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return (f"{_wrap(self.left, alert, reason)}\n{self.op} {matching(self.left, self.right, self.op)}\n"
+                f"{_wrap(self.right, alert, reason)}")
+
+    def words(self) -> str:
+        op = {"and": "and", "or": "or", "unless": "unless"}[self.op]
+        return f"({self.left.words()}) {op} ({self.right.words()})"
+
+
+@dataclass(frozen=True, eq=False)
+class Func(Expr):
+    """abs, exp or sqrt of each sample (or of a number)."""
+
+    name: Literal["abs", "exp", "sqrt"]
+    arg: Expr
+
+    @property
+    def scalar(self) -> bool:  # type: ignore[override]
+        return self.arg.scalar
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.arg.keys
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.arg.labels
+
+    @property
+    def run_level(self) -> bool:  # type: ignore[override]
+        return self.arg.run_level
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.arg,)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        inner = self.arg.render(alert, reason)
+        return f"{self.name}({inner})" if "\n" not in inner else f"{self.name}(\n{_indent(inner, 2)}\n)"
+
+    def __post_init__(self) -> None:
+        if self.arg.scalar and not isinstance(self.arg, (Threshold, Const)):
+            raise ValueError("a function of a number takes a threshold or a constant")
+
+    def words(self) -> str:
+        return f"{self.name}({self.arg.words()})"
+
+
+@dataclass(frozen=True, eq=False)
+class Agg(Expr):
+    """One sample a (run, rank) of several: ``max`` (the key dropped, or kept with
+    ``keep_key``: the window labels only), ``count`` (how many), ``run_max`` (the run's
+    highest, one sample a run)."""
+
+    name: Literal["max", "count", "run_max"]
+    arg: Expr
+    keep_key: bool = False
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.arg.keys if self.keep_key else (NO_KEY,)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return ("key",) if self.keep_key else ()
+
+    @property
+    def run_level(self) -> bool:  # type: ignore[override]
+        return self.name == "run_max"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.arg,)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        inner = _indent(self.arg.render(alert, reason), 2)
+        if self.name == "count":
+            return f"count by (run, rank) (\n{inner}\n)"
+        if self.name == "run_max":
+            return f"max by (run) (\n{inner}\n)"
+        dropped = [lb for lb in self.arg.labels if not (self.keep_key and lb == "key")]
+        if not dropped:
+            return self.arg.render(alert, reason)
+        return f"max without ({', '.join(dropped)}) (\n{inner}\n)"
+
+    def words(self) -> str:
+        return self.arg.words() if self.name != "count" else f"count of ({self.arg.words()})"
+
+
+@dataclass(frozen=True, eq=False)
+class Held(Expr):
+    """The branch's own card firing at the previous evaluation (its ALERTS series): a card that
+    holds while a weaker condition lasts once raised."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (NO_KEY,)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return f'ALERTS{{alertname="{alert}",alertstate="firing",reason="{reason}"}}'
+
+    def words(self) -> str:
+        return "already raised"
+
+
+@dataclass(frozen=True, eq=False)
+class Ready(Expr):
+    """The rank's baseline period is over."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (NO_KEY,)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return BASELINE_READY
+
+    def words(self) -> str:
+        return "the baseline is ready"
+
+
+@dataclass(frozen=True, eq=False)
+class Logged(Expr):
+    """The steps the run has logged (its busiest rank's count): one sample a run."""
+
+    run_level = True
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (NO_KEY,)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return "max by (run) (grpo_run_logged_steps)"
+
+    def words(self) -> str:
+        return "logged steps"
+
+
+@dataclass(frozen=True, eq=False)
+class Named(Expr):
+    """A sub-expression whose value the report names in its evidence; the rule is the same."""
+
+    name: str
+    arg: Expr
+
+    @property
+    def scalar(self) -> bool:  # type: ignore[override]
+        return self.arg.scalar
+
+    @property
+    def run_level(self) -> bool:  # type: ignore[override]
+        return self.arg.run_level
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.arg.keys
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.arg.labels
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.arg,)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return self.arg.render(alert, reason)
+
+    def words(self) -> str:
+        return self.arg.words()
+
+
+def series(feature: str, key: str | tuple[str, ...], window: int = 0, offset: int = 0) -> Series:
+    return Series(feature, key, window, offset)
+
+
+def threshold(name: str) -> Threshold:
+    return Threshold(name)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A branch declared as an expression: it fires where ``expr`` has a sample (once the
+    baseline period is over, with ``baseline``)."""
+
+    expr: Expr
+    baseline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.expr.scalar:
+            raise ValueError("a rule's expression is a vector")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(k for n in self.expr.walk() if isinstance(n, Series)
+                                   for k in n.reads))
+
+    @property
+    def held(self) -> bool:
+        return any(isinstance(n, Held) for n in self.expr.walk())
+
+    def words(self) -> str:
+        return self.expr.words() + (" (after the baseline)" if self.baseline else "")
+
+    def promql(self, alert: str = "", reason: str = "") -> str:
+        expr = self.expr.render(alert, reason)
+        if self.baseline:
+            expr = f"{_wrap(self.expr, alert, reason)}\nand on(run, rank) {BASELINE_READY}"
+        return expr + "\n"
+
+
+Logic = Level | AnyOf | Rule
+
+
+def expression(logic: Logic, alert: str, reason: str) -> str:
+    """The rule expression of the branch (alert, reason) declared as ``logic``."""
+    return logic.promql(alert, reason) if hasattr(logic, "expr") else logic.promql()
 
 
 def _indent(text: str, n: int) -> str:
@@ -261,7 +822,8 @@ def render(text: str) -> str:
         if branch not in levels:
             return m.group(0)
         seen.add(branch)
-        expr = "".join(f"          {line}\n" for line in levels[branch].promql().splitlines())
+        text = expression(levels[branch], *branch)
+        expr = "".join(f"          {line}\n" for line in text.splitlines())
         return f"      - alert: {branch[0]}\n        expr: |\n{expr}        labels:\n{m.group(3)}"
 
     out = _RULE.sub(fresh, text)

@@ -28,7 +28,24 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from grpo_monitor.contract import thresholds
-from grpo_monitor.contract.card_logic import AnyOf, Level, Line, Logic, above, below, mean_above
+from grpo_monitor.contract.card_logic import (
+    Agg,
+    AnyOf,
+    Const,
+    Func,
+    Held,
+    Level,
+    Line,
+    Logged,
+    Logic,
+    Ready,
+    Rule,
+    Series,
+    Threshold,
+    above,
+    below,
+    mean_above,
+)
 
 Severity = Literal["critical", "warning"]
 Reason = Literal["armed", "missing_signal", "baseline_pending", "not_applicable"]
@@ -106,6 +123,79 @@ def _level(logic: Logic, reason: str = "") -> Branch:
                   reason=reason, logic=logic)
 
 
+def _rule(rule: Rule, reason: str = "", *, at_least: int | None = None,
+          unless_logged: tuple[str, ...] = (), indirect: tuple[str, ...] = (),
+          keys: tuple[str, ...] | None = None, baseline: bool | None = None) -> Branch:
+    """A branch declared as an expression: it reads the keys its series read (all of them, or
+    ``at_least``), bar those whose presence hands the run to another branch and those it reads
+    through a derived feature; ``keys``: an alternative of a rule that reads either of two sets
+    (each its own branch, the rule the same). ``baseline``: it waits for the baseline through a
+    series published only once it is ready (a baseline mean), not through the rule's gate."""
+    if keys is None:
+        keys = tuple(k for k in rule.keys if k not in unless_logged and k not in indirect)
+    return Branch(keys, at_least=at_least, baseline=rule.baseline if baseline is None else baseline,
+                  reason=reason,
+                  unless_logged=unless_logged, indirect=indirect, logic=rule)
+
+
+LOOKBACK = thresholds.count("lookback_steps")  # 200 steps: "within 200 steps"
+T = Threshold
+
+
+def _mean(key: str | tuple[str, ...], window: int = SUSTAIN, back: int = 0) -> Series:
+    """The signal's window mean, ``back`` steps before the newest."""
+    return Series("mean", key, window, back)
+
+
+def _max(e: object, keep_key: bool = False) -> Agg:
+    return Agg("max", e, keep_key)  # type: ignore[arg-type]
+
+
+def _held(feature: str) -> Series:
+    """A feature of the held-out score's judgement (runtime/signals.HeldOutTracker)."""
+    return Series(f"heldout_{feature}", "eval/heldout_score")
+
+
+def _rose(keys: str | tuple[str, ...], ratio: str) -> Series:
+    """The blow-up's rise: the last 2 records' lowest over ``ratio`` x the median of the 10
+    records before the 5 newest, and over their highest."""
+    return (Series("records_min", keys, 2, 0) > Series("records_median", keys, 10, 5) * T(ratio)) \
+        > Series("records_max", keys, 10, 5)  # type: ignore[return-value]
+
+
+def _fell(key: str) -> Series:
+    """The last 2 records' highest under the lowest of the 10 before the 5 newest."""
+    return Series("records_max", key, 2, 0) < Series("records_min", key, 10, 5)  # type: ignore[return-value]
+
+
+def _trend_up(keys: str | tuple[str, ...], factor: str) -> Series:
+    """The trend of the last records climbed by ``factor``, steadily (Mann-Kendall Z)."""
+    return (Series("trend_factor", keys) >= T(factor)) & \
+        (Series("trend_z", keys) >= T("trend_z"))  # type: ignore[return-value]
+
+
+KL, ENTROPY, REWARD, LENGTH, CLIPPED = ("kl/mean", "entropy/mean", "reward/mean",
+                                       "response/len_mean", "response/clip_ratio")
+# The blow-up's signals that rise (the length and the truncated share by their own factors).
+BLOWUP_RISING = ("entropy/mean", "kl/mean", "grad/norm")
+# KL's line before the baseline: its floor, or the median of its first records where lower (or
+# the only one there is), times kl_explosion_ratio.
+_KL_EARLY_LINE = ((Series("floor", KL) < Series("first_median", KL)) | Series("first_median", KL)
+                  | Series("floor", KL)) * T("kl_explosion_ratio")
+_KL_LINE = Series("baseline", KL) * T("kl_explosion_ratio")
+_REWARD_SPAN = Series("ceiling", REWARD) - Series("floor", REWARD)
+_REWARD_COLLAPSE = Rule(
+    _max(Series("p90", REWARD, SUSTAIN) < Series("floor", REWARD) + _REWARD_SPAN * T("reward_collapse_ratio"))
+    & (_max(_REWARD_SPAN)
+       > (_max(Series("ceiling", "reward/std") * T("reward_collapse_spread_ratio"))
+          | _max((Series("ceiling", "reward/max") - Series("floor", "reward/min"))
+                 * T("reward_range_std_ratio") * T("reward_collapse_spread_ratio")))))
+STEP_TIME, THROUGHPUT = "perf/step_time_s", ("perf/samples_per_s", "perf/tokens_per_s")
+_QUANTILES = ("reward/p25", "reward/p50", "reward/p75", "reward/p95")
+_ACCURACY = "eval/sample_acc"
+_TRUNCATED_LEVEL = T("blowup_truncated_ratio")
+
+
 # The rollout-vs-trainer mismatches whose slow rise GRPORolloutMismatchRising follows.
 MISMATCH_RISING = ("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean")
 
@@ -113,12 +203,23 @@ MISMATCH_RISING = ("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"
 CARDS: tuple[Card, ...] = (
     # -- red cards ------------------------------------------------------------------------------
     Card("GRPONonFiniteValues", "critical", ALERTS, (_B(),), always=True),
+    # Raised by the short window's p10 past both lines, held while the 50-step mean stays over
+    # the line (the card's own ALERTS).
     Card("GRPOKLExplosion", "critical", ALERTS, (
-        _B(("kl/mean",), baseline=True),
-        _B(("kl/mean",), reason="before_baseline"))),
+        _rule(Rule(_max(((Series("p10", KL, SHORT) > _KL_LINE)
+                         & (Series("p10", KL, SHORT) > _mean(KL, back=LOOKBACK) * T("kl_jump_ratio")))
+                        | ((_mean(KL) > _KL_LINE) & Held())), baseline=True)),
+        _rule(Rule(_max(((Series("p10", KL, SHORT) > _KL_EARLY_LINE) > T("kl_early_level")).unless(Ready())
+                        | (((_mean(KL) > _KL_EARLY_LINE) > T("kl_early_level")) & Held()))),
+              "before_baseline"))),
     Card("GRPOEntropyCollapse", "critical", ALERTS, (
         _level(Level("entropy/mean", SHORT, (below("entropy_collapse_ratio", "initial"),))),
-        _B(("entropy/mean",), reason="first_records"))),
+        # Each of the last 3 records under the line from the first 3: raised while the run has
+        # logged at most first_records_judged steps, held while the records stay under it.
+        _rule(Rule(_max(Series("records_max", ENTROPY, 3, 0)
+                        < Series("first_median", ENTROPY) * T("entropy_collapse_ratio"), keep_key=True)
+                   & ((Logged() <= T("first_records_judged")) | Agg("run_max", Held()))),
+              "first_records"))),
     Card("GRPOEntropyExplosion", "critical", ALERTS, (
         _level(Level("entropy/mean", SHORT, (above("entropy_explosion_ratio", "initial"),))),
         # Back above its start and far above the floor it had fallen to: a collapse that
@@ -126,67 +227,172 @@ CARDS: tuple[Card, ...] = (
         _level(Level("entropy/mean", SHORT, (above("entropy_rebound_ratio", "floor"),), gates=(
             Line("p10", ">", reference="initial"),
             Line("floor", "<", "entropy_rebound_floor_ratio", reference="initial"))), "rebound"))),
+    # blowup_min_signals of its signals out of the range of their earlier records together (the
+    # truncated share only above blowup_truncated_ratio); held while one fewer of the rising
+    # ones stays over its factor times its floor.
     Card("GRPOTrainingBlowUp", "critical", ALERTS, (
-        _B(("entropy/mean", "kl/mean", "grad/norm", "response/len_mean", "reward/mean",
-            "response/clip_ratio"),
-           at_least=thresholds.count("blowup_min_signals")),
+        _rule(Rule((Agg("count", _rose(BLOWUP_RISING, "blowup_ratio") | _rose(LENGTH, "blowup_length_ratio")
+                        | _fell(REWARD) | (_rose(CLIPPED, "blowup_ratio") > _TRUNCATED_LEVEL))
+                    >= T("blowup_min_signals"))
+                   | ((Agg("count", (Series("records_min", BLOWUP_RISING, 2, 0)
+                                     > Series("floor", BLOWUP_RISING) * T("blowup_ratio"))
+                           | (Series("records_min", LENGTH, 2, 0)
+                              > Series("floor", LENGTH) * T("blowup_length_ratio")))
+                       >= T("blowup_min_signals") - 1) & Held())),
+              at_least=thresholds.count("blowup_min_signals")),
         # Two signals suffice where they are these two: the reward at a new low while the
-        # truncated share reaches a new high above half (a crash into the length limit).
-        _B(("reward/mean", "response/clip_ratio"), reason="truncation_crash"),
+        # truncated share reaches a new high above half (a crash into the length limit); held
+        # while the truncated share stays above that.
+        _rule(Rule((_max((Series("records_min", CLIPPED, 2, 0) > Series("records_max", CLIPPED, 10, 5))
+                         > _TRUNCATED_LEVEL) & _max(_fell(REWARD)))
+                   | (_max(Series("records_min", CLIPPED, 2, 0) > _TRUNCATED_LEVEL) & Held())),
+              "truncation_crash"),
         # The reward falling steadily while another signal climbs steadily or pins at the cap:
-        # judged on the trend of the last records (runtime/trend.py), no baseline, no initial.
-        _B(("reward/mean", "entropy/mean", "kl/mean", "grad/norm", "response/len_mean",
-            "response/clip_ratio"), at_least=2, reason="trend"))),
+        # judged on the trend of the last records (runtime/trend.py), no baseline, no initial;
+        # held while the reward's short-window mean stays that low against its working level.
+        _rule(Rule((_max((Series("trend_factor", REWARD) <= T("blowup_trend_reward_factor"))
+                         & (Series("trend_z", REWARD) <= Const(0) - T("trend_z")))
+                    & Agg("count", _trend_up(BLOWUP_RISING, "blowup_ratio")
+                          | _trend_up(LENGTH, "blowup_length_ratio")
+                          | (Series("p10", CLIPPED, SHORT) >= T("truncated_ratio"))))
+                   | ((_max(_mean(REWARD, SHORT)) / _max(Series("ceiling", REWARD) > 0)
+                       <= T("blowup_trend_reward_factor")) & Held())),
+              "trend", at_least=2))),
     # The reward's spread, or its range where the run logs no spread (verl's default).
+    # The reward's 50-step p90 in the lowest quarter of the range between its floor and working
+    # level, a range of at least half its largest spread (the stddev's highest 20-step mean, or
+    # reward_range_std_ratio of the max's highest less the min's lowest).
     Card("GRPORewardCollapse", "critical", ALERTS, (
-        _B(("reward/mean", "reward/std")), _B(("reward/mean", "reward/min", "reward/max")),
-        # A run that logs its mean reward and nothing beside it.
-        _B(("reward/mean",), reason="mean_only",
-           unless_logged=("reward/std", "reward/min", "reward/max")))),
-    Card("GRPOHeldOutCollapse", "critical", ALERTS, (_B(("eval/heldout_score",)),)),
+        _rule(_REWARD_COLLAPSE, keys=("reward/mean", "reward/std")),
+        _rule(_REWARD_COLLAPSE, keys=("reward/mean", "reward/min", "reward/max")),
+        # A run that logs its mean reward and nothing beside it: its p90 fallen to a fraction
+        # of its best working level (a level that never went below 0).
+        _rule(Rule((_max(Series("p90", REWARD, SUSTAIN) <= Series("ceiling", REWARD)
+                         * T("reward_mean_collapse_ratio"))
+                    & (_max(Series("ceiling", REWARD)) > 0) & (_max(Series("floor", REWARD)) >= 0))
+                   .unless(Series("ceiling", ("reward/std", "reward/min", "reward/max")))),
+              "mean_only", unless_logged=("reward/std", "reward/min", "reward/max")))),
+    # The better of the last 2 held-out points under heldout_collapse_ratio of the best (a
+    # positive best), further under it than heldout_noise_factor x the points' noise.
+    Card("GRPOHeldOutCollapse", "critical", ALERTS, (
+        _rule(Rule((_held("recent") < _held("best") * T("heldout_collapse_ratio"))
+                   & (_held("best") - _held("recent") > _held("noise") * T("heldout_noise_factor"))
+                   & (_held("best") > 0) & (_held("points") >= T("heldout_min_points")))),)),
     Card("GRPORankStalled", "critical", ALERTS, (_B(min_ranks=2, reason="rank_lag"),)),
     Card("GRPORunHung", "critical", CLUSTER, (_B(),), always=True),
     Card("GRPOGPUXidError", "critical", CLUSTER, (_B(gpu=True),)),
     # -- yellow cards ---------------------------------------------------------------------------
-    Card("GRPOKLGrowthAccelerating", "warning", ALERTS, (_B(("kl/mean",), baseline=True),)),
-    Card("GRPOKLTailOutliers", "warning", ALERTS, (_B(("kl/max", "kl/p95"), baseline=True),)),
+    # KL's 100-step mean up by over kl_growth_ratio on the one before, in each of the last three
+    # 100-step windows, and the last increment larger than the one 200 steps before.
+    Card("GRPOKLGrowthAccelerating", "warning", ALERTS, (
+        _rule(Rule(_max(Series("least_growth", KL, 100) > T("kl_growth_ratio"))
+                   & ((_mean(KL, 100, 0) - _mean(KL, 100, 100)) - (_mean(KL, 100, 200) - _mean(KL, 100, 300))
+                      > 0), baseline=True)),)),
+    # KL's max over its p95 (50-step means) past kl_tail_ratio, and past that ratio in the
+    # baseline times kl_tail_baseline_ratio.
+    Card("GRPOKLTailOutliers", "warning", ALERTS, (
+        _rule(Rule(_max(_mean("kl/max") > _mean("kl/p95") * T("kl_tail_ratio"))
+                   & (_max(_mean("kl/max") / _mean("kl/p95"))
+                      > _max(Series("baseline", "kl/max") / Series("baseline", "kl/p95"))
+                      * T("kl_tail_baseline_ratio")), baseline=True)),)),
     Card("GRPORewardHackingSuspected", "warning", ALERTS, (
-        _B(("response/len_mean", "reward/mean"), baseline=True, reason="length_surge"),
-        _B(("reward/mean", "eval/sample_acc"), baseline=True, reason="flat_accuracy"),
+        # The length's 50-step mean over hacking_length_ratio x the one 200 steps before while
+        # the reward rose.
+        _rule(Rule(_max(_mean(LENGTH) / _mean(LENGTH, back=LOOKBACK) > T("hacking_length_ratio"))
+                   & (_mean(REWARD) - _mean(REWARD, back=LOOKBACK) > 0), baseline=True),
+              "length_surge"),
+        # The reward up by hacking_reward_sigmas baseline stddevs within 200 steps while the
+        # accuracy moved by under hacking_accuracy_sigmas of its own.
+        _rule(Rule(_max(_mean(REWARD) - _mean(REWARD, back=LOOKBACK)
+                        > Series("stddev", REWARD) * T("hacking_reward_sigmas"))
+                   & (Func("abs", _mean(_ACCURACY) - _mean(_ACCURACY, back=LOOKBACK))
+                      < Series("stddev", _ACCURACY) * T("hacking_accuracy_sigmas")), baseline=True),
+              "flat_accuracy"),
         # The same, before any baseline: the reward's trend against the accuracy's.
-        _B(("reward/mean", "eval/sample_acc"), reason="trend"))),
+        _rule(Rule(_max(_trend_up(REWARD, "hacking_trend_reward_factor"))
+                   & (Series("trend_z", _ACCURACY) < T("hacking_trend_accuracy_z"))), "trend"))),
     Card("GRPOResponseLengthShift", "warning", ALERTS, (
-        _B(("response/len_mean",), baseline=True),
-        _B(("response/len_mean",), reason="against_initial"),
-        _B(("response/len_mean",), reason="trend"))),
+        # The 50-step mean off the one 200 steps before by over length_shift_ratio.
+        _rule(Rule(_max(Func("abs", _mean(LENGTH) / _mean(LENGTH, back=LOOKBACK) - 1)
+                        > T("length_shift_ratio")), baseline=True)),
+        # Before that exists: the short window off the initial length by as much in 90% of it.
+        _rule(Rule(_max(Func("abs", ((((Series("p90", LENGTH, SHORT) / Series("initial", LENGTH)) < 1)
+                                      | ((Series("p10", LENGTH, SHORT) / Series("initial", LENGTH)) > 1))
+                                     .named("ratio_to_initial")) - 1) > T("length_shift_ratio"))
+                   .unless(_mean(LENGTH, back=LOOKBACK))), "against_initial"),
+        # The trend of its last records moved by as much, steadily.
+        _rule(Rule(_max(((Series("trend_factor", LENGTH) >= Const(1) + T("length_shift_ratio"))
+                         & (Series("trend_z", LENGTH) >= T("trend_z")))
+                        | ((Series("trend_factor", LENGTH) <= Const(1) - T("length_shift_ratio"))
+                           & (Series("trend_z", LENGTH) <= Const(0) - T("trend_z"))))), "trend"))),
     Card("GRPOCompletionsTruncated", "warning", ALERTS, (
         _level(Level("response/clip_ratio", SHORT, (above("truncated_ratio"),))),)),
+    # The better of the last 2 held-out points more than heldout_drop_ratio of the best and
+    # heldout_noise_factor x the noise below it, while the reward's 20-step mean holds at its
+    # level at the best point; or (smoothed) the same on the points' 3-point means, the reward
+    # within heldout_reward_hold_ratio of its level there.
     Card("GRPORewardOverOptimization", "warning", ALERTS, (
-        _B(("eval/heldout_score", "reward/mean")),
-        _B(("eval/heldout_score", "reward/mean"), reason="smoothed"))),
+        _rule(Rule((_held("best") - _held("recent") > Func("abs", _held("best")) * T("heldout_drop_ratio"))
+                   & (_held("best") - _held("recent") > _held("noise") * T("heldout_noise_factor"))
+                   & (_held("points") >= T("heldout_min_points"))
+                   & (_max(_mean(REWARD, SHORT)) >= _held("reward_at_best")))),
+        _rule(Rule((_held("smoothed_best") - _held("smoothed_recent")
+                    > Func("abs", _held("smoothed_best")) * T("heldout_drop_ratio"))
+                   & (_held("smoothed_best") - _held("smoothed_recent")
+                      > _held("noise") / Func("sqrt", T("heldout_smooth_points")) * T("heldout_noise_factor"))
+                   & (_held("points") >= T("heldout_min_points"))
+                   & (_max(_mean(REWARD, SHORT)) >= _held("reward_at_smoothed_best")
+                      - Func("abs", _held("reward_at_smoothed_best")) * T("heldout_reward_hold_ratio"))),
+              "smoothed"))),
     Card("GRPORewardStdRising", "warning", ALERTS, (
         _level(Level("reward/std", 0, (Line("rising", ">=", "reward_std_rising_windows"),),
                      baseline=True)),)),
+    # A quantile's 50-step mean below its baseline by reward_quantile_sigmas baseline stddevs,
+    # or fallen by as many within 200 steps.
     Card("GRPORewardQuantileExtreme", "warning", ALERTS, (
-        _B(("reward/p25", "reward/p50", "reward/p75", "reward/p95"), at_least=1, baseline=True),)),
+        _rule(Rule(_max((_mean(_QUANTILES) < Series("baseline", _QUANTILES) - Series("stddev", _QUANTILES)
+                         * T("reward_quantile_sigmas"))
+                        | (_mean(_QUANTILES) - _mean(_QUANTILES, back=LOOKBACK)
+                           < Series("stddev", _QUANTILES) * Const(-1) * T("reward_quantile_sigmas")),
+                        keep_key=True), baseline=True), at_least=1),)),
     Card("GRPOAdvantageVanishing", "warning", ALERTS, (
         _level(Level("group/zero_std_frac", SHORT, (mean_above("dead_signal_zero_std_ratio"),)),
                "dead_groups"),
         _level(Level("reward/std", SHORT, (Line("p90", "<=", constant=0),)), "reward_constant"),
-        _B(("reward/mean", "reward/std"), reason="saturated"),
+        # The reward pinned near its best working level with almost no spread.
+        _rule(Rule(_max(_mean("reward/std", SHORT) < (_mean(REWARD, SHORT) > 0)
+                        * T("reward_saturation_std_ratio"))
+                   & _max(Series("p10", REWARD, SHORT) >= Series("ceiling", REWARD)
+                          * T("reward_saturation_level_ratio"))), "saturated"),
         # The mean reward alone: the same value step after step (exactly 0, or the top).
-        _B(("reward/mean",), reason="mean_constant", unless_logged=("reward/std",)),
+        _rule(Rule(_max(Series("p90", REWARD, SUSTAIN).eq(Series("p10", REWARD, SUSTAIN)))
+                   .unless(Series("ceiling", "reward/std"))),
+              "mean_constant", unless_logged=("reward/std",)),
         _level(AnyOf((Level("group/zero_std_frac", SUSTAIN, (above("zero_std_group_ratio"),)),
                       Level("adv/mean_abs", SUSTAIN, (below("advantage_vanishing_ratio", "baseline"),))),
                      baseline=True)))),
+    # The within-group reward gap over group_gap_sigmas reward stddevs, and over its baseline
+    # by group_gap_baseline_sigmas baseline stddevs (50-step means).
     Card("GRPOGroupDominated", "warning", ALERTS, (
-        _B(("group/reward_gap", "reward/std"), baseline=True),)),
+        _rule(Rule(_max(_mean("group/reward_gap") > _mean("reward/std") * T("group_gap_sigmas"))
+                   & (_mean("group/reward_gap") > Series("baseline", "group/reward_gap")
+                      + Series("stddev", "group/reward_gap") * T("group_gap_baseline_sigmas")),
+                   baseline=True)),)),
     Card("GRPOGradNormSpike", "warning", ALERTS, (
         _level(Level("grad/norm", SUSTAIN, (above("grad_norm_spike_ratio", "baseline"),),
                      baseline=True)),)),
-    Card("GRPOStepTimeDrift", "warning", ALERTS, (_B(("perf/step_time_s",), baseline=True),)),
+    # The performance cards judge every rank, also those that log no training signal (whose
+    # run_rank:grpo_baseline_ready:training never is): they wait for the baseline through its
+    # mean, published once the baseline is ready. The step time's 50-step mean off its baseline
+    # by over step_time_drift_ratio either way; samples/s (or tokens/s) under
+    # 1 - throughput_drop_ratio of its baseline.
+    Card("GRPOStepTimeDrift", "warning", ALERTS, (
+        _rule(Rule(_max(Func("abs", (_mean(STEP_TIME) / Series("baseline", STEP_TIME)).named("ratio") - 1)
+                        > T("step_time_drift_ratio"))), baseline=True),)),
     Card("GRPOThroughputDrop", "warning", ALERTS, (
-        _B(("perf/samples_per_s", "perf/tokens_per_s"), at_least=1, baseline=True),)),
+        _rule(Rule(_max((_mean(THROUGHPUT) / Series("baseline", THROUGHPUT)).named("ratio")
+                        < Const(1) - T("throughput_drop_ratio"), keep_key=True)),
+              at_least=1, baseline=True),)),
     Card("GRPORolloutMismatch", "warning", ALERTS, (
         _level(Level("mismatch/kl", SHORT, (above("mismatch_kl"),)), "kl"),
         _level(Level("mismatch/chi2_token", SHORT, (above("mismatch_chi2_token"),)), "chi2_token"),
@@ -218,13 +424,32 @@ CARDS: tuple[Card, ...] = (
         _level(Level("entropy/mean", SHORT, (above("entropy_rebound_warn_ratio", "floor"),), gates=(
             Line("floor", "<", "entropy_rebound_floor_ratio", reference="initial"),
             Line("floor", ">", "entropy_collapse_ratio", reference="initial")))),)),
+    # The covariance positive and over entropy_cov_ratio x its (positive) start in 90% of the
+    # short window while entropy's 50-step trend fell by over entropy_cov_fall_ratio of its start.
     Card("GRPOEntropyCovarianceSurge", "warning", ALERTS, (
-        _B(("entropy/logp_adv_cov", "entropy/mean")),)),
+        _rule(Rule(_max(Series("p10", "entropy/logp_adv_cov", SHORT)
+                        > ((Series("initial", "entropy/logp_adv_cov") > 0) * T("entropy_cov_ratio")).named("limit"))
+                   & (Series("slope", ENTROPY, SUSTAIN) * SUSTAIN / Series("initial", ENTROPY)
+                      < Const(-1) * T("entropy_cov_fall_ratio")))),)),
     # The entropy-reward law is fitted on the entropy's and the reward's block means.
+    # By the law fitted so far (R² at least forecast_min_r2, a > 0), under
+    # ceiling_headroom_ratio of the gain it promised at the start is left, entropy still falling
+    # (and not collapsed: that has its red card).
     Card("GRPORewardCeilingNear", "warning", ALERTS, (
-        _B(("entropy/mean",), indirect=("reward/mean",)),)),
+        _rule(Rule((_max(((Func("exp", _mean(ENTROPY)) - 1) / (Func("exp", Series("initial", ENTROPY)) - 1))
+                         .named("headroom_ratio") < T("ceiling_headroom_ratio").named("limit"))
+                    & (Series("law_r_squared", REWARD) >= T("forecast_min_r2"))
+                    & (Series("law_scale", REWARD) > 0) & (Series("slope", ENTROPY, SUSTAIN) < 0))
+                   .unless(Series("p90", ENTROPY, SHORT)
+                           < Series("initial", ENTROPY) * T("entropy_collapse_ratio"))),
+              indirect=("reward/mean",)),)),
+    # The incorrect responses' 50-step mean length grown by over length_bias_growth_ratio of
+    # its start while the correct ones' grew by under length_bias_correct_ratio.
     Card("GRPOLengthBias", "warning", ALERTS, (
-        _B(("response/len_correct_mean", "response/len_incorrect_mean")),)),
+        _rule(Rule(_max((_mean("response/len_incorrect_mean") / Series("initial", "response/len_incorrect_mean")
+                         - 1).named("incorrect_growth") > T("length_bias_growth_ratio"))
+                   & _max((_mean("response/len_correct_mean") / Series("initial", "response/len_correct_mean")
+                           - 1).named("correct_growth") < T("length_bias_correct_ratio")))),)),
     Card("GRPOSignalMissing", "warning", COVERAGE, (_B(),), always=True),
     # -- cluster health -------------------------------------------------------------------------
     Card("GRPORankStraggler", "warning", CLUSTER, (

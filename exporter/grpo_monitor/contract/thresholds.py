@@ -413,14 +413,7 @@ TABLE: tuple[Threshold, ...] = (
         the rising-spread verdict."""),
     Threshold("reward_rise_min", 0.05, "report", """
         Reward should rise: a gain below this (reward units, rewards in [0, 1]) between the
-        reference and the last window is a plateau, and the least gain that counts as "reward
-        up" next to a length surge."""),
-    Threshold("reward_rise", 0.1, "report", """
-        A reward gain at least this large counts as "reward up" when asking whether sample
-        accuracy followed it."""),
-    Threshold("acc_flat_fraction", 0.25, "report", """
-        Reward up while sample accuracy does not follow: an accuracy gain below this fraction of
-        the reward gain counts as flat (a healthy run's accuracy follows its reward)."""),
+        reference and the last window is a plateau."""),
     Threshold("acc_flat_abs", 0.02, "report", """
         On a reward plateau with normal KL, a sample-accuracy gain below this (ratio units)
         counts as flat: the grader is too loose to teach anything."""),

@@ -729,6 +729,14 @@ class HeldOutTracker:
                                self.reward_at_best, smooth_best, smooth_recent, reward_at_smooth_best)
 
 
+# RankSignals.reading's held-out features: HeldOutFeatures' field each reads.
+HELDOUT_READINGS: dict[str, str] = {
+    "heldout_best": "best", "heldout_recent": "recent", "heldout_noise": "noise",
+    "heldout_points": "points", "heldout_reward_at_best": "reward_at_best",
+    "heldout_smoothed_best": "smooth_best", "heldout_smoothed_recent": "smooth_recent",
+    "heldout_reward_at_smoothed_best": "reward_at_smooth_best"}
+
+
 class RankSignals:
     """The step history of one (run, rank) and the features derived from it."""
 
@@ -772,36 +780,72 @@ class RankSignals:
         once it logs a training signal, PERF_REACH while it logs performance signals only."""
         return PERF_REACH if all(is_perf(key) for key in self.keys) else HISTORY
 
-    def reading(self, key: str, feature: str, window: int = 0) -> float | None:
-        """One feature of ``key`` as the exposition publishes it now: "p10" / "p90"
-        (grpo_window_p10 / _p90 over ``window`` steps), "mean" (grpo_window_mean over
-        ``window``, offset 0), "initial" (grpo_initial_mean), "baseline" (grpo_baseline_mean,
-        once the baseline is ready), "slope" (grpo_window_slope over ``window``), "floor"
-        (grpo_run_window_mean_min), "rising" (grpo_rising_windows), "trend_z" (grpo_trend_z);
-        None where it publishes none. The report reads a declared
-        card branch's inputs through it (contract/card_logic.py)."""
+    def reading(self, key: str, feature: str, window: int = 0, offset: int = 0) -> float | None:
+        """One feature of ``key`` as the exposition publishes it now, None where it publishes
+        none: "p10" / "p90" (grpo_window_p10 / _p90 over ``window`` steps), "mean"
+        (grpo_window_mean over ``window``, ``offset`` steps back), "slope" (grpo_window_slope),
+        "initial" (grpo_initial_mean), "baseline" / "stddev" (grpo_baseline_mean / _stddev, once
+        the baseline is ready), "floor" / "ceiling" (grpo_run_window_mean_min / _max), "rising"
+        (grpo_rising_windows), "trend_z" / "trend_factor" (grpo_trend_z / _factor),
+        "first_median" (grpo_first_records_median), "records_min" / "_max" / "_median"
+        (grpo_records_*: ``window`` records, ``offset`` records back), "least_growth" (the least
+        grpo_window_growth_ratio of ``window``); the rank's "heldout_*"
+        (grpo_heldout_*, HELDOUT_READINGS) and "law_scale" / "law_r_squared"
+        (grpo_forecast_law_scale / _fit_r_squared), ``key`` one they are read from. The report reads a
+        declared card branch's inputs through it (contract/card_logic.py), and features() the
+        same values through the same functions."""
         h = self.keys.get(key)
         if h is None:
             return None
+        if feature.startswith("heldout_"):  # the rank's held-out judgement (of HELDOUT_KEY)
+            held = self.heldout.features()
+            return None if held is None else getattr(held, HELDOUT_READINGS[feature])
+        if feature.startswith("law_"):  # the entropy-reward law's fit
+            fit = self.law.fit()
+            return None if fit is None else fit.a if feature == "law_scale" else fit.r_squared
+        perf = is_perf(key)
         if feature in ("p10", "p90"):
-            if is_perf(key) or (p := window_percentiles(h, self.step, window)) is None:
+            if perf or (p := window_percentiles(h, self.step, window)) is None:
                 return None
             return p[0] if feature == "p10" else p[1]
         if feature == "mean":
-            return window_mean(h, self.step, window, 0, is_perf(key))
+            return window_mean(h, self.step, window, offset, perf)
         if feature == "slope":
-            return None if is_perf(key) else window_slope(h, self.step, window)
-        if feature == "trend_z":
+            return None if perf else window_slope(h, self.step, window)
+        if feature == "least_growth":  # the least grpo_window_growth_ratio, as features() has them
+            if perf or window != GROWTH_WINDOW:
+                return None
+            means = [window_mean(h, self.step, window, o, perf)
+                     for o in (*GROWTH_OFFSETS, GROWTH_OFFSETS[-1] + window)]
+            growth = [latest / before - 1 for latest, before in zip(means, means[1:])
+                      if latest is not None and before]
+            return min(growth) if growth else None
+        if feature in ("trend_z", "trend_factor"):
             t = trend_of(h.steps, h.values) if key in TREND_KEYS else None
-            return None if t is None else t.z
+            return None if t is None else t.z if feature == "trend_z" else t.factor
         if feature == "initial":
-            return None if is_perf(key) else h.initial_mean(self.step, self.initial_steps)
-        if feature == "baseline":
-            return h.baseline.mean if self.ready and h.baseline.n else None
-        if feature == "floor":  # grpo_run_window_mean_min, published beside its maximum
-            return h.range_min if h.range_max is not None else None
+            return None if perf else h.initial_mean(self.step, self.initial_steps)
+        if feature == "first_median":
+            return None if perf else h.first_records_median()
+        if feature in ("baseline", "stddev"):
+            if not (self.ready and h.baseline.n):
+                return None
+            return h.baseline.mean if feature == "baseline" else h.baseline.stddev
+        if feature in ("floor", "ceiling"):  # published together
+            if h.range_max is None or h.range_min is None:
+                return None
+            return h.range_min if feature == "floor" else h.range_max
         if feature == "rising":
             return h.rising if h.last_block_mean is not None else None
+        if feature in ("records_min", "records_max", "records_median"):
+            fewest = next((f for c, o, f in PUBLISHED_RECORD_WINDOWS if (c, o) == (window, offset)), None)
+            if perf or key not in RECORD_KEYS or fewest is None:
+                return None
+            values = h.records(window, offset, fewest)
+            if values is None:
+                return None
+            return {"records_min": min, "records_max": max}.get(
+                feature, lambda v: percentile(v, 0.5))(values)
         raise ValueError(f"no feature {feature!r}")
 
     def _history(self, key: str) -> KeyHistory:

@@ -14,18 +14,26 @@ import math
 import operator
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from grpo_monitor.contract import thresholds as th
-from grpo_monitor.contract.card_logic import WINDOWED, AnyOf, Level, Line, Logic, declared
-from grpo_monitor.runtime.signals import RankSignals
+from grpo_monitor.contract import card_logic as cl
+from grpo_monitor.contract.card_logic import WINDOWED, AnyOf, Level, Line, Logic, Rule, declared
+from grpo_monitor.runtime.signals import RankSignals, is_perf
 
-# One input of a declared branch: (key, feature, window) as RankSignals.reading takes it (no
-# window for a feature without one); READY: the baseline period is over.
-Reading = tuple[str, str, int | None]
-READY: Reading = ("", "ready", None)
+class Reading(NamedTuple):
+    """One input of a declared branch, as RankSignals.reading takes it (no window or offset for
+    a feature without them)."""
+
+    key: str
+    feature: str
+    window: int = 0
+    offset: int = 0
+
+
+READY = Reading(cl.NO_KEY, "ready")  # the baseline period is over
 LOGIC: dict[tuple[str, str], Logic] = declared()
 # The evidence's names of the features: a window statistic is named for its window.
 _NAMES = {"p10": "window_p10", "p90": "window_p90", "mean": "window_mean", "slope": "slope_per_step",
@@ -35,45 +43,67 @@ _OPS: dict[str, Callable[[Any, Any], Any]] = {">": operator.gt, "<": operator.lt
 
 
 def levels(logic: Logic) -> tuple[Level, ...]:
-    return logic.levels if isinstance(logic, AnyOf) else (logic,)
+    """The levels of a declaration (none for an expression)."""
+    return () if isinstance(logic, Rule) else logic.levels if isinstance(logic, AnyOf) else (logic,)
 
 
 def _reading(level: Level, key: str, feature: str) -> Reading:
-    return (key, feature, level.window if feature in WINDOWED else None)
+    return Reading(key, feature, level.window if feature in WINDOWED else 0)
+
+
+def _series(node: cl.Series, key: str) -> Reading:
+    return Reading(key, node.feature, node.window, node.offset)
 
 
 def inputs(logic: Logic) -> list[Reading]:
-    """What a branch compares: each feature its lines and gates read of each of its keys, and
-    the baseline gate."""
+    """What a branch compares: each feature its lines and gates (or its expression's series)
+    read of each of its keys, and the baseline gate."""
+    if isinstance(logic, Rule):
+        nodes = logic.expr.walk()
+        out = [_series(n, key) for n in nodes if isinstance(n, cl.Series) for key in n.reads]
+        if logic.baseline or any(isinstance(n, cl.Ready) for n in nodes):
+            out.append(READY)
+        return out
     out = [_reading(lv, key, f) for lv in levels(logic) for key in lv.keys for f in lv.features]
     if logic.baseline:
         out.append(READY)
     return out
 
 
-READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(r for lg in LOGIC.values() for r in inputs(lg)))
+def _perf(logic: Logic) -> bool:
+    """A branch of the performance signals alone: judged on every rank, not on rank 0's steps."""
+    return all(is_perf(k) for k in logic.keys)
+
+
+# Rank 0's readings at its logged steps, of every branch but the performance ones; those read
+# every rank's performance features at that rank's steps (PERF_READINGS).
+READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
+    r for lg in LOGIC.values() if not _perf(lg) for r in inputs(lg)))
 COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(READINGS)}
+PERF_READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
+    r for lg in LOGIC.values() if _perf(lg) for r in inputs(lg)))
+PERF_COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(PERF_READINGS)}
 
 
-def take(signals: RankSignals) -> array:
-    """Every declared branch's inputs as the rank's features stand now, in READINGS' order (NaN:
-    not published). An array of doubles: a 20,000-step run keeps 20,000 of them."""
-    out = array("d", [math.nan]) * len(READINGS)
-    for i, reading in enumerate(READINGS):
+def take(signals: RankSignals, readings: tuple[Reading, ...] = READINGS) -> array:
+    """The ``readings`` (READINGS or PERF_READINGS) as the rank's features stand now, in their
+    order (NaN: not published). An array of doubles: a 20,000-step run keeps 20,000 of them."""
+    out = array("d", [math.nan]) * len(readings)
+    for i, reading in enumerate(readings):
         if reading == READY:
             value: float | None = 1.0 if signals.ready else None
         else:
-            key, feature, window = reading
-            value = signals.reading(key, feature, window or 0)
+            value = signals.reading(*reading)
         if value is not None:
             out[i] = value
     return out
 
 
-def table(steps: list[int], taken: dict[int, array]) -> np.ndarray:
-    """The readings of ``steps`` as a matrix, a row a step, a column a reading (READINGS)."""
-    missing = array("d", [math.nan]) * len(READINGS)
-    return np.array([taken.get(s, missing) for s in steps], dtype=float).reshape(len(steps), len(READINGS))
+def table(steps: list[int], taken: dict[int, array],
+          readings: tuple[Reading, ...] = READINGS) -> np.ndarray:
+    """The readings of ``steps`` as a matrix, a row a step, a column a reading."""
+    missing = array("d", [math.nan]) * len(readings)
+    return np.array([taken.get(s, missing) for s in steps], dtype=float).reshape(len(steps), len(readings))
 
 
 def judge(steps: list[int], readings: np.ndarray, card: str,
@@ -83,6 +113,9 @@ def judge(steps: list[int], readings: np.ndarray, card: str,
     step, how many steps, each feature it compared and each line at the first one, and the
     window; None for a key where it never fired. ``readings``: ``table`` of the steps."""
     logic = LOGIC[card, reason]
+    if isinstance(logic, Rule):
+        column = PERF_COLUMN if _perf(logic) else COLUMN
+        return {cl.NO_KEY: _judge_rule(steps, readings, logic, column)}
     ready = readings[:, COLUMN[READY]] == 1 if logic.baseline else None
     return {key: _judge(steps, readings, lv, key, ready) for lv in levels(logic) for key in lv.keys}
 
@@ -121,3 +154,174 @@ def _judge(steps: list[int], readings: np.ndarray, level: Level, key: str,
     if level.window:
         found["window_steps"] = level.window
     return found
+
+
+# -- expressions (card_logic.Rule): the tree evaluated on the readings, one array a key ---------
+
+Vec = dict[str, np.ndarray]  # key (card_logic.NO_KEY: none) -> value at each step, NaN: no sample
+
+
+def _present(v: Vec, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=bool)
+    for a in v.values():
+        out |= ~np.isnan(a)
+    return out
+
+
+def _one(v: Vec, n: int) -> np.ndarray:
+    """The one sample a (run, rank) of a side matched on the rank (card_logic checks it has
+    one key): its values."""
+    if not v:
+        return np.full(n, math.nan)
+    (a,) = v.values() if len(v) == 1 else (np.fmax.reduce(list(v.values())),)
+    return a
+
+
+def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray], n: int,
+              held: np.ndarray, named: dict[str, Vec | float]) -> Vec | float:
+    """``node`` on every step at once, as the rule engine evaluates it at each: a vector is
+    each key's values (NaN: no sample); ``held``: the branch's firing at the step before;
+    ``named``: filled with each named sub-expression's value."""
+    if isinstance(node, cl.Series):
+        if node.keys == (cl.NO_KEY,):
+            return {cl.NO_KEY: column(_series(node, node.reads[0]))}
+        return {k: column(_series(node, k)) for k in node.keys}
+    if isinstance(node, cl.Named):
+        out = _evaluate(node.arg, column, n, held, named)
+        named[node.name] = out
+        return out
+    if isinstance(node, cl.Threshold):
+        return float(th.value(node.name))
+    if isinstance(node, cl.Const):
+        return float(node.value)
+    if isinstance(node, cl.Held):
+        return {cl.NO_KEY: np.where(held, 1.0, math.nan)}
+    if isinstance(node, cl.Ready):
+        return {cl.NO_KEY: np.where(column(READY) == 1, 1.0, math.nan)}
+    if isinstance(node, cl.Logged):
+        return {cl.NO_KEY: np.arange(1, n + 1, dtype=float)}
+    if isinstance(node, cl.Func):
+        arg = _evaluate(node.arg, column, n, held, named)
+        f = {"abs": np.abs, "exp": np.exp, "sqrt": np.sqrt}[node.name]
+        with np.errstate(over="ignore"):
+            return float(f(arg)) if isinstance(arg, float) else {k: f(a) for k, a in arg.items()}
+    if isinstance(node, cl.Agg):
+        arg = _evaluate(node.arg, column, n, held, named)
+        assert isinstance(arg, dict)
+        if node.keep_key:
+            return arg
+        present = [a for a in arg.values()]
+        if node.name == "count":
+            counted = np.sum([~np.isnan(a) for a in present], axis=0) if present else np.zeros(n)
+            return {cl.NO_KEY: np.where(counted > 0, counted, math.nan)}
+        return {cl.NO_KEY: _one(arg, n)}
+    left = _evaluate(node.left, column, n, held, named)  # type: ignore[attr-defined]
+    right = _evaluate(node.right, column, n, held, named)  # type: ignore[attr-defined]
+    if isinstance(node, cl.SetOp):
+        assert isinstance(left, dict) and isinstance(right, dict)
+        return _set(node, left, right, n)
+    assert isinstance(node, cl.Arith)
+    f = _ARITH[node.op]
+    if isinstance(left, float) and isinstance(right, float):
+        return float(f(left, right))
+    if isinstance(left, float):
+        assert isinstance(right, dict)
+        pairs = [(k, np.full(n, left), a) for k, a in right.items()]
+    elif isinstance(right, float):
+        pairs = [(k, a, right) for k, a in left.items()]
+    elif cl.matching(node.left, node.right) == "on(run, rank, key)":  # type: ignore[attr-defined]
+        pairs = [(k, a, right[k]) for k, a in left.items() if k in right]
+    else:
+        r = _one(right, n)
+        pairs = [(k, a, r) for k, a in left.items()]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if isinstance(node, cl.Cmp):
+            return {k: np.where(f(a, b), a, math.nan) for k, a, b in pairs}
+        return {k: f(a, b) for k, a, b in pairs}
+
+
+_ARITH: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "==": operator.eq,
+    **_OPS}
+
+
+def _set(node: cl.SetOp, left: Vec, right: Vec, n: int) -> Vec:
+    nan = np.full(n, math.nan)
+    if cl.matching(node.left, node.right, node.op) == "on(run, rank, key)":
+        if node.op == "or":
+            out = {k: np.where(np.isnan(a), right.get(k, nan), a) for k, a in left.items()}
+            return {**{k: a for k, a in right.items() if k not in left}, **out}
+        keep = (lambda k: ~np.isnan(right.get(k, nan))) if node.op == "and" else \
+            (lambda k: np.isnan(right.get(k, nan)))
+        return {k: np.where(keep(k), a, math.nan) for k, a in left.items()}
+    if node.op == "or":
+        taken = _present(left, n)
+        out = dict(left)
+        for k, a in right.items():
+            masked = np.where(taken, math.nan, a)
+            out[k] = np.where(np.isnan(out[k]), masked, out[k]) if k in out else masked
+        return out
+    there = _present(right, n)
+    keep_where = there if node.op == "and" else ~there
+    return {k: np.where(keep_where, a, math.nan) for k, a in left.items()}
+
+
+def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule,
+                columns: dict[Reading, int]) -> dict[str, Any] | None:
+    """Where an expression fired: as ``_judge``, with each series it reads at the first step
+    (named by feature and window, and by key where it reads several keys) and the value the
+    rule's sample carried there (``value``)."""
+    n = len(steps)
+    if not n:
+        return None
+
+    def column(r: Reading) -> np.ndarray:
+        return readings[:, columns[r]]
+
+    named: dict[str, Vec | float] = {}
+
+    def fired(held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = _evaluate(rule.expr, column, n, held, named)
+        assert isinstance(out, dict)
+        value = _one(out, n)
+        present = _present(out, n)
+        if rule.baseline:
+            present &= column(READY) == 1
+        return present, value
+
+    if rule.held:  # a hold reads the branch's firing at the evaluation before
+        (free, v0), (kept, v1) = fired(np.zeros(n, dtype=bool)), fired(np.ones(n, dtype=bool))
+        firing = np.zeros(n, dtype=bool)
+        for i in range(n):
+            firing[i] = kept[i] if i and firing[i - 1] else free[i]
+        value = np.where(firing & ~free, v1, v0)
+    else:
+        firing, value = fired(np.zeros(n, dtype=bool))
+    idx = np.flatnonzero(firing)
+    if not idx.size:
+        return None
+    i = int(idx[0])
+    found: dict[str, Any] = {"steps": [steps[i], steps[int(idx[-1])]], "steps_flagged": int(idx.size)}
+    if math.isfinite(value[i]):
+        found["value"] = float(value[i])
+    for name, v in named.items():  # as evaluated last: held, where the rule holds
+        at = v if isinstance(v, float) else _one(v, n)[i]
+        if math.isfinite(at):
+            found[name] = float(at)
+    several = len(rule.keys) > 1
+    for node in rule.expr.walk():
+        if isinstance(node, cl.Series):
+            for key in node.reads:
+                v = column(_series(node, key))[i]
+                if math.isfinite(v):
+                    found[_evidence_name(node, key, several)] = float(v)
+    return found
+
+
+def _evidence_name(node: cl.Series, key: str, several: bool) -> str:
+    name = _NAMES.get(node.feature, node.feature)
+    if node.window and node.feature not in ("slope",):
+        name += f"_{node.window}"
+    if node.offset:
+        name += f"_back_{node.offset}"
+    return f"{key}:{name}" if several and node.keys != (cl.NO_KEY,) else name

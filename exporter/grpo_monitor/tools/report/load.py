@@ -30,7 +30,7 @@ from grpo_monitor.contract.snapshot import Snapshot, Timeline
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunStore
-from grpo_monitor.tools.report.declared import take
+from grpo_monitor.tools.report.declared import PERF_READINGS, take
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -54,6 +54,9 @@ class RunData:
     # rank 0's features a declared card branch compares, as the exporter's store had them just
     # after each logged step (declared.take): step -> the values of declared.READINGS
     readings: dict[int, array] = field(default_factory=dict)
+    # each rank's performance features as they stood after each of its performance records
+    # (declared.PERF_READINGS): rank -> step -> values
+    perf_readings: dict[int, dict[int, array]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:
@@ -143,8 +146,10 @@ class _Reader:
     def rewind(self, rank: int, keep_through: int) -> None:
         """The rank's steps after ``keep_through`` are undone (docs/signals.md#a-runs-timeline)."""
         perf = self.data.perf.get(rank, {})
+        perf_readings = self.data.perf_readings.get(rank, {})
         for step in _cut(self.perf_steps.get(rank, []), keep_through):
             del perf[step]
+            perf_readings.pop(step, None)
         if rank != 0:
             return
         gone = _cut(self.train_steps, keep_through)
@@ -171,6 +176,9 @@ class _Reader:
             if snap.step not in by_step:
                 _add(self.perf_steps.setdefault(snap.rank, []), snap.step)
             by_step.setdefault(snap.step, {}).update(perf)
+            if (run := self.store.run_state(snap.run)) is not None and snap.rank in run.ranks:
+                data.perf_readings.setdefault(snap.rank, {})[snap.step] = take(
+                    run.ranks[snap.rank].signals, PERF_READINGS)
         for ev in snap.events:
             data.events.append({"step": snap.step if ev.step is None else ev.step,
                                 "rank": snap.rank, "type": ev.type})

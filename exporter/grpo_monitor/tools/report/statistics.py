@@ -21,7 +21,6 @@ import numpy as np
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.cards import RunShape
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, block_means
-from grpo_monitor.runtime.trend import TREND_RECORDS, trend_of
 from grpo_monitor.runtime.signals import (
     EARLY_WINDOWS,
     HISTORY,
@@ -29,7 +28,6 @@ from grpo_monitor.runtime.signals import (
     LAW_ENTROPY,
     LAW_REWARD,
     PERSISTENCE_RECORDS,
-    RANGE_WINDOW,
     SLOPE_WINDOWS,
     LawTracker,
     slope,
@@ -114,38 +112,6 @@ class Track:
         """grpo_initial_mean: the mean over the signal's own first INITIAL_STEPS steps."""
         return float(self.values[self.steps < self.steps[0] + INITIAL_STEPS].mean())
 
-    def baseline(self) -> float:
-        """grpo_baseline_mean: the mean over the run's baseline period (NaN if not logged then)."""
-        inside = self.steps < self.run_first + th.count("baseline_steps")
-        return float(self.values[inside].mean()) if inside.any() else math.nan
-
-    def baseline_stddev(self) -> float:
-        """grpo_baseline_stddev: the sample stddev over the baseline period (0 under 2 values)."""
-        inside = self.values[self.steps < self.run_first + th.count("baseline_steps")]
-        return float(inside.std(ddof=1)) if inside.size > 1 else 0.0
-
-    def ready(self) -> np.ndarray:
-        """grpo_baseline_ready at each step: the cards that need the baseline wait for it."""
-        return self.steps >= self.run_first + th.count("baseline_steps")
-
-    @cached_property
-    def trends(self) -> tuple[np.ndarray, np.ndarray]:
-        """grpo_trend_z and grpo_trend_factor at each step: the exporter's own trend
-        (runtime/trend.py) of the signal's last TREND_RECORDS records up to that step; NaN where
-        it publishes none (too few records; no factor where the line's start or end is not
-        positive). Computed once a track: several cards' branches read the same trend."""
-        z = np.full(self.steps.size, np.nan)
-        factor = np.full(self.steps.size, np.nan)
-        steps, values = self.steps.tolist(), self.values.tolist()
-        for i in range(self.steps.size):
-            lo = max(0, i + 1 - TREND_RECORDS)
-            t = trend_of(steps[lo:i + 1], values[lo:i + 1])
-            if t is not None:
-                z[i] = t.z
-                if t.factor is not None:
-                    factor[i] = t.factor
-        return z, factor
-
     def rolling(self, window: int, stat: str, offset: int = 0) -> np.ndarray:
         """``stat`` ("mean", "p10", "p90") of the values of steps (t - offset - window, t - offset]
         at each step t; NaN while the history does not reach back that far (signals.KeyHistory),
@@ -171,29 +137,6 @@ class Track:
             chunk = self.values[lo[i]:hi[i]]
             out[i] = chunk.mean() if q is None else percentile(chunk, q)
         return out
-
-    def records(self, count: int, offset: int, fewest: int, stat: str) -> np.ndarray:
-        """grpo_records_<stat> ("min", "max", "median"): ``stat`` of up to ``count`` values logged
-        before the newest ``offset`` ones, at each step; NaN while fewer than ``fewest`` are
-        (signals.KeyHistory.records)."""
-        fn = {"min": np.min, "max": np.max, "median": np.median}[stat]
-        out = np.full(self.steps.size, math.nan)
-        for i in range(self.steps.size):
-            end = i + 1 - offset
-            if end >= fewest:
-                out[i] = fn(self.values[max(0, end - count):end])
-        return out
-
-    def floor(self) -> np.ndarray:
-        """grpo_run_window_mean_min at each step: the lowest RANGE_WINDOW-step mean so far."""
-        with np.errstate(invalid="ignore"):
-            return np.fmin.accumulate(self.rolling(RANGE_WINDOW, "mean"))
-
-    def level(self) -> np.ndarray:
-        """grpo_run_window_mean_max at each step: the highest RANGE_WINDOW-step mean so far (the
-        working level)."""
-        with np.errstate(invalid="ignore"):
-            return np.fmax.accumulate(self.rolling(RANGE_WINDOW, "mean"))
 
     def slope(self, window: int) -> np.ndarray:
         """grpo_window_slope: the least-squares slope per step of the values of steps

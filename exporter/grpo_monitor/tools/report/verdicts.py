@@ -34,22 +34,10 @@ import numpy as np
 
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract.cards import CARDS_BY_NAME, arm
-from grpo_monitor.runtime.signals import (
-    FIRST_RECORDS,
-    GROWTH_OFFSETS,
-    GROWTH_WINDOW,
-    HELDOUT_KEY,
-    HELDOUT_RECENT_POINTS,
-    LAW_ENTROPY,
-    RECORD_WINDOWS,
-    REWARD_LEVEL_WINDOW,
-    SLOPE_WINDOWS,
-)
 from grpo_monitor.tools.report import declared
 from grpo_monitor.tools.report.load import RunData
 from grpo_monitor.tools.stack import card_severities
 from grpo_monitor.tools.report.statistics import (
-    RankPerf,
     RunView,
     Track,
     median,
@@ -197,17 +185,6 @@ def _with_branches(main: Finding | None, **others: Finding | None) -> Finding | 
                     **{k: f.evidence for k, f in found.items()}})
 
 
-def _beyond(tr: Track, window: np.ndarray, mask: np.ndarray, name: str,
-            **extra: Any) -> dict[str, Any] | None:
-    """A card branch that fired where ``mask`` holds, with ``window`` (the window statistic it
-    compared) at the first such step and the signal's last value."""
-    hit = _flagged(tr, mask, **{name: window})
-    if hit is not None:
-        hit.update({k: rounded(v) if isinstance(v, float) else v for k, v in extra.items()},
-                   last=rounded(float(tr.values[-1])))
-    return hit
-
-
 def _declared_each(view: RunView, card: str, reason: str = "") -> dict[str, dict[str, Any] | None]:
     """A declared card branch (contract/card_logic.py) judged on the exporter's features as the
     run was read (declared.judge), for each key it judges, with the signal's last value."""
@@ -278,81 +255,17 @@ def reward_collapse_kl_blowup(view: RunView) -> Finding | None:
         "kl_last_median": view.median("kl/mean", view.last), "kl_ratio": kl_ratio})
 
 
-def _length_surge(view: RunView) -> Finding | None:
-    """Reward up by reward_rise_min or more while the response length's last window is
-    hacking_length_ratio times its reference window or more; steps: where the length is."""
-    if not (view.has("reward/mean") and view.has("response/len_mean")):
-        return None
-    length = view.series("response/len_mean")
-    length_ref = view.median("response/len_mean", view.reference)
-    length_last = view.median("response/len_mean", view.last)
-    surge = th.value("hacking_length_ratio")
-    if not (length_ref > 0 and length_last / length_ref >= surge
-            and view.gain("reward/mean") >= th.value("reward_rise_min")):
-        return None
-    span = (_first_last(view.steps, length > surge * length_ref, view.reference.stop)
-            or view.span(view.last))
-    return Finding(span, {
-        "length_ref_median": length_ref, "length_last_median": length_last,
-        "length_ratio": length_last / length_ref,
-        "reward_ref_median": view.median("reward/mean", view.reference),
-        "reward_last_median": view.median("reward/mean", view.last)})
-
-
-def _accuracy_flat(view: RunView) -> Finding | None:
-    """For some window before the last, reward's gain from it to the last window at least
-    reward_rise while sample accuracy gained under acc_flat_fraction of that; the latest such
-    window is where the flat accuracy begins."""
-    if not (view.has("reward/mean") and view.has("eval/sample_acc")):
-        return None
-    steps, reward, acc = view.steps, view.series("reward/mean"), view.series("eval/sample_acc")
-    reward_last, acc_last = (view.median("reward/mean", view.last),
-                             view.median("eval/sample_acc", view.last))
-    latest = None
-    for a, b in windows(steps, view.window)[1:]:
-        if b > view.last.start:
-            break
-        reward_gain, acc_gain = reward_last - median(reward[a:b]), acc_last - median(acc[a:b])
-        if (reward_gain >= th.value("reward_rise")
-                and acc_gain < th.value("acc_flat_fraction") * reward_gain):
-            latest = (a, b, reward_gain, acc_gain)
-    if latest is None:
-        return None
-    a, b, reward_gain, acc_gain = latest
-    return Finding([steps[b - 1], steps[-1]], {
-        "accuracy_flat_from_steps": [steps[a], steps[b - 1]], "reward_gain": reward_gain,
-        "sample_acc_gain": acc_gain})
-
-
-def _accuracy_trend(view: RunView) -> Finding | None:
-    """The exporter's trends (runtime/trend.py) at each of the reward's steps: the reward's line
-    up by hacking_trend_reward_factor, steadily (Z >= trend_z), while the sample accuracy's Z
-    (as it stood then) is under hacking_trend_accuracy_z."""
-    reward, acc = view.track("reward/mean"), view.track("eval/sample_acc")
-    if reward is None or acc is None:
-        return None
-    z, factor = reward.trends
-    acc_z = acc.asof(reward.steps, acc.trends[0])
-    with np.errstate(invalid="ignore"):
-        mask = ((factor >= th.value("hacking_trend_reward_factor")) & (z >= th.value("trend_z"))
-                & (acc_z < th.value("hacking_trend_accuracy_z")))
-    hit = _flagged(reward, mask, reward_trend_factor=factor, reward_trend_z=z, sample_acc_trend_z=acc_z)
-    return None if hit is None else Finding(hit.pop("steps"), {"trend": hit})
-
-
 @verdict("reward_hacking", "warning",
          "reward up with a length surge or without sample accuracy: grader exploited",
          card="GRPORewardHackingSuspected")
 def reward_hacking(view: RunView) -> Finding | None:
-    """Reward up with a length surge, or reward up while sample accuracy stays flat (over the
-    report's windows, or on the trends of the last records); the span and the evidence cover
-    each that is seen."""
-    parts = [f for f in (_length_surge(view), _accuracy_flat(view), _accuracy_trend(view))
-             if f is not None]
-    if not parts:
-        return None
-    return Finding([min(f.steps[0] for f in parts), max(f.steps[-1] for f in parts)],
-                   {k: v for f in parts for k, v in f.evidence.items()})
+    """GRPORewardHackingSuspected: once the baseline is ready, the response length's 50-step
+    mean over hacking_length_ratio x the one 200 steps before while the reward rose
+    (length_surge), or the reward up by hacking_reward_sigmas baseline stddevs within 200 steps
+    while the sample accuracy moved by under hacking_accuracy_sigmas of its own (flat_accuracy);
+    before any baseline, the reward's trend up steadily while the accuracy's is not (trend)."""
+    card = "GRPORewardHackingSuspected"
+    return _branches(**{r: _declared(view, card, r) for r in ("length_surge", "flat_accuracy", "trend")})
 
 
 def _plateau(view: RunView) -> dict[str, Any] | None:
@@ -430,29 +343,19 @@ def loss_without_reward(view: RunView) -> Finding | None:
 # -- the cluster, per rank, as its cards --------------------------------------------------------
 
 
-def _ranks_off(view: RunView, series_of: Callable[[RankPerf], tuple[np.ndarray, str]],
-               sick: Callable[[Any, float], Any]) -> Finding | None:
-    """The ranks (with three windows of performance steps) whose signal's last window is
-    ``sick`` against its reference window; steps: where it is, on every such rank."""
-    w = view.window
-    ranks: dict[str, dict[str, Any]] = {}
-    span: list[int] | None = None
-    for perf in view.ranks:
-        m = len(perf.steps)
-        if m < 3 * w:
-            continue
-        series, signal = series_of(perf)
-        x_ref, x_last = median(series[w:2 * w]), median(series[m - w:])
-        if not (x_ref > 0 and sick(x_last, x_ref)):
-            continue
-        ranks[str(perf.rank)] = {"signal": signal, "ref_median": rounded(x_ref),
-                                 "last_median": rounded(x_last), "ratio": rounded(x_last / x_ref)}
-        at = _first_last(perf.steps, sick(series, x_ref), 2 * w)
-        if at:
-            span = at if span is None else [min(span[0], at[0]), max(span[1], at[1])]
+def _each_rank(view: RunView, card: str) -> Finding | None:
+    """A declared performance card judged on each rank's own performance steps (declared.judge
+    on its readings, checkpoint steps left out as the exporter leaves them out): the ranks it
+    fired on, each with its own steps and values; the span covers them all."""
+    ranks = {}
+    for rank, by_step in sorted(view.data.perf_readings.items()):
+        steps = sorted(by_step)
+        (hit,) = declared.judge(steps, declared.table(steps, by_step, declared.PERF_READINGS), card).values()
+        if hit is not None:
+            ranks[str(rank)] = hit
     if not ranks:
         return None
-    return Finding(span or view.span(view.last),
+    return Finding([min(h["steps"][0] for h in ranks.values()), max(h["steps"][1] for h in ranks.values())],
                    {"ranks": ranks, "checkpoint_steps_excluded": len(view.checkpoint_steps)})
 
 
@@ -460,22 +363,18 @@ def _ranks_off(view: RunView, series_of: Callable[[RankPerf], tuple[np.ndarray, 
          "samples/s fell on some ranks: look at the cluster, not the curves",
          card="GRPOThroughputDrop")
 def throughput_drop(view: RunView) -> Finding | None:
-    """Per rank, samples/s (else tokens/s, else 1 / step time) down by more than
-    throughput_drop_ratio, checkpoint steps left out."""
-    drop = th.value("throughput_drop_ratio")
-    return _ranks_off(view, lambda p: (p.throughput, p.throughput_signal),
-                      lambda x, ref: x < (1 - drop) * ref)
+    """GRPOThroughputDrop, per rank: samples/s (or tokens/s) 50-step mean under
+    1 - throughput_drop_ratio of its baseline mean, checkpoint steps left out."""
+    return _each_rank(view, "GRPOThroughputDrop")
 
 
 @verdict("step_time_drift", "warning",
          "step time moved away from its reference on some ranks: the cluster changed, not the "
          "model", card="GRPOStepTimeDrift")
 def step_time_drift(view: RunView) -> Finding | None:
-    """Per rank, the step time (else 1 / throughput) off its reference by more than
-    step_time_drift_ratio, either way, checkpoint steps left out."""
-    drift = th.value("step_time_drift_ratio")
-    return _ranks_off(view, lambda p: (p.step_time, p.step_time_signal),
-                      lambda x, ref: np.abs(x / ref - 1) > drift)
+    """GRPOStepTimeDrift, per rank: the step time's 50-step mean off its baseline mean by more
+    than step_time_drift_ratio, either way, checkpoint steps left out."""
+    return _each_rank(view, "GRPOStepTimeDrift")
 
 
 @verdict("rank_straggler", "warning",
@@ -518,15 +417,9 @@ def rank_stalled(view: RunView) -> Finding | None:
          "a few samples carry most of the KL: look for reward-hacking prompts",
          card="GRPOKLTailOutliers")
 def kl_tail_outliers(view: RunView) -> Finding | None:
-    """KL's max over its p95 (last window medians) over kl_tail_ratio, and over
-    kl_tail_baseline_ratio times that ratio in the baseline window."""
-    tail_last = ratio(view.median("kl/max", view.last), view.median("kl/p95", view.last))
-    tail_base = ratio(view.median("kl/max", view.base), view.median("kl/p95", view.base))
-    if not (tail_last > th.value("kl_tail_ratio")
-            and tail_last > th.value("kl_tail_baseline_ratio") * tail_base):
-        return None
-    return Finding(view.span(view.last),
-                   {"tail_ratio_last": tail_last, "tail_ratio_baseline": tail_base})
+    """GRPOKLTailOutliers: once the baseline is ready, KL's max over its p95 (50-step means)
+    over kl_tail_ratio, and over kl_tail_baseline_ratio times that ratio in the baseline."""
+    return _found(_declared(view, "GRPOKLTailOutliers"))
 
 
 @verdict("reward_std_rising", "warning",
@@ -541,18 +434,10 @@ def reward_std_rising(view: RunView) -> Finding | None:
 @verdict("group_dominated", "warning", "one response per group dominated the gradient",
          card="GRPOGroupDominated")
 def group_dominated(view: RunView) -> Finding | None:
-    """The within-group reward gap (last window median) over group_gap_sigmas reward stddevs,
-    and over its baseline median by group_gap_baseline_sigmas baseline stddevs."""
-    if not view.has("group/reward_gap"):
-        return None
-    gap = view.median("group/reward_gap", view.last)
-    reward_std = view.median("reward/std", view.last)
-    base = view.series("group/reward_gap")[view.base]
-    base_stddev = float(np.nanstd(base, ddof=1))
-    if not (gap > th.value("group_gap_sigmas") * reward_std
-            and gap > median(base) + th.value("group_gap_baseline_sigmas") * base_stddev):
-        return None
-    return Finding(view.span(view.last), {"group_gap_last": gap, "reward_std_last": reward_std})
+    """GRPOGroupDominated: once the baseline is ready, the within-group reward gap's 50-step
+    mean over group_gap_sigmas reward stddevs (50-step mean), and over its baseline mean by
+    group_gap_baseline_sigmas baseline stddevs."""
+    return _found(_declared(view, "GRPOGroupDominated"))
 
 
 # -- the cards' own rules, on the cards' own step windows ---------------------------------------
@@ -564,40 +449,11 @@ def group_dominated(view: RunView) -> Finding | None:
          "from the reference model", card="GRPOKLExplosion")
 def kl_explosion(view: RunView) -> Finding | None:
     """GRPOKLExplosion: KL's short-window p10 over 10x its baseline mean and over 3x its 50-step
-    mean 200 steps before; before the baseline, over 10x its floor (lowest short-window mean)
-    and over kl_early_level. Once raised, each branch stays while the 50-step mean is over its
-    line."""
-    tr = view.track("kl/mean")
-    if tr is None:
-        return None
-    sus, back = th.count("sustain_steps"), th.count("lookback_steps")
-    ratio, level = th.value("kl_explosion_ratio"), th.value("kl_early_level")
-    limit = ratio * tr.baseline()
-    p10, mean = tr.rolling(_short_window(), "p10"), tr.rolling(sus, "mean")
-    before = tr.rolling(sus, "mean", offset=back)
-    floor = tr.floor()
-    with np.errstate(invalid="ignore"):
-        raised = tr.ready() & (p10 > limit) & (p10 > th.value("kl_jump_ratio") * before)
-        stays = tr.ready() & (mean > limit)
-        early = ~tr.ready() & (p10 > ratio * floor) & (p10 > level)
-        early_stays = (mean > ratio * floor) & (mean > level)
-    baseline_hit = _flagged(tr, _held(raised, stays), kl_window_p10=p10, kl_mean_200_steps_before=before)
-    if baseline_hit is not None:
-        return _found(baseline_hit,
-                      {"kl_baseline_mean": tr.baseline(), "limit": limit, "window_steps": _short_window()},
-                      kl_max=float(tr.values.max()), kl_last=float(tr.values[-1]))
-    return _found(_flagged(tr, _held(early, early_stays), kl_window_p10=p10, kl_floor=floor),
-                  {"before_baseline": True, "kl_early_level": level, "window_steps": _short_window()},
-                  kl_max=float(tr.values.max()), kl_last=float(tr.values[-1]))
-
-
-def _held(raised: np.ndarray, stays: np.ndarray) -> np.ndarray:
-    """Where a card with hysteresis fires: from each step it is raised, for as long as its hold
-    condition lasts (the rule reads its own ALERTS series)."""
-    firing = raised.copy()
-    for i in range(1, firing.size):
-        firing[i] |= firing[i - 1] and stays[i]
-    return firing
+    mean 200 steps before; before the baseline, over 10x its floor (or the median of its first
+    records, where lower) and over kl_early_level. Once raised, each branch stays while the
+    50-step mean is over its line."""
+    return _with_branches(_found(_declared(view, "GRPOKLExplosion")),
+                          before_baseline=_found(_declared(view, "GRPOKLExplosion", "before_baseline")))
 
 
 @verdict("entropy_collapse", "critical",
@@ -608,29 +464,7 @@ def entropy_collapse(view: RunView) -> Finding | None:
     """GRPOEntropyCollapse: entropy's p90 over the short window below 0.1x its initial value;
     or (reason first_records) a cliff in the run's first records."""
     return _with_branches(_found(_declared(view, "GRPOEntropyCollapse")),
-                          first_records=_entropy_cliff(view))
-
-
-def _entropy_cliff(view: RunView) -> Finding | None:
-    """GRPOEntropyCollapse's first-records branch: entropy in each of its last FIRST_RECORDS
-    records below entropy_collapse_ratio x the median of its first FIRST_RECORDS (exact zeros
-    left out), raised while the run has logged at most first_records_judged steps, held while
-    the last records stay under that line."""
-    tr = view.track("entropy/mean")
-    if tr is None:
-        return None
-    first = tr.values[tr.values != 0][:FIRST_RECORDS]
-    if first.size < FIRST_RECORDS:
-        return None
-    line = th.value("entropy_collapse_ratio") * float(np.median(first))
-    last_max = tr.records(FIRST_RECORDS, 0, FIRST_RECORDS, "max")
-    logged = np.searchsorted(np.asarray(view.steps), tr.steps, side="right")
-    with np.errstate(invalid="ignore"):
-        under = last_max < line
-    raised = under & (logged <= th.count("first_records_judged"))
-    return _found(_flagged(tr, _held(raised, under), entropy_last_records_max=last_max),
-                  {"entropy_first_records_median": float(np.median(first)), "limit": line},
-                  entropy_min=float(tr.values.min()), entropy_last=float(tr.values[-1]))
+                          first_records=_found(_declared(view, "GRPOEntropyCollapse", "first_records")))
 
 
 @verdict("entropy_explosion", "critical",
@@ -655,147 +489,19 @@ def entropy_rebound(view: RunView) -> Finding | None:
     return _found(_declared(view, "GRPOEntropyRebound"))
 
 
-# The blow-up card's signals: (key, the threshold its rise is judged by); None for the reward,
-# which falls below all of its earlier records.
-BLOWUP_SIGNALS: tuple[tuple[str, str | None], ...] = (
-    ("entropy/mean", "blowup_ratio"), ("kl/mean", "blowup_ratio"), ("grad/norm", "blowup_ratio"),
-    ("response/len_mean", "blowup_length_ratio"), ("reward/mean", None),
-    ("response/clip_ratio", "blowup_ratio"))
-# Signals whose rise counts only above a level of their own: (key, threshold of that level).
-BLOWUP_LEVELS: dict[str, str] = {"response/clip_ratio": "blowup_truncated_ratio"}
-
-
 @verdict("training_blow_up", "critical",
          f"{th.count('blowup_min_signals')} or more of entropy, KL, grad norm, response length, "
          "reward and the truncated share left the range of their earlier records together within "
          "2 logged records: the run is collapsing", card="GRPOTrainingBlowUp")
 def training_blow_up(view: RunView) -> Finding | None:
-    """GRPOTrainingBlowUp: at a step, at least blowup_min_signals of BLOWUP_SIGNALS beyond their
-    earlier records (the last RECORD_WINDOWS window against the one before); once raised, held
-    while one signal fewer of the rising ones stays above its multiple of its floor. Or its
-    two-signal branches: the crash into the length limit (reason truncation_crash) and the slow
-    blow-up on trends (reason trend)."""
-    return _with_branches(_blow_up_together(view), truncation_crash=_truncation_crash(view),
-                          trend=_blow_up_trend(view))
-
-
-def _truncation_crash(view: RunView) -> Finding | None:
-    """The crash into the length limit: the truncated share's last records above all of its
-    earlier ones and above blowup_truncated_ratio while the reward's last records are below all
-    of its earlier ones; held while the truncated share stays above that ratio."""
-    clip, reward = view.track("response/clip_ratio"), view.track("reward/mean")
-    if clip is None or reward is None:
-        return None
-    (recent, recent_off, recent_min), (ref, ref_off, ref_min) = RECORD_WINDOWS
-    steps = np.asarray(view.steps)
-    cut = clip.records(recent, recent_off, recent_min, "min")
-    level = th.value("blowup_truncated_ratio")
-    low = reward.records(recent, recent_off, recent_min, "max")
-    with np.errstate(invalid="ignore"):
-        high = clip.asof(steps, ((cut > clip.records(ref, ref_off, ref_min, "max")) & (cut > level))
-                         .astype(float)) == 1
-        new_low = reward.asof(steps, (low < reward.records(ref, ref_off, ref_min, "min"))
-                              .astype(float)) == 1
-        stays = clip.asof(steps, (cut > level).astype(float)) == 1
-    return _fired(steps, _held(high & new_low, stays), limit=level,
-                  truncated_last_records_min=clip.asof(steps, cut),
-                  reward_last_records_max=reward.asof(steps, low))
-
-
-def _fired(steps: np.ndarray, firing: np.ndarray, **at_first: np.ndarray | float) -> Finding | None:
-    """Where a branch judged on the run's steps fired: its first and last step, how many steps,
-    and each of ``at_first`` (a series: its value at the first step, where finite)."""
-    idx = np.flatnonzero(firing)
-    if not idx.size:
-        return None
-    first = int(idx[0])
-    values = {k: v[first] if isinstance(v, np.ndarray) else v for k, v in at_first.items()}
-    return Finding([int(steps[first]), int(steps[idx[-1]])],
-                   {"steps_flagged": int(idx.size),
-                    **{k: rounded(float(v)) for k, v in values.items() if math.isfinite(v)}})
-
-
-# The slow blow-up's rising signals: (key, the threshold its trend's factor is judged by); the
-# truncated share is judged by its short-window level instead (truncated_ratio).
-BLOWUP_TREND_SIGNALS: tuple[tuple[str, str], ...] = (
-    ("entropy/mean", "blowup_ratio"), ("kl/mean", "blowup_ratio"), ("grad/norm", "blowup_ratio"),
-    ("response/len_mean", "blowup_length_ratio"))
-
-
-def _blow_up_trend(view: RunView) -> Finding | None:
-    """The slow blow-up: the reward's trend falling steadily to blowup_trend_reward_factor of its
-    line's start while another signal climbs steadily by its blow-up factor (or the truncated
-    share sits at truncated_ratio in 90% of the short window); held while the reward's
-    short-window mean stays at or below that factor of its working level."""
-    reward = view.track("reward/mean")
-    if reward is None:
-        return None
-    steps = np.asarray(view.steps)
-    steady, factor = th.value("trend_z"), th.value("blowup_trend_reward_factor")
-    z, moved = reward.trends
-    with np.errstate(invalid="ignore", divide="ignore"):
-        falling = reward.asof(steps, ((moved <= factor) & (z <= -steady)).astype(float)) == 1
-        stays = reward.asof(steps, (reward.rolling(_short_window(), "mean")
-                                    / np.where(reward.level() > 0, reward.level(), np.nan)
-                                    <= factor).astype(float)) == 1
-    climbing = np.zeros(steps.size, dtype=bool)
-    risen: dict[str, np.ndarray] = {}
-    for key, name in BLOWUP_TREND_SIGNALS:
-        tr = view.track(key)
-        if tr is None:
-            continue
-        kz, kf = tr.trends
-        with np.errstate(invalid="ignore"):
-            up = tr.asof(steps, ((kf >= th.value(name)) & (kz >= steady)).astype(float)) == 1
-        climbing |= up
-        risen[f"{key}_trend_factor"] = tr.asof(steps, kf)
-    clip = view.track("response/clip_ratio")
-    if clip is not None:
-        with np.errstate(invalid="ignore"):
-            climbing |= clip.asof(steps, (clip.rolling(_short_window(), "p10")
-                                          >= th.value("truncated_ratio")).astype(float)) == 1
-    return _fired(steps, _held(falling & climbing, stays), reward_trend_factor=reward.asof(steps, moved),
-                  reward_trend_z=reward.asof(steps, z), **risen)
-
-
-def _blow_up_together(view: RunView) -> Finding | None:
-    """Several signals out of the range of their earlier records within two records."""
-    (recent, recent_off, recent_min), (ref, ref_off, ref_min) = RECORD_WINDOWS
-    steps = np.asarray(view.steps)
-    moved = np.zeros(steps.size, dtype=int)
-    high = np.zeros(steps.size, dtype=int)
-    ratios: dict[str, np.ndarray] = {}
-    for key, name in BLOWUP_SIGNALS:
-        tr = view.track(key)
-        if tr is None:
-            continue
-        if name is None:  # the reward falls
-            last = tr.records(recent, recent_off, recent_min, "max")
-            with np.errstate(invalid="ignore"):
-                out = last < tr.records(ref, ref_off, ref_min, "min")
-        else:
-            last = tr.records(recent, recent_off, recent_min, "min")
-            factor = th.value(name)
-            with np.errstate(invalid="ignore"):
-                out = (last > factor * tr.records(ref, ref_off, ref_min, "median")) & \
-                    (last > tr.records(ref, ref_off, ref_min, "max"))
-                if key in BLOWUP_LEVELS:
-                    out &= last > th.value(BLOWUP_LEVELS[key])
-                up = last > factor * tr.floor()
-            if key not in BLOWUP_LEVELS:  # the card's hold reads the four rising signals
-                high += tr.asof(steps, up.astype(float)) == 1
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratios[f"{key}_ratio"] = tr.asof(steps, last / tr.records(ref, ref_off, ref_min, "median"))
-        moved += tr.asof(steps, out.astype(float)) == 1
-    need = th.count("blowup_min_signals")
-    firing = _held(moved >= need, high >= need - 1)
-    idx = np.flatnonzero(firing)
-    if not idx.size:
-        return None
-    first = int(idx[0])
-    return Finding([int(steps[first]), int(steps[idx[-1]])],
-                   {"signals_moved": int(moved[first]), "steps_flagged": int(idx.size),
-                    **{k: rounded(float(v[first])) for k, v in ratios.items() if math.isfinite(v[first])}})
+    """GRPOTrainingBlowUp: at least blowup_min_signals of its signals beyond their earlier
+    records together; once raised, held while one signal fewer of the rising ones stays above
+    its multiple of its floor. Or its two-signal branches: the crash into the length limit
+    (reason truncation_crash) and the slow blow-up on trends (reason trend)."""
+    card = "GRPOTrainingBlowUp"
+    return _with_branches(_found(_declared(view, card)),
+                          truncation_crash=_found(_declared(view, card, "truncation_crash")),
+                          trend=_found(_declared(view, card, "trend")))
 
 
 @verdict("reward_collapse", "critical",
@@ -806,75 +512,13 @@ def reward_collapse(view: RunView) -> Finding | None:
     range between the run's floor and working level (its lowest and highest short-window mean
     so far), a range of at least half the largest short-window mean of the reward's
     within-batch stddev so far; where no stddev is logged, reward_range_std_ratio of the range
-    between the highest short-window mean of the reward's max and the lowest of its min."""
-    tr, std = view.track("reward/mean"), view.track("reward/std")
-    hi, lo = view.track("reward/max"), view.track("reward/min")
-    if tr is not None and std is None and hi is None and lo is None:
-        return _reward_mean_only_collapse(tr)
-    if tr is None or (std is None and (hi is None or lo is None)):
-        return None
-    means = tr.rolling(_short_window(), "mean")
-    with np.errstate(invalid="ignore"):
-        top, floor = np.fmax.accumulate(means), np.fmin.accumulate(means)
-        if std is not None:
-            spread_now = std.asof(tr.steps, np.fmax.accumulate(std.rolling(_short_window(), "mean")))
-        else:
-            assert hi is not None and lo is not None
-            high = hi.asof(tr.steps, np.fmax.accumulate(hi.rolling(_short_window(), "mean")))
-            low = lo.asof(tr.steps, np.fmin.accumulate(lo.rolling(_short_window(), "mean")))
-            spread_now = th.value("reward_range_std_ratio") * (high - low)
-    line = floor + th.value("reward_collapse_ratio") * (top - floor)
-    needed = th.value("reward_collapse_spread_ratio") * spread_now
-    window = th.count("sustain_steps")
-    p90 = tr.rolling(window, "p90")
-    with np.errstate(invalid="ignore"):
-        mask = (p90 < line) & (top - floor > needed)
-    return _found(_flagged(tr, mask, reward_window_p90=p90, working_level=top, floor=floor,
-                           limit=line, range_needed=needed),
-                  {"window_steps": window}, reward_last=float(tr.values[-1]))
-
-
-def _reward_mean_only_collapse(tr: Track) -> Finding | None:
-    """GRPORewardCollapse for a run that logs its mean reward and nothing beside it (reason
-    mean_only): its p90 over the sustain window at or below reward_mean_collapse_ratio of its
-    working level, a reward whose lowest short-window mean was never negative."""
-    top, floor = tr.level(), tr.floor()
-    window = th.count("sustain_steps")
-    p90 = tr.rolling(window, "p90")
-    line = th.value("reward_mean_collapse_ratio") * top
-    with np.errstate(invalid="ignore"):
-        mask = (p90 <= line) & (top > 0) & (floor >= 0)
-    return _found(_flagged(tr, mask, reward_window_p90=p90, working_level=top, limit=line),
-                  {"window_steps": window, "mean_only": True}, reward_last=float(tr.values[-1]))
-
-
-def _heldout_points(view: RunView) -> dict[str, np.ndarray] | None:
-    """The held-out score judged on its own points, as the exporter's HeldOutTracker: at each
-    point its best so far, the better of the last HELDOUT_RECENT_POINTS, the median change
-    between consecutive points so far, and the training reward's REWARD_LEVEL_WINDOW-step mean
-    now and when the best point was logged."""
-    tr = view.track(HELDOUT_KEY)
-    if tr is None or tr.values.size < th.count("heldout_min_points"):
-        return None
-    values = tr.values
-    best = np.maximum.accumulate(values)
-    recent = np.array([values[max(0, i + 1 - HELDOUT_RECENT_POINTS):i + 1].max()
-                       for i in range(values.size)])
-    diffs = np.abs(np.diff(values))
-    noise = np.array([float(np.median(diffs[:i])) if i else 0.0 for i in range(values.size)])
-    level = np.full(values.size, math.nan)
-    at_best = np.full(values.size, math.nan)
-    reward = view.track("reward/mean")
-    if reward is not None:
-        # The exporter's reward level: the 20-step mean, or the run so far while it is shorter.
-        means = reward.rolling(REWARD_LEVEL_WINDOW, "mean")
-        so_far = np.cumsum(reward.values) / np.arange(1, reward.values.size + 1)
-        level = reward.asof(tr.steps, np.where(np.isnan(means), so_far, means))
-        best_at = np.array([int(np.flatnonzero(values[:i + 1] == best[i])[0]) for i in range(values.size)])
-        at_best = level[best_at]
-    points = np.arange(1, values.size + 1)
-    return {"steps": tr.steps, "values": values, "best": best, "recent": recent, "noise": noise,
-            "points": points, "level": level, "level_at_best": at_best}
+    between the highest short-window mean of the reward's max and the lowest of its min. Where
+    the run logs its mean alone (mean_only), its p90 at or below reward_mean_collapse_ratio of
+    its working level, a reward whose lowest short-window mean was never negative."""
+    if view.track("reward/mean") is not None and not any(
+            view.has(k) for k in ("reward/std", "reward/min", "reward/max")):
+        return _found(_declared(view, "GRPORewardCollapse", "mean_only"), {"mean_only": True})
+    return _found(_declared(view, "GRPORewardCollapse"))
 
 
 @verdict("heldout_collapse", "critical",
@@ -883,14 +527,7 @@ def _heldout_points(view: RunView) -> dict[str, np.ndarray] | None:
 def heldout_collapse(view: RunView) -> Finding | None:
     """GRPOHeldOutCollapse: the better of the last 2 held-out points under heldout_collapse_ratio
     of the best so far, and further under it than heldout_noise_factor times the noise."""
-    p = _heldout_points(view)
-    if p is None:
-        return None
-    fall = p["best"] - p["recent"]
-    mask = ((p["recent"] < th.value("heldout_collapse_ratio") * p["best"]) & (p["best"] > 0)
-            & (fall > th.value("heldout_noise_factor") * p["noise"])
-            & (p["points"] >= th.count("heldout_min_points")))
-    return _points_found(p, mask)
+    return _found(_declared(view, "GRPOHeldOutCollapse"))
 
 
 @verdict("reward_over_optimization", "warning",
@@ -899,64 +536,11 @@ def heldout_collapse(view: RunView) -> Finding | None:
 def reward_over_optimization(view: RunView) -> Finding | None:
     """GRPORewardOverOptimization: the better of the last 2 held-out points more than
     heldout_drop_ratio of the best and heldout_noise_factor times the noise below the best,
-    while the training reward's level is at or above its level at the best point."""
-    p = _heldout_points(view)
-    if p is None:
-        return None
-    fall = p["best"] - p["recent"]
-    with np.errstate(invalid="ignore"):
-        mask = ((fall > th.value("heldout_drop_ratio") * np.abs(p["best"]))
-                & (fall > th.value("heldout_noise_factor") * p["noise"])
-                & (p["points"] >= th.count("heldout_min_points"))
-                & (p["level"] >= p["level_at_best"]))
-    return _with_branches(_points_found(p, mask), smoothed=_smoothed_turn(p))
-
-
-def _smoothed_turn(p: dict[str, np.ndarray]) -> Finding | None:
-    """The same on the held-out points' heldout_smooth_points-point means (reason smoothed), as
-    the exporter's HeldOutTracker: the latest mean more than heldout_drop_ratio of the best mean
-    so far and heldout_noise_factor times the noise of such a mean below it, while the reward's
-    level holds within heldout_reward_hold_ratio of its level where that best mean ended."""
-    k = th.count("heldout_smooth_points")
-    values = p["values"]
-    if values.size < k:
-        return None
-    means = np.convolve(values, np.ones(k) / k, mode="valid")  # means[j]: points j .. j+k-1
-    n = values.size
-    best, recent, at_best = (np.full(n, math.nan) for _ in range(3))
-    top = -math.inf
-    for j, m in enumerate(means):
-        i = j + k - 1
-        if m > top:  # the earliest of equal means stays the best, as the exporter's
-            top, top_level = float(m), p["level"][i]
-        best[i], recent[i], at_best[i] = top, m, top_level
-    fall = best - recent
-    hold = th.value("heldout_reward_hold_ratio")
-    with np.errstate(invalid="ignore"):
-        mask = ((fall > th.value("heldout_drop_ratio") * np.abs(best))
-                & (fall > th.value("heldout_noise_factor") * p["noise"] / math.sqrt(k))
-                & (p["points"] >= th.count("heldout_min_points"))
-                & (p["level"] >= at_best - np.abs(at_best) * hold))
-    idx = np.flatnonzero(mask)
-    if not idx.size:
-        return None
-    i = int(idx[0])
-    return Finding([int(p["steps"][i]), int(p["steps"][idx[-1]])], {
-        "heldout_smoothed_best": float(best[i]), "heldout_smoothed_recent": float(recent[i]),
-        "heldout_noise": float(p["noise"][i]), "points_flagged": int(idx.size),
-        "smooth_points": k})
-
-
-def _points_found(p: dict[str, np.ndarray], mask: np.ndarray) -> Finding | None:
-    idx = np.flatnonzero(mask)
-    if not idx.size:
-        return None
-    i = int(idx[0])
-    return Finding([int(p["steps"][i]), int(p["steps"][idx[-1]])], {
-        "heldout_best": float(p["best"][i]), "heldout_recent": float(p["recent"][i]),
-        "heldout_noise": float(p["noise"][i]), "points_flagged": int(idx.size),
-        **({"reward_level": float(p["level"][i]), "reward_level_at_best": float(p["level_at_best"][i])}
-           if math.isfinite(p["level"][i]) else {})})
+    while the training reward's level is at or above its level at the best point; or
+    (smoothed) the same on the points' heldout_smooth_points-point means."""
+    card = "GRPORewardOverOptimization"
+    return _with_branches(_found(_declared(view, card)),
+                          smoothed=_found(_declared(view, card, "smoothed")))
 
 
 @verdict("kl_growth_accelerating", "warning",
@@ -965,19 +549,7 @@ def _points_found(p: dict[str, np.ndarray], mask: np.ndarray) -> Finding | None:
 def kl_growth_accelerating(view: RunView) -> Finding | None:
     """GRPOKLGrowthAccelerating: KL's 100-step mean up by over 20% per 100 steps in each of the
     last three 100-step windows, and the last increment larger than the one 200 steps before."""
-    tr = view.track("kl/mean")
-    if tr is None:
-        return None
-    means = [tr.rolling(GROWTH_WINDOW, "mean", offset=o)
-             for o in (*GROWTH_OFFSETS, GROWTH_OFFSETS[-1] + GROWTH_WINDOW)]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # The exporter publishes no growth over a zero mean: NaN, never a card.
-        growth = np.min([np.where(means[j + 1] != 0, means[j] / means[j + 1] - 1, math.nan)
-                         for j in range(len(GROWTH_OFFSETS))], axis=0)
-    accel = (means[0] - means[1]) - (means[2] - means[3])
-    return _found(_flagged(tr, tr.ready() & (growth > th.value("kl_growth_ratio")) & (accel > 0),
-                           least_growth_per_window=growth, acceleration=accel),
-                  {"limit": th.value("kl_growth_ratio"), "window_steps": GROWTH_WINDOW})
+    return _found(_declared(view, "GRPOKLGrowthAccelerating"))
 
 
 @verdict("length_shift", "warning",
@@ -990,31 +562,10 @@ def length_shift(view: RunView) -> Finding | None:
     0.5; before that comparison exists, the short window off the initial length by as much in
     90% of its steps (its p90 below, or its p10 above); or the trend of its last records moved
     by as much, steadily (Mann-Kendall Z beyond trend_z)."""
-    tr = view.track("response/len_mean")
-    if tr is None:
-        return None
-    shift, sus, back = (th.value("length_shift_ratio"), th.count("sustain_steps"),
-                        th.count("lookback_steps"))
-    before = tr.rolling(sus, "mean", offset=back)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        to_before = tr.rolling(sus, "mean") / before
-        low = tr.rolling(_short_window(), "p90") / tr.initial()
-        high = tr.rolling(_short_window(), "p10") / tr.initial()
-    to_initial = np.where(low < 1, low, np.where(high > 1, high, 1.0))
-    late = _flagged(tr, np.abs(to_before - 1) > shift, ratio=to_before)
-    early = _flagged(tr, np.isnan(before) & (np.abs(to_initial - 1) > shift),
-                     ratio_to_initial=to_initial)
-    if late is not None:
-        late.update(window_steps=sus, lookback_steps=back)
-    if early is not None:
-        early.update(length_initial=rounded(tr.initial()), window_steps=_short_window())
-    # reason trend: the exporter's trend of the last records, moved steadily by as much.
-    z, factor = tr.trends
-    steady = th.value("trend_z")
-    with np.errstate(invalid="ignore"):
-        moved = (((factor >= 1 + shift) & (z >= steady)) | ((factor <= 1 - shift) & (z <= -steady)))
-    trend = _flagged(tr, moved, trend_factor=factor, trend_z=z)
-    return _branches(within_200_steps=late, against_initial=early, trend=trend)
+    card = "GRPOResponseLengthShift"
+    return _branches(within_200_steps=_declared(view, card),
+                     against_initial=_declared(view, card, "against_initial"),
+                     trend=_declared(view, card, "trend"))
 
 
 @verdict("completions_truncated", "warning",
@@ -1031,22 +582,7 @@ def reward_quantile_extreme(view: RunView) -> Finding | None:
     """GRPORewardQuantileExtreme, downward only: once the baseline is ready, a reward quantile's
     50-step mean below its baseline mean - 3 baseline stddevs, or fallen by more than 3 of them
     below its 50-step mean 200 steps before."""
-    sigmas, sus, back = (th.value("reward_quantile_sigmas"), th.count("sustain_steps"),
-                         th.count("lookback_steps"))
-    found: dict[str, dict[str, Any] | None] = {}
-    for q in ("reward/p25", "reward/p50", "reward/p75", "reward/p95"):
-        tr = view.track(q)
-        if tr is None:
-            continue
-        drop = sigmas * tr.baseline_stddev()
-        mean = tr.rolling(sus, "mean")
-        fall = mean - tr.rolling(sus, "mean", offset=back)
-        found[q] = _flagged(tr, tr.ready() & ((mean < tr.baseline() - drop) | (fall < -drop)),
-                            window_mean=mean, fall_within_200_steps=fall)
-        if found[q] is not None:
-            found[q].update(baseline_mean=rounded(tr.baseline()), allowed_drop=rounded(drop),
-                            window_steps=sus)
-    return _branches(**found)
+    return _found(_declared(view, "GRPORewardQuantileExtreme"))
 
 
 @verdict("dead_learning_signal", "warning",
@@ -1058,26 +594,9 @@ def dead_learning_signal(view: RunView) -> Finding | None:
     reward/std 0 in 90% of the short window; the reward pinned at its working level with almost
     no spread; or, where no spread is logged, the mean reward the same value in 90% of the
     sustain window."""
-    saturated = mean_constant = None
     std = view.track("reward/std")
-    reward = view.track("reward/mean")
-    if reward is not None and std is not None:
-        level = reward.rolling(_short_window(), "mean")
-        spread = std.asof(reward.steps, std.rolling(_short_window(), "mean"))
-        working = reward.level()
-        with np.errstate(invalid="ignore"):
-            pinned = ((level > 0) & (spread < th.value("reward_saturation_std_ratio") * level)
-                      & (reward.rolling(_short_window(), "p10")
-                         >= th.value("reward_saturation_level_ratio") * working))
-        saturated = _flagged(reward, pinned, reward_std_window_mean=spread, reward_working_level=working)
-        if saturated is not None:
-            saturated.update(window_steps=_short_window())
-    elif reward is not None:
-        sus = th.count("sustain_steps")
-        p10, p90 = reward.rolling(sus, "p10"), reward.rolling(sus, "p90")
-        mean_constant = _flagged(reward, p90 == p10, reward_window_p10=p10)
-        if mean_constant is not None:
-            mean_constant.update(window_steps=sus)
+    saturated = _declared(view, "GRPOAdvantageVanishing", "saturated")
+    mean_constant = _declared(view, "GRPOAdvantageVanishing", "mean_constant")
     dead = _declared(view, "GRPOAdvantageVanishing", "dead_groups")
     if dead is not None and (zero := view.track("group/zero_std_frac")) is not None:
         dead["zero_std_share_run_mean"] = float(zero.values.mean())
@@ -1186,21 +705,7 @@ def entropy_covariance_surge(view: RunView) -> Finding | None:
     advantage positive and over entropy_cov_ratio x its (positive) initial value in 90% of the
     short window, while entropy's 50-step trend is down by over entropy_cov_fall_ratio of its
     initial value."""
-    tr = view.track("entropy/logp_adv_cov")
-    if tr is None or not tr.initial() > 0:
-        return None
-    limit = th.value("entropy_cov_ratio") * tr.initial()
-    p10 = tr.rolling(_short_window(), "p10")
-    # Entropy's 50-step trend, as it stood at each of the covariance's steps, against its start.
-    ent = view.track(LAW_ENTROPY)
-    if ent is None or not ent.initial() > 0:
-        return None
-    window = SLOPE_WINDOWS[0]
-    fall = ent.asof(tr.steps, ent.slope(window) * window / ent.initial())
-    with np.errstate(invalid="ignore"):
-        mask = (p10 > 0) & (p10 > limit) & (fall < -th.value("entropy_cov_fall_ratio"))
-    return _found(_beyond(tr, p10, mask, "window_p10", initial=tr.initial(), limit=limit,
-                          window_steps=_short_window()))
+    return _found(_declared(view, "GRPOEntropyCovarianceSurge"))
 
 
 @verdict("length_bias", "warning",
@@ -1211,27 +716,7 @@ def length_bias(view: RunView) -> Finding | None:
     """GRPOLengthBias: the incorrect responses' 50-step mean length grown by over
     length_bias_growth_ratio of its initial value, while the correct ones' grew by under
     length_bias_correct_ratio."""
-    wrong = view.track("response/len_incorrect_mean")
-    right = view.track("response/len_correct_mean")
-    if wrong is None or right is None or not (wrong.initial() > 0 and right.initial() > 0):
-        return None
-    sus = th.count("sustain_steps")
-    grown = wrong.rolling(sus, "mean") / wrong.initial() - 1
-    # The correct responses' growth as it stood at each of the incorrect ones' steps.
-    right_grown = right.asof(wrong.steps, right.rolling(sus, "mean") / right.initial() - 1)
-    with np.errstate(invalid="ignore"):
-        mask = (grown > th.value("length_bias_growth_ratio")) & \
-            (right_grown < th.value("length_bias_correct_ratio"))
-    hit = _beyond(wrong, grown, mask, "incorrect_growth", window_steps=sus,
-                  incorrect_initial=wrong.initial(), correct_initial=right.initial(),
-                  growth_limit=th.value("length_bias_growth_ratio"),
-                  correct_limit=th.value("length_bias_correct_ratio"))
-    if hit is None:
-        return None
-    i = int(np.searchsorted(wrong.steps, hit["steps"][0]))
-    hit["correct_growth"] = rounded(float(right_grown[i]))
-    hit["incorrect_last"] = hit.pop("last")
-    return _found(hit)
+    return _found(_declared(view, "GRPOLengthBias"))
 
 
 @verdict("reward_ceiling_near", "warning",
@@ -1241,18 +726,8 @@ def length_bias(view: RunView) -> Finding | None:
 def reward_ceiling_near(view: RunView) -> Finding | None:
     """GRPORewardCeilingNear: by the entropy-reward law fitted on the run so far (R² at least
     forecast_min_r2, a > 0), the reward still to gain is under ceiling_headroom_ratio of what it
-    was at the start, and entropy is still falling."""
-    c = view.ceiling
-    if c is None:
-        return None
-    with np.errstate(invalid="ignore"):
-        reward_ceiling = c.b - c.a
-    hit = _flagged(c.track, c.near, headroom_ratio=c.headroom, entropy_window_mean=c.entropy_mean,
-                   entropy_slope_per_step=c.entropy_slope, law_a=c.a, law_b=c.b,
-                   reward_ceiling=reward_ceiling, law_r_squared=c.r_squared)
-    return _found(hit, {"entropy_initial": c.track.initial(),
-                        "limit": th.value("ceiling_headroom_ratio"),
-                        "window_steps": th.count("sustain_steps")})
+    was at the start, and entropy is still falling (not collapsed)."""
+    return _found(_declared(view, "GRPORewardCeilingNear"))
 
 
 def _shortcut_branch(grid: np.ndarray, mean: dict[str, np.ndarray], ref: dict[str, np.ndarray],
