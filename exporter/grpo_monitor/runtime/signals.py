@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, filterfalse
+from typing import Any
 
 from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.cards import CARDS_BY_NAME
@@ -780,7 +781,8 @@ class RankSignals:
         once it logs a training signal, PERF_REACH while it logs performance signals only."""
         return PERF_REACH if all(is_perf(key) for key in self.keys) else HISTORY
 
-    def reading(self, key: str, feature: str, window: int = 0, offset: int = 0) -> float | None:
+    def reading(self, key: str, feature: str, window: int = 0, offset: int = 0,
+                memo: dict[tuple[str, str], Any] | None = None) -> float | None:
         """One feature of ``key`` as the exposition publishes it now, None where it publishes
         none: "p10" / "p90" (grpo_window_p10 / _p90 over ``window`` steps), "mean"
         (grpo_window_mean over ``window``, ``offset`` steps back), "slope" (grpo_window_slope),
@@ -793,19 +795,28 @@ class RankSignals:
         (grpo_heldout_*, HELDOUT_READINGS) and "law_scale" / "law_r_squared"
         (grpo_forecast_law_scale / _fit_r_squared), ``key`` one they are read from. The report reads a
         declared card branch's inputs through it (contract/card_logic.py), and features() the
-        same values through the same functions."""
+        same values through the same functions. ``memo``: a dict kept across the readings of one
+        step, so that a trend, the law's fit and the held-out judgement are computed once."""
+        if memo is None:
+            memo = {}
         h = self.keys.get(key)
         if h is None:
             return None
         if feature.startswith("heldout_"):  # the rank's held-out judgement (of HELDOUT_KEY)
-            held = self.heldout.features()
+            if ("", "heldout") not in memo:
+                memo["", "heldout"] = self.heldout.features()
+            held = memo["", "heldout"]
             return None if held is None else getattr(held, HELDOUT_READINGS[feature])
         if feature.startswith("law_"):  # the entropy-reward law's fit
-            fit = self.law.fit()
+            if ("", "law") not in memo:
+                memo["", "law"] = self.law.fit()
+            fit = memo["", "law"]
             return None if fit is None else fit.a if feature == "law_scale" else fit.r_squared
         perf = is_perf(key)
         if feature in ("p10", "p90"):
-            if perf or (p := window_percentiles(h, self.step, window)) is None:
+            if (key, f"p{window}") not in memo:
+                memo[key, f"p{window}"] = None if perf else window_percentiles(h, self.step, window)
+            if (p := memo[key, f"p{window}"]) is None:
                 return None
             return p[0] if feature == "p10" else p[1]
         if feature == "mean":
@@ -821,7 +832,9 @@ class RankSignals:
                       if latest is not None and before]
             return min(growth) if growth else None
         if feature in ("trend_z", "trend_factor"):
-            t = trend_of(h.steps, h.values) if key in TREND_KEYS else None
+            if (key, "trend") not in memo:
+                memo[key, "trend"] = trend_of(h.steps, h.values) if key in TREND_KEYS else None
+            t = memo[key, "trend"]
             return None if t is None else t.z if feature == "trend_z" else t.factor
         if feature == "initial":
             return None if perf else h.initial_mean(self.step, self.initial_steps)

@@ -89,11 +89,15 @@ def take(signals: RankSignals, readings: tuple[Reading, ...] = READINGS) -> arra
     """The ``readings`` (READINGS or PERF_READINGS) as the rank's features stand now, in their
     order (NaN: not published). An array of doubles: a 20,000-step run keeps 20,000 of them."""
     out = array("d", [math.nan]) * len(readings)
+    memo: dict[tuple[str, str], Any] = {}
+    logged = signals.keys
     for i, reading in enumerate(readings):
         if reading == READY:
             value: float | None = 1.0 if signals.ready else None
+        elif reading.key not in logged:  # most declared keys: a run logs a few dozen
+            continue
         else:
-            value = signals.reading(*reading)
+            value = signals.reading(*reading, memo=memo)
         if value is not None:
             out[i] = value
     return out
