@@ -14,6 +14,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from promtool_harness import alerts
 
@@ -215,3 +216,70 @@ def test_the_reports_readings_are_the_exporters_series(scenario: str, tmp_path: 
         assert match == ([] if math.isnan(value) else [pytest.approx(value)]), (key, feature, window, match)
         compared += bool(match)
     assert compared >= 2, taken
+
+
+def test_an_expressions_rendering_and_refusals() -> None:
+    from grpo_monitor.contract.card_logic import Agg, Const, Func, Held, Rule, Series, Threshold
+
+    mean, base = Series("mean", "kl/max", 50, 0), Series("baseline", "kl/max")
+    # The same keys match on the key; a ratio of two keys on the rank; a threshold on nothing.
+    assert (mean / base).render() == ('grpo_window_mean{key="kl/max",window_steps="50",offset_steps="0"}\n'
+                                      '  / on(run, rank, key) group_left() grpo_baseline_mean{key="kl/max"}')
+    other = Series("mean", "kl/p95", 50, 0)
+    assert "/ on(run, rank) group_left()" in (mean / other).render()
+    assert (mean > Threshold("kl_tail_ratio")).render().endswith(
+        "> on() group_left() grpo:threshold:kl_tail_ratio")
+    # An or of two keyed sides is their union, key by key; of keyless ones, on the rank.
+    either = Series("p10", "a/x", 20) | Series("p10", "b/y", 20)
+    assert "or on(run, rank, key)" in either.render() and either.keys == ("a/x", "b/y")
+    assert "or on(run, rank)\n" in (Agg("max", mean) | Agg("max", other)).render()
+    # A hold reads the branch's own firing; the baseline gate is outside.
+    held = Rule(Agg("max", (mean > Const(1)) & Held()), baseline=True).promql("GRPOX", "r")
+    assert 'ALERTS{alertname="GRPOX",alertstate="firing",reason="r"}' in held
+    assert held.endswith("and on(run, rank) run_rank:grpo_baseline_ready:training\n")
+    assert Func("sqrt", Threshold("heldout_smooth_points")).scalar
+    with pytest.raises(ValueError):  # many-to-many: the right side carries several keys
+        _ = Series("mean", "a/x", 50) / Series("mean", ("b/y", "c/z"), 50)
+    with pytest.raises(ValueError):  # a threshold filtered by a vector
+        _ = Threshold("kl_tail_ratio") > mean
+    with pytest.raises(ValueError):
+        Series("p10", "a/x")  # a window statistic needs its window
+    with pytest.raises(ValueError):
+        Threshold("no_such_threshold")
+    with pytest.raises(ValueError):
+        Rule(Threshold("kl_tail_ratio") * Const(2))
+
+
+def test_a_hold_is_judged_on_the_step_before() -> None:
+    # Raised where the 20-step p10 crosses 1, held while the 50-step mean stays over 0.5: the
+    # report walks the steps as the rule engine's evaluations do.
+    from grpo_monitor.contract.card_logic import Agg, Held, Rule, Series
+
+    rule = Rule(Agg("max", (Series("p10", "kl/mean", 20) > 1)
+                    | ((Series("mean", "kl/mean", 50) > 0.5) & Held())))
+    p10 = [0.0, 2.0, 0.0, 0.0, 0.0, 2.0, 0.0]
+    mean = [0.0, 0.0, 0.9, 0.9, 0.1, 0.0, 0.9]
+    columns = {declared.Reading("kl/mean", "p10", 20): 0, declared.Reading("kl/mean", "mean", 50): 1}
+    found = declared._judge_rule(list(range(1, 8)), np.array([p10, mean]).T, rule, columns, {})
+    # Steps 2 (raised), 3 and 4 (held), not 5 (the mean fell), 6 (raised again), 7 (held).
+    assert found is not None
+    assert found["steps"] == [2, 7] and found["steps_flagged"] == 5
+
+
+def test_the_reports_prompt_type_readings_are_the_exporters_series(tmp_path: Path) -> None:
+    # Each prompt type's readings at the last step: the exposition's series of that type.
+    steps = write_run(tmp_path, "run", "shortcut_learning", steps=300, ranks=1)
+    data = load_run(tmp_path / "run")
+    last = max(data.type_readings)
+    assert last in (steps - 1, steps)
+    series = _exposition(tmp_path)
+    compared = 0
+    for ptype, values in data.type_readings[last].items():
+        for r, value in zip(declared.TYPE_READINGS, values):
+            selector = card_logic.Series(r.feature, r.key, r.window, r.offset).render()
+            metric, labels = selector.split("{")[0], selector[selector.index("{") + 1:-1].split(",")
+            match = [v for n, v in series.items() if n.startswith(metric + "{")
+                     and f'prompt_type="{ptype}"' in n and all(lb in n for lb in labels)]
+            assert match == ([] if math.isnan(value) else [pytest.approx(value)]), (ptype, r, match)
+            compared += bool(match)
+    assert compared >= 6, data.type_readings[last]

@@ -601,12 +601,14 @@ def test_shortcut_learning_is_the_cards_rule(tmp_path: Path) -> None:
     v = _one(res, "shortcut_learning")
     assert (v["card"], v["steps"]) == ("GRPOShortcutLearning", [113, 300])
     first, late = v["evidence"]["against_initial"], v["evidence"]["within_200_steps"]
-    assert (first["easy_type"], first["hard_type"]) == ("easy", "hard")
-    assert (first["easy_reference"], first["hard_reference"]) == (0.6, 0.3)
+    # The falling type is named (the alert's prompt_type label), beside the reference of the
+    # type that rose from higher up, and each type's initial mean.
+    assert first["prompt_types"] == ["hard"] and first["reference_of_a_rising_type"] == pytest.approx(0.6)
+    assert first["type_initial"] == {"easy": pytest.approx(0.6), "hard": pytest.approx(0.3),
+                                     "low": pytest.approx(0.1)}
     assert first["steps"] == [113, 300]
-    assert first["easy_change"] == pytest.approx(0.052) and first["hard_change"] == pytest.approx(-0.052)
-    assert late["steps"] == [250, 300] and late["lookback_steps"] == 200
-    assert (late["easy_type"], late["hard_type"]) == ("easy", "hard")
+    assert first["fall"]["hard"] == pytest.approx(0.052) and first["fall"]["easy"] == pytest.approx(-0.052)
+    assert late["steps"] == [250, 300] and late["prompt_types"] == ["hard"]
 
 
 def test_an_easy_type_falling_is_no_shortcut(tmp_path: Path) -> None:

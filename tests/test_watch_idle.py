@@ -47,7 +47,15 @@ def test_idle_ticks_handle_nothing_again(snapshot_dir: Path) -> None:
         with SnapshotWriter(snapshot_dir, "idle", rank=0, world_size=1) as w:
             w.log({"loss": 1.0}, 1)
         wait_for(lambda: ingestor.store.max_step("idle") == 1)
-        wait_for(lambda: watcher._q.empty())  # every event of the write handled
+        # Every event of the write handled: the file events arrive in order, so once a file
+        # renamed in after the write (one event, nothing after it) is read, the write's own
+        # late events (its close) have been handled too. An empty queue alone does not say so:
+        # the observer thread may not have queued them yet on a busy machine.
+        marker = snapshot_dir / "idle" / "rank-1.jsonl"
+        staged = snapshot_dir.parent / "rank-1.jsonl"
+        staged.write_text('{"step": 1, "metrics": {"loss": 1.0}}\n')
+        staged.rename(marker)
+        wait_for(lambda: marker in ingestor.reads and watcher._q.empty())
         assert ingestor.health.internal_errors._value.get() == 0
         rescans, reads = ingestor.rescans, len(ingestor.reads)
         start = watcher.ticks

@@ -218,8 +218,9 @@ class AnyOf:
 # an expression tree of these nodes. Each node renders itself as PromQL (``render``) and the
 # report evaluates the same tree (tools/report/declared.py); the matching of two vectors is
 # decided once here, from the keys each side carries (``keys``), and both evaluators follow it:
-# the same keys on both sides match on (run, rank, key), otherwise on (run, rank) with the right
-# side one sample a rank, or on (run) where a side is a run's.
+# the same keys on both sides match on (run, rank, key) (and the prompt type where both are a
+# prompt type's), an or of two keyed sides is their union, otherwise on (run, rank) with the
+# right side one sample a rank, or on (run) where a side is a run's.
 
 # The features an expression reads beyond a level's: the baseline's stddev, the working level's
 # highest (grpo_run_window_mean_max), the median of the first records, the record windows' min /
@@ -229,8 +230,12 @@ EXPR_SERIES: dict[str, str] = {
     **FEATURE_SERIES, "stddev": "grpo_baseline_stddev", "ceiling": "grpo_run_window_mean_max",
     "first_median": "grpo_first_records_median", "records_min": "grpo_records_min",
     "records_max": "grpo_records_max", "records_median": "grpo_records_median",
-    "trend_factor": "grpo_trend_factor", "least_growth": "grpo_window_growth_ratio"}
+    "trend_factor": "grpo_trend_factor", "least_growth": "grpo_window_growth_ratio",
+    "type_mean": "grpo_prompt_type_window_mean", "type_initial": "grpo_prompt_type_initial_mean"}
 RECORDED: frozenset[str] = frozenset({"records_min", "records_max", "records_median"})
+# Features of each prompt type of a record's by_type (a prompt_type label): its window mean and
+# its initial mean, as the shortcut card compares them.
+TYPED: frozenset[str] = frozenset({"type_mean", "type_initial"})
 # Features of the rank, not of a key (no key label): the held-out score's judgement (of
 # eval/heldout_score) and the entropy-reward law's fit (of reward/mean and entropy/mean). A
 # Series of one names the key it is read from.
@@ -246,7 +251,9 @@ EXPR_SERIES.update(RANK_SERIES)
 # The labels each feature's series carries beyond run, rank and key (``max without`` drops them).
 _EXTRA_LABELS: dict[str, tuple[str, ...]] = {
     **{f: ("window_steps",) for f in ("p10", "p90", "slope", "floor", "ceiling", "rising")},
-    "mean": ("window_steps", "offset_steps"), "least_growth": ("window_steps",), "trend_z": ("records",), "trend_factor": ("records",),
+    "mean": ("window_steps", "offset_steps"), "type_mean": ("window_steps", "offset_steps"),
+    "least_growth": ("window_steps",),
+    "trend_z": ("records",), "trend_factor": ("records",),
     **{f: ("records", "offset_records") for f in RECORDED}}
 NO_KEY = ""  # the key of a vector without a key label
 
@@ -260,6 +267,7 @@ class Expr:
 
     scalar = False
     run_level = False
+    typed = False  # a sample a prompt type (its prompt_type label)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -358,9 +366,13 @@ class Series(Expr):
     def __post_init__(self) -> None:
         if self.feature not in EXPR_SERIES:
             raise ValueError(f"no feature {self.feature!r}")
-        if (self.feature in WINDOWED or self.feature in RECORDED or self.feature == "least_growth") \
-                and self.window <= 0:
+        if (self.feature in WINDOWED or self.feature in RECORDED
+                or self.feature in ("least_growth", "type_mean")) and self.window <= 0:
             raise ValueError(f"{self.feature} of {self.key} needs its window")
+
+    @property
+    def typed(self) -> bool:  # type: ignore[override]
+        return self.feature in TYPED
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -383,9 +395,9 @@ class Series(Expr):
         if self.feature == "least_growth":  # the least of the windows' growths, back to back
             out.append(f'window_steps="{self.window}"')
             return f"min without (offset_steps) ({EXPR_SERIES[self.feature]}{{{','.join(out)}}})"
-        if self.feature in WINDOWED:
+        if self.feature in WINDOWED or self.feature == "type_mean":
             out.append(f'window_steps="{self.window}"')
-            if self.feature == "mean":
+            if self.feature in ("mean", "type_mean"):
                 out.append(f'offset_steps="{self.offset}"')
         elif self.feature in RECORDED:
             out += [f'records="{self.window}"', f'offset_records="{self.offset}"']
@@ -396,7 +408,7 @@ class Series(Expr):
         if self.feature in RECORDED:
             what = f"{what.split('_')[1]} of {self.window} records" + (
                 f" {self.offset} back" if self.offset else "")
-        elif self.feature in WINDOWED:
+        elif self.feature in WINDOWED or self.feature == "type_mean":
             what = f"{self.window}-step {what}" + (f" {self.offset} steps back" if self.offset else "")
         return f"{'/'.join(self.reads)} {what}"
 
@@ -409,7 +421,8 @@ class Threshold(Expr):
     scalar = True
 
     def __post_init__(self) -> None:
-        thresholds.value(self.name)  # an unknown name fails here, not in the rule
+        if self.name not in thresholds.THRESHOLDS:  # fails here, not in the rule
+            raise ValueError(f"no threshold {self.name!r} in the table")
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -443,15 +456,24 @@ def matching(left: Expr, right: Expr, op: str = "") -> str:
     of two keyed sides is their union, key by key."""
     if left.run_level or right.run_level:
         return "on(run)"
+    if left.typed and right.typed:
+        return "on(run, rank, prompt_type, key)"
     keyed = NO_KEY not in left.keys and NO_KEY not in right.keys
     if keyed and (left.keys == right.keys or op == "or"):
         return "on(run, rank, key)"
     return "on(run, rank)"
 
 
+def by_label(left: Expr, right: Expr, op: str = "") -> bool:
+    """Two vectors matched label by label (the key, and the prompt type where both carry one),
+    not on the rank alone."""
+    return matching(left, right, op) in ("on(run, rank, key)", "on(run, rank, prompt_type, key)")
+
+
 def _check_one_side(left: Expr, right: Expr) -> None:
-    if matching(left, right) != "on(run, rank, key)" and len(right.keys) > 1:
-        raise ValueError(f"the right side of a match on the rank carries several keys: {right.keys}")
+    if not by_label(left, right) and (len(right.keys) > 1 or right.typed):
+        raise ValueError(f"the right side of a match on the rank carries several samples a rank: "
+                         f"{right.keys}{' by prompt type' if right.typed else ''}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -476,6 +498,10 @@ class Arith(Expr):
     @property
     def run_level(self) -> bool:  # type: ignore[override]
         return (self.right if self.left.scalar else self.left).run_level
+
+    @property
+    def typed(self) -> bool:  # type: ignore[override]
+        return (self.right if self.left.scalar else self.left).typed
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -538,10 +564,16 @@ class SetOp(Expr):
     def __post_init__(self) -> None:
         if self.left.scalar or self.right.scalar:
             raise ValueError(f"{self.op} takes two vectors")
+        if self.op == "or" and self.left.typed != self.right.typed:
+            raise ValueError("or of a vector by prompt type and one without")
 
     @property
     def run_level(self) -> bool:  # type: ignore[override]
         return self.left.run_level and (self.op != "or" or self.right.run_level)
+
+    @property
+    def typed(self) -> bool:  # type: ignore[override]
+        return self.left.typed
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -590,6 +622,10 @@ class Func(Expr):
     def run_level(self) -> bool:  # type: ignore[override]
         return self.arg.run_level
 
+    @property
+    def typed(self) -> bool:  # type: ignore[override]
+        return self.arg.typed
+
     def children(self) -> tuple[Expr, ...]:
         return (self.arg,)
 
@@ -608,10 +644,11 @@ class Func(Expr):
 @dataclass(frozen=True, eq=False)
 class Agg(Expr):
     """One sample a (run, rank) of several: ``max`` (the key dropped, or kept with
-    ``keep_key``: the window labels only), ``count`` (how many), ``run_max`` (the run's
-    highest, one sample a run)."""
+    ``keep_key``: the window labels only; a prompt type's samples stay apart), ``count`` (how
+    many), ``rank_max`` (the highest of every prompt type's), ``run_max`` (the run's highest,
+    one sample a run)."""
 
-    name: Literal["max", "count", "run_max"]
+    name: Literal["max", "count", "rank_max", "run_max"]
     arg: Expr
     keep_key: bool = False
 
@@ -627,6 +664,10 @@ class Agg(Expr):
     def run_level(self) -> bool:  # type: ignore[override]
         return self.name == "run_max"
 
+    @property
+    def typed(self) -> bool:  # type: ignore[override]
+        return self.name == "max" and self.arg.typed
+
     def children(self) -> tuple[Expr, ...]:
         return (self.arg,)
 
@@ -636,6 +677,8 @@ class Agg(Expr):
             return f"count by (run, rank) (\n{inner}\n)"
         if self.name == "run_max":
             return f"max by (run) (\n{inner}\n)"
+        if self.name == "rank_max":
+            return f"max by (run, rank) (\n{inner}\n)"
         dropped = [lb for lb in self.arg.labels if not (self.keep_key and lb == "key")]
         if not dropped:
             return self.arg.render(alert, reason)
@@ -709,6 +752,10 @@ class Named(Expr):
         return self.arg.run_level
 
     @property
+    def typed(self) -> bool:  # type: ignore[override]
+        return self.arg.typed
+
+    @property
     def keys(self) -> tuple[str, ...]:
         return self.arg.keys
 
@@ -724,14 +771,6 @@ class Named(Expr):
 
     def words(self) -> str:
         return self.arg.words()
-
-
-def series(feature: str, key: str | tuple[str, ...], window: int = 0, offset: int = 0) -> Series:
-    return Series(feature, key, window, offset)
-
-
-def threshold(name: str) -> Threshold:
-    return Threshold(name)
 
 
 @dataclass(frozen=True)

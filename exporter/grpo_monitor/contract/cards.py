@@ -32,6 +32,7 @@ from grpo_monitor.contract.card_logic import (
     Agg,
     AnyOf,
     Const,
+    Expr,
     Func,
     Held,
     Level,
@@ -125,7 +126,8 @@ def _level(logic: Logic, reason: str = "") -> Branch:
 
 def _rule(rule: Rule, reason: str = "", *, at_least: int | None = None,
           unless_logged: tuple[str, ...] = (), indirect: tuple[str, ...] = (),
-          keys: tuple[str, ...] | None = None, baseline: bool | None = None) -> Branch:
+          keys: tuple[str, ...] | None = None, baseline: bool | None = None,
+          prompt_types: int = 0) -> Branch:
     """A branch declared as an expression: it reads the keys its series read (all of them, or
     ``at_least``), bar those whose presence hands the run to another branch and those it reads
     through a derived feature; ``keys``: an alternative of a rule that reads either of two sets
@@ -134,8 +136,8 @@ def _rule(rule: Rule, reason: str = "", *, at_least: int | None = None,
     if keys is None:
         keys = tuple(k for k in rule.keys if k not in unless_logged and k not in indirect)
     return Branch(keys, at_least=at_least, baseline=rule.baseline if baseline is None else baseline,
-                  reason=reason,
-                  unless_logged=unless_logged, indirect=indirect, logic=rule)
+                  reason=reason, prompt_types=prompt_types, unless_logged=unless_logged,
+                  indirect=indirect, logic=rule)
 
 
 LOOKBACK = thresholds.count("lookback_steps")  # 200 steps: "within 200 steps"
@@ -147,8 +149,24 @@ def _mean(key: str | tuple[str, ...], window: int = SUSTAIN, back: int = 0) -> S
     return Series("mean", key, window, back)
 
 
-def _max(e: object, keep_key: bool = False) -> Agg:
-    return Agg("max", e, keep_key)  # type: ignore[arg-type]
+def _max(e: Expr, keep_key: bool = False) -> Agg:
+    """One sample a rank: the highest of ``e``'s (the key kept, with ``keep_key``)."""
+    return Agg("max", e, keep_key)
+
+
+def _mean_of_types(back: int = 0) -> Series:
+    """Each prompt type's 50-step mean reward, ``back`` steps before the newest."""
+    return Series("type_mean", REWARD, SUSTAIN, back)
+
+
+def _shortcut(reference: Series) -> Rule:
+    """The shortcut card against ``reference`` (each type's own): a type fallen by
+    shortcut_delta below it while the highest reference of the types that rose by as much is
+    above its own."""
+    delta = T("shortcut_delta")
+    rose = Agg("rank_max", reference & ((_mean_of_types() - reference) >= delta))
+    return Rule(_max((((reference - _mean_of_types()).named("fall")) >= delta)
+                     & (reference < rose.named("reference_of_a_rising_type"))))
 
 
 def _held(feature: str) -> Series:
@@ -156,22 +174,22 @@ def _held(feature: str) -> Series:
     return Series(f"heldout_{feature}", "eval/heldout_score")
 
 
-def _rose(keys: str | tuple[str, ...], ratio: str) -> Series:
+def _rose(keys: str | tuple[str, ...], ratio: str) -> Expr:
     """The blow-up's rise: the last 2 records' lowest over ``ratio`` x the median of the 10
     records before the 5 newest, and over their highest."""
     return (Series("records_min", keys, 2, 0) > Series("records_median", keys, 10, 5) * T(ratio)) \
-        > Series("records_max", keys, 10, 5)  # type: ignore[return-value]
+        > Series("records_max", keys, 10, 5)
 
 
-def _fell(key: str) -> Series:
+def _fell(key: str) -> Expr:
     """The last 2 records' highest under the lowest of the 10 before the 5 newest."""
-    return Series("records_max", key, 2, 0) < Series("records_min", key, 10, 5)  # type: ignore[return-value]
+    return Series("records_max", key, 2, 0) < Series("records_min", key, 10, 5)
 
 
-def _trend_up(keys: str | tuple[str, ...], factor: str) -> Series:
+def _trend_up(keys: str | tuple[str, ...], factor: str) -> Expr:
     """The trend of the last records climbed by ``factor``, steadily (Mann-Kendall Z)."""
     return (Series("trend_factor", keys) >= T(factor)) & \
-        (Series("trend_z", keys) >= T("trend_z"))  # type: ignore[return-value]
+        (Series("trend_z", keys) >= T("trend_z"))
 
 
 KL, ENTROPY, REWARD, LENGTH, CLIPPED = ("kl/mean", "entropy/mean", "reward/mean",
@@ -191,6 +209,8 @@ _REWARD_COLLAPSE = Rule(
           | _max((Series("ceiling", "reward/max") - Series("floor", "reward/min"))
                  * T("reward_range_std_ratio") * T("reward_collapse_spread_ratio")))))
 STEP_TIME, THROUGHPUT = "perf/step_time_s", ("perf/samples_per_s", "perf/tokens_per_s")
+COVARIANCE = "entropy/logp_adv_cov"
+WRONG_LENGTH, RIGHT_LENGTH = "response/len_incorrect_mean", "response/len_correct_mean"
 _QUANTILES = ("reward/p25", "reward/p50", "reward/p75", "reward/p95")
 _ACCURACY = "eval/sample_acc"
 _TRUNCATED_LEVEL = T("blowup_truncated_ratio")
@@ -414,9 +434,12 @@ CARDS: tuple[Card, ...] = (
         _level(Level("group/all_wrong_frac", SHORT, (above("dead_group_cause_ratio"),))),)),
     Card("GRPOPromptsTooEasy", "warning", ALERTS, (
         _level(Level("group/all_right_frac", SHORT, (above("dead_group_cause_ratio"),))),)),
+    # A prompt type's 50-step mean reward shortcut_delta or more below its reference (its
+    # initial mean, or its 50-step mean 200 steps before) while a type that was higher there
+    # rose by as much over its own: the card names the falling type (its prompt_type label).
     Card("GRPOShortcutLearning", "warning", ALERTS, (
-        _B(("reward/mean",), prompt_types=2, reason="against_initial"),
-        _B(("reward/mean",), prompt_types=2, reason="within_200_steps"))),
+        _rule(_shortcut(Series("type_initial", REWARD)), "against_initial", prompt_types=2),
+        _rule(_shortcut(_mean_of_types(back=LOOKBACK)), "within_200_steps", prompt_types=2))),
     # Entropy climbing off the floor it settled at: the explosion's early sign, no baseline.
     # The floor between 0.1x and 0.6x the start: it settled (not collapsed, whose tiny floor
     # jitters by multiples and has its red card) after spending at least 40% of its entropy.
@@ -427,8 +450,8 @@ CARDS: tuple[Card, ...] = (
     # The covariance positive and over entropy_cov_ratio x its (positive) start in 90% of the
     # short window while entropy's 50-step trend fell by over entropy_cov_fall_ratio of its start.
     Card("GRPOEntropyCovarianceSurge", "warning", ALERTS, (
-        _rule(Rule(_max(Series("p10", "entropy/logp_adv_cov", SHORT)
-                        > ((Series("initial", "entropy/logp_adv_cov") > 0) * T("entropy_cov_ratio")).named("limit"))
+        _rule(Rule(_max(Series("p10", COVARIANCE, SHORT)
+                        > ((Series("initial", COVARIANCE) > 0) * T("entropy_cov_ratio")).named("limit"))
                    & (Series("slope", ENTROPY, SUSTAIN) * SUSTAIN / Series("initial", ENTROPY)
                       < Const(-1) * T("entropy_cov_fall_ratio")))),)),
     # The entropy-reward law is fitted on the entropy's and the reward's block means.
@@ -446,10 +469,10 @@ CARDS: tuple[Card, ...] = (
     # The incorrect responses' 50-step mean length grown by over length_bias_growth_ratio of
     # its start while the correct ones' grew by under length_bias_correct_ratio.
     Card("GRPOLengthBias", "warning", ALERTS, (
-        _rule(Rule(_max((_mean("response/len_incorrect_mean") / Series("initial", "response/len_incorrect_mean")
-                         - 1).named("incorrect_growth") > T("length_bias_growth_ratio"))
-                   & _max((_mean("response/len_correct_mean") / Series("initial", "response/len_correct_mean")
-                           - 1).named("correct_growth") < T("length_bias_correct_ratio")))),)),
+        _rule(Rule(_max((_mean(WRONG_LENGTH) / Series("initial", WRONG_LENGTH) - 1).named("incorrect_growth")
+                        > T("length_bias_growth_ratio"))
+                   & _max((_mean(RIGHT_LENGTH) / Series("initial", RIGHT_LENGTH) - 1).named("correct_growth")
+                          < T("length_bias_correct_ratio")))),)),
     Card("GRPOSignalMissing", "warning", COVERAGE, (_B(),), always=True),
     # -- cluster health -------------------------------------------------------------------------
     Card("GRPORankStraggler", "warning", CLUSTER, (

@@ -1081,14 +1081,22 @@ class PromptTypeSignals:
 
     def means(self) -> list[tuple[str, int, int, float]]:
         """(key, window, offset, mean) of each PROMPT_TYPE_MEANS window the history covers."""
-        out = []
-        for key, h in self.keys.items():
-            for window, offset in PROMPT_TYPE_MEANS:
-                chunk = h.window(self.step, window, offset)
-                if chunk is not None:
-                    out.append((key, window, offset, sum(chunk) / len(chunk)))
-        return out
+        return [(key, window, offset, mean) for key in self.keys for window, offset in PROMPT_TYPE_MEANS
+                if (mean := self.reading(key, "mean", window, offset)) is not None]
 
     def initial(self) -> dict[str, float]:
-        return {key: first for key, h in self.keys.items()
-                if (first := h.initial_mean(self.step, self.initial_steps)) is not None}
+        return {key: first for key in self.keys if (first := self.reading(key, "initial")) is not None}
+
+    def reading(self, key: str, feature: str, window: int = 0, offset: int = 0) -> float | None:
+        """The type's "mean" of ``key`` over ``window`` steps ``offset`` back
+        (grpo_prompt_type_window_mean) or its "initial" mean (grpo_prompt_type_initial_mean),
+        as published; None where it is not. The report reads the shortcut card's inputs so."""
+        h = self.keys.get(key)
+        if h is None:
+            return None
+        if feature == "initial":
+            return h.initial_mean(self.step, self.initial_steps)
+        if feature != "mean":
+            raise ValueError(f"no prompt-type feature {feature!r}")
+        chunk = h.window(self.step, window, offset) if (window, offset) in PROMPT_TYPE_MEANS else None
+        return None if chunk is None else sum(chunk) / len(chunk)

@@ -21,7 +21,7 @@ import numpy as np
 from grpo_monitor.contract import thresholds as th
 from grpo_monitor.contract import card_logic as cl
 from grpo_monitor.contract.card_logic import WINDOWED, AnyOf, Level, Line, Logic, Rule, declared
-from grpo_monitor.runtime.signals import RankSignals, is_perf
+from grpo_monitor.runtime.signals import PromptTypeSignals, RankSignals, is_perf
 
 class Reading(NamedTuple):
     """One input of a declared branch, as RankSignals.reading takes it (no window or offset for
@@ -78,8 +78,14 @@ def _perf(logic: Logic) -> bool:
 # Rank 0's readings at its logged steps, of every branch but the performance ones; those read
 # every rank's performance features at that rank's steps (PERF_READINGS).
 READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
-    r for lg in LOGIC.values() if not _perf(lg) for r in inputs(lg)))
+    r for lg in LOGIC.values() if not _perf(lg) for r in inputs(lg) if r.feature not in cl.TYPED))
 COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(READINGS)}
+# Each prompt type's readings (of rank 0's record's by_type), at rank 0's logged steps.
+TYPE_READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
+    r for lg in LOGIC.values() for r in inputs(lg) if r.feature in cl.TYPED))
+TYPE_COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(TYPE_READINGS)}
+# A prompt type's table: the type's name -> its readings at each step, a row a step.
+TypeTables = dict[str, np.ndarray]
 PERF_READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
     r for lg in LOGIC.values() if _perf(lg) for r in inputs(lg)))
 PERF_COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(PERF_READINGS)}
@@ -103,6 +109,24 @@ def take(signals: RankSignals, readings: tuple[Reading, ...] = READINGS) -> arra
     return out
 
 
+def take_types(types: dict[str, PromptTypeSignals]) -> dict[str, array]:
+    """TYPE_READINGS of each prompt type the rank follows, as they stand now."""
+    out = {}
+    for ptype, history in types.items():
+        values = array("d", [math.nan]) * len(TYPE_READINGS)
+        for i, r in enumerate(TYPE_READINGS):
+            if (v := history.reading(r.key, r.feature.removeprefix("type_"), r.window, r.offset)) is not None:
+                values[i] = v
+        out[ptype] = values
+    return out
+
+
+def type_tables(steps: list[int], taken: dict[int, dict[str, array]]) -> TypeTables:
+    """Each prompt type's readings of ``steps`` as a matrix (NaN where it has none)."""
+    return {ptype: table(steps, {s: by[ptype] for s, by in taken.items() if ptype in by}, TYPE_READINGS)
+            for ptype in sorted({t for by in taken.values() for t in by})}
+
+
 def table(steps: list[int], taken: dict[int, array],
           readings: tuple[Reading, ...] = READINGS) -> np.ndarray:
     """The readings of ``steps`` as a matrix, a row a step, a column a reading."""
@@ -110,16 +134,17 @@ def table(steps: list[int], taken: dict[int, array],
     return np.array([taken.get(s, missing) for s in steps], dtype=float).reshape(len(steps), len(readings))
 
 
-def judge(steps: list[int], readings: np.ndarray, card: str,
-          reason: str = "") -> dict[str, dict[str, Any] | None]:
+def judge(steps: list[int], readings: np.ndarray, card: str, reason: str = "",
+          types: TypeTables | None = None) -> dict[str, dict[str, Any] | None]:
     """Where the declared branch (card, reason) fired on rank 0's logged ``steps``, for each
     key it judges (a key of an AnyOf's levels, or each of a level's keys): its first and last
     step, how many steps, each feature it compared and each line at the first one, and the
-    window; None for a key where it never fired. ``readings``: ``table`` of the steps."""
+    window; None for a key where it never fired. ``readings``: ``table`` of the steps;
+    ``types``: ``type_tables`` of the steps, for a branch that compares prompt types."""
     logic = LOGIC[card, reason]
     if isinstance(logic, Rule):
         column = PERF_COLUMN if _perf(logic) else COLUMN
-        return {cl.NO_KEY: _judge_rule(steps, readings, logic, column)}
+        return {cl.NO_KEY: _judge_rule(steps, readings, logic, column, types or {})}
     ready = readings[:, COLUMN[READY]] == 1 if logic.baseline else None
     return {key: _judge(steps, readings, lv, key, ready) for lv in levels(logic) for key in lv.keys}
 
@@ -181,11 +206,17 @@ def _one(v: Vec, n: int) -> np.ndarray:
     return a
 
 
-def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray], n: int,
+def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray | dict[str, np.ndarray]], n: int,
               held: np.ndarray, named: dict[str, Vec | float]) -> Vec | float:
     """``node`` on every step at once, as the rule engine evaluates it at each: a vector is
-    each key's values (NaN: no sample); ``held``: the branch's firing at the step before;
-    ``named``: filled with each named sub-expression's value."""
+    each key's values (NaN: no sample), or each prompt type's for a vector by prompt type;
+    ``held``: the branch's firing at the step before; ``named``: filled with each named
+    sub-expression's value."""
+    if isinstance(node, cl.Series) and node.typed:
+        (key,) = node.reads
+        typed = column(_series(node, key))
+        assert isinstance(typed, dict)
+        return dict(typed)
     if isinstance(node, cl.Series):
         if node.keys == (cl.NO_KEY,):
             return {cl.NO_KEY: column(_series(node, node.reads[0]))}
@@ -212,7 +243,7 @@ def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray], n: int,
     if isinstance(node, cl.Agg):
         arg = _evaluate(node.arg, column, n, held, named)
         assert isinstance(arg, dict)
-        if node.keep_key:
+        if node.keep_key or (node.name == "max" and node.arg.typed):  # the types stay apart
             return arg
         present = [a for a in arg.values()]
         if node.name == "count":
@@ -233,7 +264,7 @@ def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray], n: int,
         pairs = [(k, np.full(n, left), a) for k, a in right.items()]
     elif isinstance(right, float):
         pairs = [(k, a, right) for k, a in left.items()]
-    elif cl.matching(node.left, node.right) == "on(run, rank, key)":  # type: ignore[attr-defined]
+    elif cl.by_label(node.left, node.right):
         pairs = [(k, a, right[k]) for k, a in left.items() if k in right]
     else:
         r = _one(right, n)
@@ -251,7 +282,7 @@ _ARITH: dict[str, Callable[[Any, Any], Any]] = {
 
 def _set(node: cl.SetOp, left: Vec, right: Vec, n: int) -> Vec:
     nan = np.full(n, math.nan)
-    if cl.matching(node.left, node.right, node.op) == "on(run, rank, key)":
+    if cl.by_label(node.left, node.right, node.op):
         if node.op == "or":
             out = {k: np.where(np.isnan(a), right.get(k, nan), a) for k, a in left.items()}
             return {**{k: a for k, a in right.items() if k not in left}, **out}
@@ -270,8 +301,8 @@ def _set(node: cl.SetOp, left: Vec, right: Vec, n: int) -> Vec:
     return {k: np.where(keep_where, a, math.nan) for k, a in left.items()}
 
 
-def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule,
-                columns: dict[Reading, int]) -> dict[str, Any] | None:
+def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule, columns: dict[Reading, int],
+                types: TypeTables) -> dict[str, Any] | None:
     """Where an expression fired: as ``_judge``, with each series it reads at the first step
     (named by feature and window, and by key where it reads several keys) and the value the
     rule's sample carried there (``value``)."""
@@ -279,28 +310,31 @@ def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule,
     if not n:
         return None
 
-    def column(r: Reading) -> np.ndarray:
+    def column(r: Reading) -> np.ndarray | dict[str, np.ndarray]:
+        if r.feature in cl.TYPED:
+            return {ptype: t[:, TYPE_COLUMN[r]] for ptype, t in types.items()}
         return readings[:, columns[r]]
 
     named: dict[str, Vec | float] = {}
 
-    def fired(held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def fired(held: np.ndarray) -> tuple[np.ndarray, np.ndarray, Vec]:
         out = _evaluate(rule.expr, column, n, held, named)
         assert isinstance(out, dict)
-        value = _one(out, n)
         present = _present(out, n)
         if rule.baseline:
             present &= column(READY) == 1
-        return present, value
+        return present, _one(out, n), out
 
+    # The first step a branch fires at, it is not held (it was not firing the step before).
+    free, value, out = fired(np.zeros(n, dtype=bool))
     if rule.held:  # a hold reads the branch's firing at the evaluation before
-        (free, v0), (kept, v1) = fired(np.zeros(n, dtype=bool)), fired(np.ones(n, dtype=bool))
+        kept, v1, _ = fired(np.ones(n, dtype=bool))
         firing = np.zeros(n, dtype=bool)
         for i in range(n):
             firing[i] = kept[i] if i and firing[i - 1] else free[i]
-        value = np.where(firing & ~free, v1, v0)
+        value = np.where(firing & ~free, v1, value)
     else:
-        firing, value = fired(np.zeros(n, dtype=bool))
+        firing = free
     idx = np.flatnonzero(firing)
     if not idx.size:
         return None
@@ -308,18 +342,34 @@ def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule,
     found: dict[str, Any] = {"steps": [steps[i], steps[int(idx[-1])]], "steps_flagged": int(idx.size)}
     if math.isfinite(value[i]):
         found["value"] = float(value[i])
+    if rule.expr.typed:  # the prompt types it fired for (its alerts' prompt_type labels)
+        found["prompt_types"] = sorted(t for t, a in out.items() if not math.isnan(a[i]))
     for name, v in named.items():  # as evaluated last: held, where the rule holds
-        at = v if isinstance(v, float) else _one(v, n)[i]
-        if math.isfinite(at):
-            found[name] = float(at)
+        _evidence(found, name, v if isinstance(v, float) else _at(v, i))
     several = len(rule.keys) > 1
     for node in rule.expr.walk():
         if isinstance(node, cl.Series):
             for key in node.reads:
-                v = column(_series(node, key))[i]
-                if math.isfinite(v):
-                    found[_evidence_name(node, key, several)] = float(v)
+                v = column(_series(node, key))
+                _evidence(found, _evidence_name(node, key, several),
+                          float(v[i]) if isinstance(v, np.ndarray) else _at(v, i))
     return found
+
+
+def _at(v: Vec, i: int) -> float | dict[str, float]:
+    """A vector's value at step ``i``: its one key's, or each prompt type's (or key's)."""
+    if len(v) == 1:
+        (a,) = v.values()
+        return float(a[i])
+    return {k: float(a[i]) for k, a in sorted(v.items()) if math.isfinite(a[i])}
+
+
+def _evidence(found: dict[str, Any], name: str, value: float | dict[str, float]) -> None:
+    if isinstance(value, dict):
+        if value:
+            found[name] = value
+    elif math.isfinite(value):
+        found[name] = value
 
 
 def _evidence_name(node: cl.Series, key: str, several: bool) -> str:

@@ -30,7 +30,7 @@ from grpo_monitor.contract.snapshot import Snapshot, Timeline
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunStore
-from grpo_monitor.tools.report.declared import PERF_READINGS, take
+from grpo_monitor.tools.report.declared import PERF_READINGS, take, take_types
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -57,6 +57,9 @@ class RunData:
     # each rank's performance features as they stood after each of its performance records
     # (declared.PERF_READINGS): rank -> step -> values
     perf_readings: dict[int, dict[int, array]] = field(default_factory=dict)
+    # rank 0's prompt types' features (declared.TYPE_READINGS) after each of its logged steps:
+    # step -> prompt type -> values
+    type_readings: dict[int, dict[str, array]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:
@@ -158,6 +161,7 @@ class _Reader:
         for step in gone:
             del self.data.train[step]
             self.data.readings.pop(step, None)
+            self.data.type_readings.pop(step, None)
             self.data.by_type.pop(step, None)
             self.latest.pop(step, None)
 
@@ -194,6 +198,8 @@ class _Reader:
         data.train[snap.step] = train
         if (run := self.store.run_state(snap.run)) is not None and 0 in run.ranks:
             data.readings[snap.step] = take(run.ranks[0].signals)
+            if run.ranks[0].type_signals:
+                data.type_readings[snap.step] = take_types(run.ranks[0].type_signals)
         if snap.by_type:
             data.by_type[snap.step] = snap.by_type
         else:

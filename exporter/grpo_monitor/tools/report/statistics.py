@@ -1,7 +1,8 @@
 """The numbers every part of the report reads, in one view of the run (``RunView``).
 
-Quantiles, the report's windows over the logged steps, each signal on the cards' step windows
-(``Track``), the cluster's per-rank series and the exporter's entropy-reward law fits.
+Quantiles, the report's windows over the logged steps, each signal's logged values (``Track``,
+with the step windows the summary's forecast reads), the declared card branches' readings as a
+matrix, the cluster's per-rank series and the exporter's entropy-reward law fits.
 ``RunView`` holds them for one run, each computed on first use, so that the verdicts and the
 summary share one reading of the run.
 
@@ -32,7 +33,7 @@ from grpo_monitor.runtime.signals import (
     LawTracker,
     slope,
 )
-from grpo_monitor.tools.report.declared import table
+from grpo_monitor.tools.report.declared import TypeTables, table, type_tables
 from grpo_monitor.tools.report.load import RunData
 
 # The throughput signals of a rank, the first one it logs read (else 1 / its step time).
@@ -92,12 +93,11 @@ def windows(steps: list[int], size: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, len(steps))) for a in range(0, len(steps), size)]
 
 
-# -- a signal on the cards' own step windows -----------------------------------------------------
+# -- a signal's logged values, and its step windows ---------------------------------------------
 #
-# The cards' verdicts judge a run as its card judges it live, at every logged step: the same
-# features (a signal's initial mean over its first INITIAL_STEPS steps, its baseline mean over
-# the baseline period, 10th/90th percentiles and means of windows counted in steps), compared
-# with the same thresholds.
+# The cards' verdicts read the exporter's own features (declared.py); the summary's forecast
+# section reads a signal's initial mean, window means and slope at every logged step here, by
+# the exporter's definitions (a test holds them equal to the exporter's features).
 
 
 @dataclass(frozen=True)
@@ -151,13 +151,6 @@ class Track:
             if trend is not None:
                 out[i] = trend
         return out
-
-    def asof(self, steps: np.ndarray, series: np.ndarray) -> np.ndarray:
-        """``series`` (one value per step of this track) as of each of ``steps``: its newest value
-        at or before that step, NaN before the first; a gauge keeps its last value until the
-        next record, and a card compares two signals' gauges as they stand."""
-        at = np.searchsorted(self.steps, steps, side="right") - 1
-        return np.where(at >= 0, series[np.clip(at, 0, None)], math.nan)
 
 
 # -- the cluster: one rank's performance series --------------------------------------------------
@@ -300,6 +293,11 @@ class RunView:
     def readings(self) -> np.ndarray:
         """The declared branches' readings of rank 0's steps (declared.table)."""
         return table(self.steps, self.data.readings)
+
+    @cached_property
+    def type_readings(self) -> TypeTables:
+        """Each prompt type's readings of rank 0's steps (declared.type_tables)."""
+        return type_tables(self.steps, self.data.type_readings)
 
     @cached_property
     def checkpoint_steps(self) -> set[int]:

@@ -12,10 +12,9 @@ Two families:
   the report's own (plateaus, loss without reward, reward collapse with a KL blow-up) have no
   card: they need the whole run;
 * the cards' verdicts, naming the steps where the card would have been firing: a branch whose
-  logic is declared once (contract/card_logic.py) is judged by ``declared.judge`` on the
-  features the exporter's own code computed as the run was read (``_declared``); the others
-  replay their rule on the card's own step windows (``Track``), the same features compared with
-  the same thresholds.
+  logic is declared once (contract/card_logic.py, every branch but the non-finite card's and
+  the rank lag's) is judged by ``declared.judge`` on the features the exporter's own code
+  computed as the run was read (``_declared``); those two read the run's records themselves.
 
 Every number a verdict compares with is read from grpo_monitor.contract.thresholds at each use: the card
 thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
@@ -39,9 +38,7 @@ from grpo_monitor.tools.report.load import RunData
 from grpo_monitor.tools.stack import card_severities
 from grpo_monitor.tools.report.statistics import (
     RunView,
-    Track,
     median,
-    ratio,
     rounded,
     run_shape,
     windows,
@@ -143,26 +140,6 @@ def diagnose(run: RunData | RunView) -> list[dict[str, Any]]:
 # -- helpers shared by the verdicts -------------------------------------------------------------
 
 
-def _first_last(steps: list[int], mask: np.ndarray, start: int = 0) -> list[int] | None:
-    idx = [i for i in range(start, len(steps)) if mask[i]]
-    return [steps[idx[0]], steps[idx[-1]]] if idx else None
-
-
-def _short_window() -> int:
-    return th.count("early_window_steps")
-
-
-def _flagged(tr: Track, mask: np.ndarray, **at_first: np.ndarray) -> dict[str, Any] | None:
-    """Where ``mask`` holds: the first and last step, how many steps, and each of ``at_first``'s
-    series at the first one (the values the card fired on)."""
-    idx = np.flatnonzero(mask)
-    if not idx.size:
-        return None
-    i = int(idx[0])
-    return {"steps": [int(tr.steps[i]), int(tr.steps[idx[-1]])], "steps_flagged": int(idx.size),
-            **{k: rounded(float(v[i])) for k, v in at_first.items()}}
-
-
 def _branches(**found: dict[str, Any] | None) -> Finding | None:
     """One verdict from a card's branches (its `reason`s): its span covers every branch that
     fired, and the evidence keeps each branch's own steps and values."""
@@ -188,7 +165,7 @@ def _with_branches(main: Finding | None, **others: Finding | None) -> Finding | 
 def _declared_each(view: RunView, card: str, reason: str = "") -> dict[str, dict[str, Any] | None]:
     """A declared card branch (contract/card_logic.py) judged on the exporter's features as the
     run was read (declared.judge), for each key it judges, with the signal's last value."""
-    hits = declared.judge(view.steps, view.readings, card, reason)
+    hits = declared.judge(view.steps, view.readings, card, reason, view.type_readings)
     for key, hit in hits.items():
         if hit is not None and (tr := view.track(key)) is not None:
             hit["last"] = float(tr.values[-1])
@@ -730,33 +707,6 @@ def reward_ceiling_near(view: RunView) -> Finding | None:
     return _found(_declared(view, "GRPORewardCeilingNear"))
 
 
-def _shortcut_branch(grid: np.ndarray, mean: dict[str, np.ndarray], ref: dict[str, np.ndarray],
-                     **extra: Any) -> dict[str, Any] | None:
-    """One branch of the shortcut card: at some step a type's 50-step mean reward at least
-    shortcut_delta below its reference while another type, higher at its own reference, rose
-    by as much over it. The pair the card saw first (the widest split) is the evidence."""
-    delta = th.value("shortcut_delta")
-    with np.errstate(invalid="ignore"):
-        change = {t: mean[t] - ref[t] for t in mean}
-        pairs = {(hard, easy): (change[hard] <= -delta) & (change[easy] >= delta)
-                 & (ref[easy] > ref[hard])
-                 for hard in mean for easy in mean if hard != easy}
-    mask = np.zeros(grid.size, dtype=bool)
-    for hit in pairs.values():
-        mask |= hit
-    idx = np.flatnonzero(mask)
-    if not idx.size:
-        return None
-    i = int(idx[0])
-    hard, easy = max((p for p, hit in pairs.items() if hit[i]),
-                     key=lambda p: change[p[1]][i] - change[p[0]][i])
-    return {"steps": [int(grid[i]), int(grid[idx[-1]])], "steps_flagged": int(idx.size),
-            "easy_type": easy, "hard_type": hard, "easy_reference": rounded(float(ref[easy][i])),
-            "hard_reference": rounded(float(ref[hard][i])),
-            "easy_change": rounded(float(change[easy][i])),
-            "hard_change": rounded(float(change[hard][i])), "limit": delta, **extra}
-
-
 @verdict("shortcut_learning", "warning",
          f"a prompt type's 50-step reward fell {th.value('shortcut_delta'):g} or more below its "
          "start (or its level 200 steps before) while one that was higher then rose as much: easy "
@@ -765,29 +715,11 @@ def shortcut_learning(view: RunView) -> Finding | None:
     """GRPOShortcutLearning, per prompt type's reward (the records' by_type): branch
     `against_initial`, a type's 50-step mean shortcut_delta or more below its initial value
     while a type that started higher rose by as much over its own; branch `within_200_steps`,
-    the same against each type's 50-step mean 200 steps before."""
-    by_type = view.data.by_type
-    if not by_type:
-        return None
-    grid = np.asarray(view.steps)
-    sus, back = th.count("sustain_steps"), th.count("lookback_steps")
-    mean, initial, before = {}, {}, {}
-    for t in sorted({t for bt in by_type.values() for t in bt}):
-        logged = [(st, bt[t]["reward/mean"]) for st, bt in sorted(by_type.items())
-                  if math.isfinite(bt.get(t, {}).get("reward/mean", math.nan))]
-        if not logged:
-            continue
-        at, xs = zip(*logged)
-        tr = Track(np.asarray(at), np.asarray(xs, dtype=float), view.steps[0])
-        # Each type's gauges as they stand at every step of the run (a type not in a record
-        # keeps its last values, as the exporter keeps publishing them).
-        mean[t] = tr.asof(grid, tr.rolling(sus, "mean"))
-        initial[t] = np.full(grid.size, tr.initial())
-        before[t] = tr.asof(grid, tr.rolling(sus, "mean", offset=back))
-    return _branches(
-        against_initial=_shortcut_branch(grid, mean, initial, window_steps=sus),
-        within_200_steps=_shortcut_branch(grid, mean, before, window_steps=sus,
-                                          lookback_steps=back))
+    the same against each type's 50-step mean 200 steps before. Its evidence names the falling
+    types (``prompt_types``)."""
+    card = "GRPOShortcutLearning"
+    return _branches(against_initial=_declared(view, card, "against_initial"),
+                     within_200_steps=_declared(view, card, "within_200_steps"))
 
 
 # -- nothing found ----------------------------------------------------------------------------
