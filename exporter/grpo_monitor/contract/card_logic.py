@@ -599,11 +599,10 @@ class SetOp(Expr):
         return f"({self.left.words()}) {op} ({self.right.words()})"
 
 
-@dataclass(frozen=True, eq=False)
-class Func(Expr):
-    """abs, exp or sqrt of each sample (or of a number)."""
+class _OfArg(Expr):
+    """A node of one argument, ``arg``, whose shape (scalar or vector, keys, labels, level,
+    prompt types) it keeps."""
 
-    name: Literal["abs", "exp", "sqrt"]
     arg: Expr
 
     @property
@@ -628,6 +627,14 @@ class Func(Expr):
 
     def children(self) -> tuple[Expr, ...]:
         return (self.arg,)
+
+
+@dataclass(frozen=True, eq=False)
+class Func(_OfArg):
+    """abs, exp or sqrt of each sample (or of a number)."""
+
+    name: Literal["abs", "exp", "sqrt"]
+    arg: Expr
 
     def render(self, alert: str = "", reason: str = "") -> str:
         inner = self.arg.render(alert, reason)
@@ -737,34 +744,11 @@ class Logged(Expr):
 
 
 @dataclass(frozen=True, eq=False)
-class Named(Expr):
+class Named(_OfArg):
     """A sub-expression whose value the report names in its evidence; the rule is the same."""
 
     name: str
     arg: Expr
-
-    @property
-    def scalar(self) -> bool:  # type: ignore[override]
-        return self.arg.scalar
-
-    @property
-    def run_level(self) -> bool:  # type: ignore[override]
-        return self.arg.run_level
-
-    @property
-    def typed(self) -> bool:  # type: ignore[override]
-        return self.arg.typed
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return self.arg.keys
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return self.arg.labels
-
-    def children(self) -> tuple[Expr, ...]:
-        return (self.arg,)
 
     def render(self, alert: str = "", reason: str = "") -> str:
         return self.arg.render(alert, reason)

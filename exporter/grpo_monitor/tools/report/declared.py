@@ -245,9 +245,8 @@ def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray | dict[str, 
         assert isinstance(arg, dict)
         if node.keep_key or (node.name == "max" and node.arg.typed):  # the types stay apart
             return arg
-        present = [a for a in arg.values()]
         if node.name == "count":
-            counted = np.sum([~np.isnan(a) for a in present], axis=0) if present else np.zeros(n)
+            counted = np.sum([~np.isnan(a) for a in arg.values()], axis=0) if arg else np.zeros(n)
             return {cl.NO_KEY: np.where(counted > 0, counted, math.nan)}
         return {cl.NO_KEY: _one(arg, n)}
     left = _evaluate(node.left, column, n, held, named)  # type: ignore[attr-defined]
