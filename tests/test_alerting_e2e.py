@@ -103,6 +103,9 @@ def test_nan_loss_pages_red_card_and_inhibits_yellow(stack: AlertStack, snapshot
     # its streak began, and the step now.
     assert f"1 signal(s) NaN or infinite in run {RUN}, rank 0: loss since step 1 (step 1 now" in \
         ann.get("description", ""), ann
+    # ... and the step the card was raised at, read back through the engine's ALERTS_FOR_STATE
+    # (or, at the evaluation that raised it, the step then).
+    assert "). Raised at step 1." in ann["description"], ann
     assert latency < DEADLINE_S
 
     # Inhibition on the real Alertmanager: red mutes yellow of the same run only.

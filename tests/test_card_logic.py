@@ -136,6 +136,10 @@ def test_a_declared_branch_without_its_rule_in_the_file_is_an_error() -> None:
     edited = text.replace('grpo_window_p10{key="staleness/mean",window_steps="20"}',
                           'grpo_window_p10{key="staleness/mean",window_steps="50"}')
     assert edited != text and card_logic.render(edited) == text
+    # So is each description's raised-at sentence, where it was dropped.
+    sentence = card_logic.raised_sentence("GRPOStaleRollouts", "")
+    assert text.count(sentence) == 1 and card_logic.render(text.replace(sentence, "")) == text
+    assert all(card_logic.raised_sentence(*branch) in text for branch in card_logic.declared())
     gone = re.sub(r"      - alert: GRPOStaleRollouts\n(?:        .*\n)+", "", text)
     with pytest.raises(ValueError, match="GRPOStaleRollouts"):
         card_logic.render(gone)
@@ -218,6 +222,40 @@ def test_the_reports_readings_are_the_exporters_series(scenario: str, tmp_path: 
     assert compared >= 2, taken
 
 
+def test_the_readings_of_any_key_are_the_exporters_series(tmp_path: Path) -> None:
+    # The NaN / Inf counts and their streaks' first steps, of every key that has one (a key the
+    # trainer made up too): exactly the grpo_window_nonfinite* series the exposition has.
+    from grpo_monitor.sdk.writer import SnapshotWriter
+
+    writer = SnapshotWriter(tmp_path, "run", rank=0)
+    for step in range(1, 121):
+        writer.log({"reward/mean": 0.5, "loss/policy": math.nan if 70 <= step < 75 else 0.1,
+                    "my_team/odd_signal": math.inf if step >= 90 else 1.0,
+                    "kl/mean": math.nan if step == 10 else 0.01}, step)
+    writer.close()
+    data = load_run(tmp_path / "run")
+    taken = {key: dict(zip(declared.ANY_READINGS, values))
+             for key, values in data.any_readings[max(data.readings)].items()}
+    series = _exposition(tmp_path)
+    published: dict[str, dict[str, float]] = {}
+    for name, value in series.items():
+        for feature, metric in card_logic.ANY_KEY_SERIES.items():
+            if name.startswith(metric + "{"):
+                key = re.search(r'key="([^"]+)"', name).group(1)  # type: ignore[union-attr]
+                published.setdefault(key, {})[feature] = value
+    assert set(published) == {"loss/policy", "my_team/odd_signal"}  # kl's NaN is 110 steps old
+    assert {k: {r.feature: v for r, v in by.items()} for k, by in taken.items()} == published
+    assert published["my_team/odd_signal"]["nonfinite_since"] == 90
+    # The card names both, each with the step its streak began.
+    steps = sorted(data.readings)
+    anys = declared.type_tables(steps, data.any_readings, declared.ANY_READINGS)
+    found = declared.judge(steps, declared.table(steps, data.readings), "GRPONonFiniteValues",
+                           anys=anys)[card_logic.NO_KEY]
+    assert found is not None
+    assert found["steps"] == [10, 120] and found["since_step"] == {
+        "kl/mean": 10, "loss/policy": 70, "my_team/odd_signal": 90}
+
+
 def test_an_expressions_rendering_and_refusals() -> None:
     from grpo_monitor.contract.card_logic import Agg, Const, Func, Held, Rule, Series, Threshold
 
@@ -227,8 +265,10 @@ def test_an_expressions_rendering_and_refusals() -> None:
                                       '  / on(run, rank, key) group_left() grpo_baseline_mean{key="kl/max"}')
     other = Series("mean", "kl/p95", 50, 0)
     assert "/ on(run, rank) group_left()" in (mean / other).render()
-    assert (mean > Threshold("kl_tail_ratio")).render().endswith(
-        "> on() group_left() grpo:threshold:kl_tail_ratio")
+    # A comparison with a threshold reads it as a scalar; arithmetic matches it as a vector.
+    assert (mean > Threshold("kl_tail_ratio")).render().endswith("> scalar(grpo:threshold:kl_tail_ratio)")
+    assert (mean * Threshold("kl_tail_ratio")).render().endswith(
+        "* on() group_left() grpo:threshold:kl_tail_ratio")
     # An or of two keyed sides is their union, key by key; of keyless ones, on the rank.
     either = Series("p10", "a/x", 20) | Series("p10", "b/y", 20)
     assert "or on(run, rank, key)" in either.render() and either.keys == ("a/x", "b/y")
@@ -260,7 +300,7 @@ def test_a_hold_is_judged_on_the_step_before() -> None:
     p10 = [0.0, 2.0, 0.0, 0.0, 0.0, 2.0, 0.0]
     mean = [0.0, 0.0, 0.9, 0.9, 0.1, 0.0, 0.9]
     columns = {declared.Reading("kl/mean", "p10", 20): 0, declared.Reading("kl/mean", "mean", 50): 1}
-    found = declared._judge_rule(list(range(1, 8)), np.array([p10, mean]).T, rule, columns, {})
+    found = declared._judge_rule(list(range(1, 8)), np.array([p10, mean]).T, rule, columns, {}, {})
     # Steps 2 (raised), 3 and 4 (held), not 5 (the mean fell), 6 (raised again), 7 (held).
     assert found is not None
     assert found["steps"] == [2, 7] and found["steps_flagged"] == 5

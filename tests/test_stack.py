@@ -207,7 +207,7 @@ def test_demo_trainer_a_red_card_pauses_the_real_loop_and_resume_rolls_it_back(t
         assert demo.alive(), out
         order = [re.search(pattern, out) for pattern in (
             r"\[RED\s*\] GRPONonFiniteValues run=train-demo",
-            r"\[PAUSE \] run=train-demo: GRPONonFiniteValues paused it after step \d+",
+            r"\[PAUSE \] run=train-demo: GRPONonFiniteValues paused it after step (\d+)",
             r"trainer +training paused by red card GRPONonFiniteValues at step \d+",
             r"demo +1 s later, as a person would: grpo-monitor resume --snapshot.dir \S+ train-demo",
             r"run 'train-demo': paused -> running; asks its trainer to roll back to the last healthy checkpoint",
@@ -222,6 +222,10 @@ def test_demo_trainer_a_red_card_pauses_the_real_loop_and_resume_rolls_it_back(t
         named = dict(re.findall(r"(\S+) since step (\d+)", card))
         assert {"reward/mean", "loss", "grad/norm"} <= set(named), card
         assert set(named.values()) == {"45"}, card
+        # ... and the step the run was at when the card was raised (the trainer steps on while the
+        # scrape and the evaluation come round).
+        raised = re.search(r"Raised at step (\d+)\.", card)
+        assert raised and 45 <= int(raised.group(1)) <= int(order[1].group(1)), card  # type: ignore[union-attr]
         snapshots = Path(re.search(r"snapshots +(\S+)", out).group(1))  # type: ignore[union-attr]
         state = Path(re.search(r"logs in (\S+?), removed on exit", out).group(1))  # type: ignore[union-attr]
         records = [json.loads(line) for line in (snapshots / "train-demo" / "rank-0.jsonl").read_text().splitlines()]

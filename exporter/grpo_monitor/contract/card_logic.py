@@ -248,11 +248,18 @@ RANK_SERIES: dict[str, str] = {
     "heldout_reward_at_smoothed_best": "grpo_heldout_reward_at_smoothed_best",
     "law_scale": "grpo_forecast_law_scale", "law_r_squared": "grpo_forecast_fit_r_squared"}
 EXPR_SERIES.update(RANK_SERIES)
+# Features of any key the rank logs, the trainer's unknown ones too (a Series of ANY_KEY): the
+# NaN / Inf count of the last window and the step its streak began. The exporter publishes them
+# only for the keys that have one, so the vector is as long as the keys that went bad.
+ANY_KEY = "*"
+ANY_KEY_SERIES: dict[str, str] = {
+    "nonfinite": "grpo_window_nonfinite", "nonfinite_since": "grpo_window_nonfinite_since_step"}
+EXPR_SERIES.update(ANY_KEY_SERIES)
 # The labels each feature's series carries beyond run, rank and key (``max without`` drops them).
 _EXTRA_LABELS: dict[str, tuple[str, ...]] = {
     **{f: ("window_steps",) for f in ("p10", "p90", "slope", "floor", "ceiling", "rising")},
     "mean": ("window_steps", "offset_steps"), "type_mean": ("window_steps", "offset_steps"),
-    "least_growth": ("window_steps",),
+    "least_growth": ("window_steps",), "nonfinite": ("window_steps",),
     "trend_z": ("records",), "trend_factor": ("records",),
     **{f: ("records", "offset_records") for f in RECORDED}}
 NO_KEY = ""  # the key of a vector without a key label
@@ -340,7 +347,7 @@ def _expr(x: Expr | float) -> Expr:
 
 
 def _simple(e: Expr) -> bool:
-    return isinstance(e, (Series, Threshold, Const, Held, Ready, Logged, Func, Agg))
+    return isinstance(e, (Series, Threshold, Const, Held, Ready, Logged, Lag, Func, Agg))
 
 
 def _wrap(e: Expr, alert: str, reason: str) -> str:
@@ -366,6 +373,8 @@ class Series(Expr):
     def __post_init__(self) -> None:
         if self.feature not in EXPR_SERIES:
             raise ValueError(f"no feature {self.feature!r}")
+        if (self.key == ANY_KEY) != (self.feature in ANY_KEY_SERIES):
+            raise ValueError(f"{self.feature} is read of {'any key' if self.key == ANY_KEY else 'named keys'}")
         if (self.feature in WINDOWED or self.feature in RECORDED
                 or self.feature in ("least_growth", "type_mean")) and self.window <= 0:
             raise ValueError(f"{self.feature} of {self.key} needs its window")
@@ -390,6 +399,8 @@ class Series(Expr):
     def render(self, alert: str = "", reason: str = "") -> str:
         if self.feature in RANK_SERIES:
             return RANK_SERIES[self.feature]
+        if self.key == ANY_KEY:
+            return ANY_KEY_SERIES[self.feature]
         keys = self.keys
         out = [f'key="{keys[0]}"' if len(keys) == 1 else f'key=~"{"|".join(map(re.escape, keys))}"']
         if self.feature == "least_growth":  # the least of the windows' growths, back to back
@@ -410,7 +421,7 @@ class Series(Expr):
                 f" {self.offset} back" if self.offset else "")
         elif self.feature in WINDOWED or self.feature == "type_mean":
             what = f"{self.window}-step {what}" + (f" {self.offset} steps back" if self.offset else "")
-        return f"{'/'.join(self.reads)} {what}"
+        return f"{'any key' if self.key == ANY_KEY else '/'.join(self.reads)} {what}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -515,14 +526,24 @@ class Arith(Expr):
         return (self.left, self.right)
 
     def _join(self) -> str:
-        if self.scalar or isinstance(self.right, Const) or isinstance(self.left, Const):
+        if self.scalar or isinstance(self.right, Const) or isinstance(self.left, Const) or self._scalar_line:
             return ""
         if self.right.scalar:
             return " on() group_left()"
         return f" {matching(self.left, self.right)} group_left()"
 
+    @property
+    def _scalar_line(self) -> bool:
+        """A comparison with a threshold as it stands: the threshold read as a scalar(), not
+        matched as a one-series vector (a match of every rank's samples against it cost 40-60
+        ms at 4,096 ranks, docs/benchmarks.md). The same samples compare true: a missing
+        threshold is NaN either way."""
+        return isinstance(self, Cmp) and isinstance(self.right, Threshold) and not self.left.scalar
+
     def render(self, alert: str = "", reason: str = "") -> str:
         left, right = _wrap(self.left, alert, reason), _wrap(self.right, alert, reason)
+        if self._scalar_line:
+            right = f"scalar({right})"
         if self.scalar:
             return f"{left} {self.op} {right}"  # in parentheses where it is an operand
         one_line = f"{left} {self.op}{self._join()} {right}"
@@ -744,6 +765,23 @@ class Logged(Expr):
 
 
 @dataclass(frozen=True, eq=False)
+class Lag(Expr):
+    """How many steps the rank is behind its run's most advanced rank: the recording rule
+    run_rank:grpo_step:lag (grpo-signals.yml). It is the rule engine's to compute: a run's ranks
+    may be scraped from several exporters, one a node, and only the engine sees them all."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (NO_KEY,)
+
+    def render(self, alert: str = "", reason: str = "") -> str:
+        return "run_rank:grpo_step:lag"
+
+    def words(self) -> str:
+        return "steps behind the run's most advanced rank"
+
+
+@dataclass(frozen=True, eq=False)
 class Named(_OfArg):
     """A sub-expression whose value the report names in its evidence; the rule is the same."""
 
@@ -760,10 +798,13 @@ class Named(_OfArg):
 @dataclass(frozen=True)
 class Rule:
     """A branch declared as an expression: it fires where ``expr`` has a sample (once the
-    baseline period is over, with ``baseline``)."""
+    baseline period is over, with ``baseline``). ``evidence``: series its card's description
+    names beside those it compares (the step a streak began); the report keeps their values
+    where the branch fired."""
 
     expr: Expr
     baseline: bool = False
+    evidence: tuple[Series, ...] = ()
 
     def __post_init__(self) -> None:
         if self.expr.scalar:
@@ -772,7 +813,7 @@ class Rule:
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(k for n in self.expr.walk() if isinstance(n, Series)
-                                   for k in n.reads))
+                                   for k in n.reads if k != ANY_KEY))
 
     @property
     def held(self) -> bool:
@@ -832,10 +873,43 @@ def _dedent(block: str) -> str:
     return "".join(line[10:] if line.strip() else "\n" for line in block.splitlines(keepends=True))
 
 
+# The sentence every declared branch's description ends with (before the note for a run nothing
+# pauses): the step the card was raised at, the first step its condition held in this streak,
+# which the report names as the finding's first step. The rule engine keeps the time an alert
+# became active in its ALERTS_FOR_STATE series (Prometheus and vmalert alike); the run's step at
+# that time is grpo_step there (the @ modifier). At the evaluation that raises it there is no
+# such sample yet, and the step now is that step. A label the alert lacks is "" (``index``), which
+# matches its absence.
+_STEP_NOW = ('{{ with printf "grpo_step{run=%q,rank=%q}" $labels.run $labels.rank | query }}'
+             '{{ . | first | value | printf "%.0f" }}{{ end }}')
+_RAISED = (' Raised at step {{{{ with printf "ALERTS_FOR_STATE{{alertname=%q,reason=%q,run=%q,rank=%q,'
+           'key=%q,prompt_type=%q}}" "{alert}" "{reason}" $labels.run $labels.rank (index $labels "key") '
+           '(index $labels "prompt_type") | query }}}}{{{{ with printf "grpo_step{{run=%q,rank=%q}} @ %.3f" '
+           '$labels.run $labels.rank (. | first | value) | query }}}}'
+           '{{{{ . | first | value | printf "%.0f" }}}}{{{{ else }}}}{now}{{{{ end }}}}'
+           '{{{{ else }}}}{now}{{{{ end }}}}.')
+_RAISED_ANY = re.compile(re.escape(_RAISED.format(alert="\0", reason="\1", now=_STEP_NOW))
+                         .replace(re.escape("\0"), '[^"]*').replace(re.escape("\1"), '[^"]*'))
+_DESCRIPTION = re.compile(r"^(          description: ')(.*)('\n)", re.M)
+_NOT_PAUSED = '{{ with printf "grpo_run_info{run=%q,source!~'
+
+
+def raised_sentence(alert: str, reason: str) -> str:
+    """The description's sentence naming the step the branch's card was raised at."""
+    return _RAISED.format(alert=alert, reason=reason, now=_STEP_NOW)
+
+
+def _with_raised(description: str, alert: str, reason: str) -> str:
+    text = _RAISED_ANY.sub("", description)
+    at = text.find(_NOT_PAUSED)
+    at = len(text) if at < 0 else at
+    return text[:at] + raised_sentence(alert, reason) + text[at:]
+
+
 def render(text: str) -> str:
-    """The rule file's text with each declared branch's expression rendered afresh; a declared
-    branch without its rule in the file is an error (its labels and annotations are written
-    there)."""
+    """The rule file's text with each declared branch's expression rendered afresh, and its
+    description's raised-at sentence; a declared branch without its rule in the file is an
+    error (its labels and annotations are written there)."""
     levels = declared()
     seen: set[tuple[str, str]] = set()
 
@@ -852,7 +926,18 @@ def render(text: str) -> str:
     out = _RULE.sub(fresh, text)
     if missing := sorted(set(levels) - seen):
         raise ValueError(f"declared branches without a rule in the file: {missing}")
-    return out
+    # Each rule's description, after its labels (the rules are split at each "- alert:").
+    parts = re.split(r"(?m)^(?=      - (?:alert|record): )", out)
+    for i, part in enumerate(parts):
+        head = re.match(r"      - alert: (\S+)\n", part)
+        if head is None:
+            continue
+        reason = _REASON.search(part)
+        branch = (head.group(1), reason.group(1) if reason else "")
+        if branch in levels:
+            parts[i] = _DESCRIPTION.sub(lambda d: d.group(1) + _with_raised(d.group(2), *branch) + d.group(3),
+                                        part, count=1)
+    return "".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,12 +29,14 @@ from typing import Literal
 
 from grpo_monitor.contract import thresholds
 from grpo_monitor.contract.card_logic import (
+    ANY_KEY,
     Agg,
     AnyOf,
     Const,
     Expr,
     Func,
     Held,
+    Lag,
     Level,
     Line,
     Logged,
@@ -222,7 +224,11 @@ MISMATCH_RISING = ("mismatch/kl", "mismatch/k3_kl", "mismatch/logprob_diff_mean"
 
 CARDS: tuple[Card, ...] = (
     # -- red cards ------------------------------------------------------------------------------
-    Card("GRPONonFiniteValues", "critical", ALERTS, (_B(),), always=True),
+    # Any key the trainer logs, its unknown ones too; the description names each with the step
+    # its streak began.
+    Card("GRPONonFiniteValues", "critical", ALERTS, (
+        _rule(Rule(Agg("count", Series("nonfinite", ANY_KEY) > 0),
+                   evidence=(Series("nonfinite_since", ANY_KEY),))),), always=True),
     # Raised by the short window's p10 past both lines, held while the 50-step mean stays over
     # the line (the card's own ALERTS).
     Card("GRPOKLExplosion", "critical", ALERTS, (
@@ -298,7 +304,8 @@ CARDS: tuple[Card, ...] = (
         _rule(Rule((_held("recent") < _held("best") * T("heldout_collapse_ratio"))
                    & (_held("best") - _held("recent") > _held("noise") * T("heldout_noise_factor"))
                    & (_held("best") > 0) & (_held("points") >= T("heldout_min_points")))),)),
-    Card("GRPORankStalled", "critical", ALERTS, (_B(min_ranks=2, reason="rank_lag"),)),
+    Card("GRPORankStalled", "critical", ALERTS, (
+        replace(_rule(Rule(Lag() > T("rank_lag_steps")), "rank_lag"), min_ranks=2),)),
     Card("GRPORunHung", "critical", CLUSTER, (_B(),), always=True),
     Card("GRPOGPUXidError", "critical", CLUSTER, (_B(gpu=True),)),
     # -- yellow cards ---------------------------------------------------------------------------

@@ -295,6 +295,12 @@ class KeyHistory:
             self.nonfinite_since = step
         self.nonfinite_steps.append(step)
 
+    def nonfinite_count(self, step: int) -> int:
+        """The NaN / Inf values of the NONFINITE_WINDOW steps up to ``step`` (grpo_window_nonfinite)."""
+        if not self.nonfinite_steps or self.nonfinite_steps[-1] <= step - NONFINITE_WINDOW:
+            return 0
+        return sum(1 for s in self.nonfinite_steps if s > step - NONFINITE_WINDOW)
+
     def streak_start(self) -> int | None:
         """The step the current streak of NaN / Inf values began; found in the steps kept where
         it is not known (after a rewind into the streak, or a state saved before it was kept)."""
@@ -791,7 +797,8 @@ class RankSignals:
         (grpo_rising_windows), "trend_z" / "trend_factor" (grpo_trend_z / _factor),
         "first_median" (grpo_first_records_median), "records_min" / "_max" / "_median"
         (grpo_records_*: ``window`` records, ``offset`` records back), "least_growth" (the least
-        grpo_window_growth_ratio of ``window``); the rank's "heldout_*"
+        grpo_window_growth_ratio of ``window``), "nonfinite" / "nonfinite_since"
+        (grpo_window_nonfinite / _since_step); the rank's "heldout_*"
         (grpo_heldout_*, HELDOUT_READINGS) and "law_scale" / "law_r_squared"
         (grpo_forecast_law_scale / _fit_r_squared), ``key`` one they are read from. The report reads a
         declared card branch's inputs through it (contract/card_logic.py), and features() the
@@ -812,6 +819,10 @@ class RankSignals:
                 memo["", "law"] = self.law.fit()
             fit = memo["", "law"]
             return None if fit is None else fit.a if feature == "law_scale" else fit.r_squared
+        if feature in ("nonfinite", "nonfinite_since"):  # published only for a key that has one
+            if not (count := h.nonfinite_count(self.step)):
+                return None
+            return float(count) if feature == "nonfinite" else h.streak_start()
         perf = is_perf(key)
         if feature in ("p10", "p90"):
             if (key, f"p{window}") not in memo:
@@ -990,8 +1001,8 @@ class RankSignals:
         for key, h in self.keys.items():
             # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
-            if h.nonfinite_steps and h.nonfinite_steps[-1] > self.step - NONFINITE_WINDOW:
-                nonfinite[key] = sum(1 for s in h.nonfinite_steps if s > self.step - NONFINITE_WINDOW)
+            if count := h.nonfinite_count(self.step):
+                nonfinite[key] = count
                 if (since := h.streak_start()) is not None:
                     nonfinite_since[key] = since
             if ready and h.baseline.n:

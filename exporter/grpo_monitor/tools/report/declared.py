@@ -34,10 +34,13 @@ class Reading(NamedTuple):
 
 
 READY = Reading(cl.NO_KEY, "ready")  # the baseline period is over
+# Steps behind the run's most advanced rank (card_logic.Lag): the rule engine's, across ranks;
+# the report reads it from every rank's last step once the run is read (verdicts.rank_stalled).
+LAG = Reading(cl.NO_KEY, "lag")
 LOGIC: dict[tuple[str, str], Logic] = declared()
 # The evidence's names of the features: a window statistic is named for its window.
 _NAMES = {"p10": "window_p10", "p90": "window_p90", "mean": "window_mean", "slope": "slope_per_step",
-          "rising": "rising_windows"}
+          "rising": "rising_windows", "nonfinite": "nonfinite_values", "nonfinite_since": "since_step"}
 _OPS: dict[str, Callable[[Any, Any], Any]] = {">": operator.gt, "<": operator.lt,
                                               ">=": operator.ge, "<=": operator.le}
 
@@ -59,10 +62,12 @@ def inputs(logic: Logic) -> list[Reading]:
     """What a branch compares: each feature its lines and gates (or its expression's series)
     read of each of its keys, and the baseline gate."""
     if isinstance(logic, Rule):
-        nodes = logic.expr.walk()
+        nodes = [*logic.expr.walk(), *logic.evidence]
         out = [_series(n, key) for n in nodes if isinstance(n, cl.Series) for key in n.reads]
         if logic.baseline or any(isinstance(n, cl.Ready) for n in nodes):
             out.append(READY)
+        if any(isinstance(n, cl.Lag) for n in nodes):
+            out.append(LAG)
         return out
     out = [_reading(lv, key, f) for lv in levels(logic) for key in lv.keys for f in lv.features]
     if logic.baseline:
@@ -72,13 +77,14 @@ def inputs(logic: Logic) -> list[Reading]:
 
 def _perf(logic: Logic) -> bool:
     """A branch of the performance signals alone: judged on every rank, not on rank 0's steps."""
-    return all(is_perf(k) for k in logic.keys)
+    return bool(logic.keys) and all(is_perf(k) for k in logic.keys)
 
 
 # Rank 0's readings at its logged steps, of every branch but the performance ones; those read
 # every rank's performance features at that rank's steps (PERF_READINGS).
 READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
-    r for lg in LOGIC.values() if not _perf(lg) for r in inputs(lg) if r.feature not in cl.TYPED))
+    r for lg in LOGIC.values() if not _perf(lg) for r in inputs(lg)
+    if r.feature not in cl.TYPED and r.key != cl.ANY_KEY))
 COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(READINGS)}
 # Each prompt type's readings (of rank 0's record's by_type), at rank 0's logged steps.
 TYPE_READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
@@ -89,6 +95,11 @@ TypeTables = dict[str, np.ndarray]
 PERF_READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
     r for lg in LOGIC.values() if _perf(lg) for r in inputs(lg)))
 PERF_COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(PERF_READINGS)}
+# The readings of any key (card_logic.ANY_KEY: the NaN / Inf counts), each key that has one a
+# table as a prompt type has: the key -> its readings at rank 0's steps.
+ANY_READINGS: tuple[Reading, ...] = tuple(dict.fromkeys(
+    r for lg in LOGIC.values() for r in inputs(lg) if r.key == cl.ANY_KEY))
+ANY_COLUMN: dict[Reading, int] = {r: i for i, r in enumerate(ANY_READINGS)}
 
 
 def take(signals: RankSignals, readings: tuple[Reading, ...] = READINGS) -> array:
@@ -121,10 +132,28 @@ def take_types(types: dict[str, PromptTypeSignals]) -> dict[str, array]:
     return out
 
 
-def type_tables(steps: list[int], taken: dict[int, dict[str, array]]) -> TypeTables:
-    """Each prompt type's readings of ``steps`` as a matrix (NaN where it has none)."""
-    return {ptype: table(steps, {s: by[ptype] for s, by in taken.items() if ptype in by}, TYPE_READINGS)
-            for ptype in sorted({t for by in taken.values() for t in by})}
+def take_any(signals: RankSignals) -> dict[str, array]:
+    """ANY_READINGS of each key the rank logs that has one now (most have none)."""
+    out = {}
+    memo: dict[tuple[str, str], Any] = {}
+    for key in signals.keys:
+        values = None
+        for i, r in enumerate(ANY_READINGS):
+            if (v := signals.reading(key, r.feature, r.window, r.offset, memo)) is not None:
+                if values is None:
+                    values = array("d", [math.nan]) * len(ANY_READINGS)
+                values[i] = v
+        if values is not None:
+            out[key] = values
+    return out
+
+
+def type_tables(steps: list[int], taken: dict[int, dict[str, array]],
+                readings: tuple[Reading, ...] = TYPE_READINGS) -> TypeTables:
+    """Each prompt type's (or key's, of ANY_READINGS) readings of ``steps`` as a matrix (NaN
+    where it has none)."""
+    return {name: table(steps, {s: by[name] for s, by in taken.items() if name in by}, readings)
+            for name in sorted({t for by in taken.values() for t in by})}
 
 
 def table(steps: list[int], taken: dict[int, array],
@@ -135,16 +164,18 @@ def table(steps: list[int], taken: dict[int, array],
 
 
 def judge(steps: list[int], readings: np.ndarray, card: str, reason: str = "",
-          types: TypeTables | None = None) -> dict[str, dict[str, Any] | None]:
+          types: TypeTables | None = None, anys: TypeTables | None = None
+          ) -> dict[str, dict[str, Any] | None]:
     """Where the declared branch (card, reason) fired on rank 0's logged ``steps``, for each
     key it judges (a key of an AnyOf's levels, or each of a level's keys): its first and last
     step, how many steps, each feature it compared and each line at the first one, and the
     window; None for a key where it never fired. ``readings``: ``table`` of the steps;
-    ``types``: ``type_tables`` of the steps, for a branch that compares prompt types."""
+    ``types``: ``type_tables`` of the steps, for a branch that compares prompt types; ``anys``:
+    ``type_tables`` of the steps' ANY_READINGS, for a branch that reads any key."""
     logic = LOGIC[card, reason]
     if isinstance(logic, Rule):
         column = PERF_COLUMN if _perf(logic) else COLUMN
-        return {cl.NO_KEY: _judge_rule(steps, readings, logic, column, types or {})}
+        return {cl.NO_KEY: _judge_rule(steps, readings, logic, column, types or {}, anys or {})}
     ready = readings[:, COLUMN[READY]] == 1 if logic.baseline else None
     return {key: _judge(steps, readings, lv, key, ready) for lv in levels(logic) for key in lv.keys}
 
@@ -212,7 +243,7 @@ def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray | dict[str, 
     each key's values (NaN: no sample), or each prompt type's for a vector by prompt type;
     ``held``: the branch's firing at the step before; ``named``: filled with each named
     sub-expression's value."""
-    if isinstance(node, cl.Series) and node.typed:
+    if isinstance(node, cl.Series) and (node.typed or node.key == cl.ANY_KEY):
         (key,) = node.reads
         typed = column(_series(node, key))
         assert isinstance(typed, dict)
@@ -231,6 +262,8 @@ def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray | dict[str, 
         return float(node.value)
     if isinstance(node, cl.Held):
         return {cl.NO_KEY: np.where(held, 1.0, math.nan)}
+    if isinstance(node, cl.Lag):
+        return {cl.NO_KEY: column(LAG)}
     if isinstance(node, cl.Ready):
         return {cl.NO_KEY: np.where(column(READY) == 1, 1.0, math.nan)}
     if isinstance(node, cl.Logged):
@@ -301,7 +334,7 @@ def _set(node: cl.SetOp, left: Vec, right: Vec, n: int) -> Vec:
 
 
 def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule, columns: dict[Reading, int],
-                types: TypeTables) -> dict[str, Any] | None:
+                types: TypeTables, anys: TypeTables) -> dict[str, Any] | None:
     """Where an expression fired: as ``_judge``, with each series it reads at the first step
     (named by feature and window, and by key where it reads several keys) and the value the
     rule's sample carried there (``value``)."""
@@ -312,6 +345,8 @@ def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule, columns: dic
     def column(r: Reading) -> np.ndarray | dict[str, np.ndarray]:
         if r.feature in cl.TYPED:
             return {ptype: t[:, TYPE_COLUMN[r]] for ptype, t in types.items()}
+        if r.key == cl.ANY_KEY:
+            return {key: t[:, ANY_COLUMN[r]] for key, t in anys.items()}
         return readings[:, columns[r]]
 
     named: dict[str, Vec | float] = {}
@@ -346,8 +381,17 @@ def _judge_rule(steps: list[int], readings: np.ndarray, rule: Rule, columns: dic
     for name, v in named.items():  # as evaluated last: held, where the rule holds
         _evidence(found, name, v if isinstance(v, float) else _at(v, i))
     several = len(rule.keys) > 1
-    for node in rule.expr.walk():
-        if isinstance(node, cl.Series):
+    for node in [*rule.expr.walk(), *rule.evidence]:
+        if isinstance(node, cl.Series) and node.key == cl.ANY_KEY:
+            # each key that had one where the branch fired, as it was the first such step: a
+            # key that went bad after the first is named too, as the live description names it
+            by_key = {}
+            for key, a in column(_series(node, cl.ANY_KEY)).items():  # type: ignore[union-attr]
+                at = idx[~np.isnan(a[idx])]
+                if at.size:
+                    by_key[key] = float(a[at[0]])
+            _evidence(found, _evidence_name(node, cl.ANY_KEY, False), by_key)
+        elif isinstance(node, cl.Series):
             for key in node.reads:
                 v = column(_series(node, key))
                 _evidence(found, _evidence_name(node, key, several),

@@ -30,7 +30,7 @@ from grpo_monitor.contract.snapshot import Snapshot, Timeline
 from grpo_monitor.runtime.health import ExporterHealth
 from grpo_monitor.runtime.ingest import Ingestor
 from grpo_monitor.runtime.store import RunStore
-from grpo_monitor.tools.report.declared import PERF_READINGS, take, take_types
+from grpo_monitor.tools.report.declared import PERF_READINGS, take, take_any, take_types
 
 log = logging.getLogger("grpo_monitor.report")
 
@@ -60,6 +60,9 @@ class RunData:
     # rank 0's prompt types' features (declared.TYPE_READINGS) after each of its logged steps:
     # step -> prompt type -> values
     type_readings: dict[int, dict[str, array]] = field(default_factory=dict)
+    # rank 0's readings of any key (declared.ANY_READINGS: its NaN / Inf counts), of the keys that
+    # had one, after each of its logged steps: step -> key -> values
+    any_readings: dict[int, dict[str, array]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:
@@ -162,6 +165,7 @@ class _Reader:
             del self.data.train[step]
             self.data.readings.pop(step, None)
             self.data.type_readings.pop(step, None)
+            self.data.any_readings.pop(step, None)
             self.data.by_type.pop(step, None)
             self.latest.pop(step, None)
 
@@ -200,6 +204,10 @@ class _Reader:
             data.readings[snap.step] = take(run.ranks[0].signals)
             if run.ranks[0].type_signals:
                 data.type_readings[snap.step] = take_types(run.ranks[0].type_signals)
+            if bad := take_any(run.ranks[0].signals):
+                data.any_readings[snap.step] = bad
+            else:
+                data.any_readings.pop(snap.step, None)
         if snap.by_type:
             data.by_type[snap.step] = snap.by_type
         else:

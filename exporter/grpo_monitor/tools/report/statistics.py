@@ -33,7 +33,7 @@ from grpo_monitor.runtime.signals import (
     LawTracker,
     slope,
 )
-from grpo_monitor.tools.report.declared import TypeTables, table, type_tables
+from grpo_monitor.tools.report.declared import ANY_READINGS, TypeTables, table, type_tables
 from grpo_monitor.tools.report.load import RunData
 
 # The throughput signals of a rank, the first one it logs read (else 1 / its step time).
@@ -298,6 +298,12 @@ class RunView:
     def type_readings(self) -> TypeTables:
         """Each prompt type's readings of rank 0's steps (declared.type_tables)."""
         return type_tables(self.steps, self.data.type_readings)
+
+    @cached_property
+    def any_readings(self) -> TypeTables:
+        """The readings of any key that had one (its NaN / Inf count), each key's of rank 0's
+        steps (declared.type_tables of ANY_READINGS)."""
+        return type_tables(self.steps, self.data.any_readings, ANY_READINGS)
 
     @cached_property
     def checkpoint_steps(self) -> set[int]:

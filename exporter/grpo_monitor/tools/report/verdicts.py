@@ -11,10 +11,10 @@ Two families:
   windows over the logged steps (base, reference, last; values compared are window medians);
   the report's own (plateaus, loss without reward, reward collapse with a KL blow-up) have no
   card: they need the whole run;
-* the cards' verdicts, naming the steps where the card would have been firing: a branch whose
-  logic is declared once (contract/card_logic.py, every branch but the non-finite card's and
-  the rank lag's) is judged by ``declared.judge`` on the features the exporter's own code
-  computed as the run was read (``_declared``); those two read the run's records themselves.
+* the cards' verdicts, naming the steps where the card would have been firing: every branch's
+  logic is declared once (contract/card_logic.py) and judged by ``declared.judge`` on the
+  features the exporter's own code computed as the run was read (``_declared``); the rank lag,
+  which only the rule engine computes (it sees every rank), from each rank's last step.
 
 Every number a verdict compares with is read from grpo_monitor.contract.thresholds at each use: the card
 thresholds are the ones the live rules read (grpo-thresholds.yml is generated from the same
@@ -165,7 +165,8 @@ def _with_branches(main: Finding | None, **others: Finding | None) -> Finding | 
 def _declared_each(view: RunView, card: str, reason: str = "") -> dict[str, dict[str, Any] | None]:
     """A declared card branch (contract/card_logic.py) judged on the exporter's features as the
     run was read (declared.judge), for each key it judges, with the signal's last value."""
-    hits = declared.judge(view.steps, view.readings, card, reason, view.type_readings)
+    hits = declared.judge(view.steps, view.readings, card, reason, view.type_readings,
+                          view.any_readings)
     for key, hit in hits.items():
         if hit is not None and (tr := view.track(key)) is not None:
             hit["last"] = float(tr.values[-1])
@@ -185,23 +186,16 @@ def _declared(view: RunView, card: str, reason: str = "") -> dict[str, Any] | No
          "NaN or inf in the training signals: roll back to the last good checkpoint",
          card="GRPONonFiniteValues")
 def nonfinite(view: RunView) -> Finding | None:
-    """NaN / inf anywhere in a training signal (the red card); steps: the first and last such.
-    Every key that went so is named with its first such step, earliest first, as the card's
-    description names them."""
-    bad_steps: list[int] = []
-    first_step: dict[str, int] = {}
-    for st in view.steps:
-        for k, v in view.data.train[st].items():
-            if not math.isfinite(v):
-                first_step.setdefault(k, st)
-                if not bad_steps or bad_steps[-1] != st:
-                    bad_steps.append(st)
-    if not bad_steps:
+    """GRPONonFiniteValues: NaN / inf in any signal the run logs (its unknown keys too) within
+    the last 50 steps. Every key that went so where the card fired is named with the step its
+    streak began, earliest first, as the card's description names them."""
+    hit = _declared(view, "GRPONonFiniteValues")
+    if hit is None:
         return None
-    keys = sorted(first_step, key=lambda k: (first_step[k], k))
-    return Finding([bad_steps[0], bad_steps[-1]],
-                   {"steps_affected": len(bad_steps), "keys": keys,
-                    "first_step": {k: first_step[k] for k in keys}})
+    since = hit.get("since_step", {})
+    keys = sorted(since, key=lambda k: (since[k], k))
+    return Finding(hit["steps"], {"keys": keys, "since_step": {k: int(since[k]) for k in keys},
+                                  "steps_flagged": hit["steps_flagged"]})
 
 
 def _kl_ratio(view: RunView) -> float:
@@ -376,12 +370,19 @@ def rank_straggler(view: RunView) -> Finding | None:
 @verdict("rank_stalled", "critical", "a rank stopped advancing while the others went on",
          card="GRPORankStalled")
 def rank_stalled(view: RunView) -> Finding | None:
-    """A rank whose last step is more than rank_lag_steps behind the furthest rank's."""
+    """GRPORankStalled: a rank more than rank_lag_steps behind the run's most advanced rank.
+    The lag is the rule engine's, across ranks (card_logic.Lag); the report reads it once every
+    rank's records are in, from each rank's last step, and judges the declared branch on it."""
     lasts = {rank: max(by_step) for rank, by_step in view.data.perf.items() if by_step}
     lasts[0] = max(lasts.get(0, view.steps[-1]), view.steps[-1])
     furthest = max(lasts.values())
-    behind = {str(rank): furthest - st for rank, st in lasts.items()
-              if furthest - st > th.value("rank_lag_steps")}
+    behind = {}
+    for rank, last in sorted(lasts.items()):
+        row = np.full((1, len(declared.READINGS)), math.nan)
+        row[0, declared.COLUMN[declared.LAG]] = furthest - last
+        (hit,) = declared.judge([view.steps[-1]], row, "GRPORankStalled", "rank_lag").values()
+        if hit is not None:
+            behind[str(rank)] = int(hit["value"])
     if not behind:
         return None
     return Finding(view.span(view.last), {"steps_behind": behind})
