@@ -68,7 +68,7 @@ def declaration_problems(rules: list[dict[str, Any]], cards: tuple[Card, ...]) -
         read = rule_keys(rule["expr"])
         if read != declared:
             problems.append(f"{name} ({reason or 'no reason'}): reads {sorted(read)}, declares {sorted(declared)}")
-        expr = rule["expr"]
+        expr = " ".join(rule["expr"].split())
         # A rule waits for the baseline by joining the readiness, or by reading a baseline mean:
         # the exporter publishes one only once the rank's baseline is ready.
         waits = ("and on(run, rank) grpo_baseline_ready == 1" in expr

@@ -347,6 +347,8 @@ def _expr(x: Expr | float) -> Expr:
 
 
 def _simple(e: Expr) -> bool:
+    # A Ready of any rank is a comparison, but only ever the right side of an and / unless
+    # (Arith refuses it), where a comparison binds first.
     return isinstance(e, (Series, Threshold, Const, Held, Ready, Logged, Lag, Func, Agg))
 
 
@@ -497,6 +499,8 @@ class Arith(Expr):
     right: Expr
 
     def __post_init__(self) -> None:
+        if isinstance(self.left, Ready) or isinstance(self.right, Ready):
+            raise ValueError("the baseline's readiness is a gate: and / unless it")
         if not (self.left.scalar or self.right.scalar):
             _check_one_side(self.left, self.right)
         if self.left.scalar and not self.right.scalar and not isinstance(self.left, Const):
@@ -674,11 +678,16 @@ class Agg(Expr):
     """One sample a (run, rank) of several: ``max`` (the key dropped, or kept with
     ``keep_key``: the window labels only; a prompt type's samples stay apart), ``count`` (how
     many), ``rank_max`` (the highest of every prompt type's), ``run_max`` (the run's highest,
-    one sample a run)."""
+    one sample a run); across a run's ranks, of a series (ACROSS_RANKS): ``run_median`` (the
+    median rank's) and ``run_count`` (how many ranks have one)."""
 
-    name: Literal["max", "count", "rank_max", "run_max"]
+    name: Literal["max", "count", "rank_max", "run_max", "run_median", "run_count"]
     arg: Expr
     keep_key: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name in ACROSS_RANKS and not isinstance(self.arg, Series):
+            raise ValueError(f"{self.name} takes a series")
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -690,7 +699,7 @@ class Agg(Expr):
 
     @property
     def run_level(self) -> bool:  # type: ignore[override]
-        return self.name == "run_max"
+        return self.name == "run_max" or self.name in ACROSS_RANKS
 
     @property
     def typed(self) -> bool:  # type: ignore[override]
@@ -703,6 +712,10 @@ class Agg(Expr):
         inner = _indent(self.arg.render(alert, reason), 2)
         if self.name == "count":
             return f"count by (run, rank) (\n{inner}\n)"
+        if self.name == "run_median":
+            return f"quantile by (run) (0.5, {self.arg.render(alert, reason)})"
+        if self.name == "run_count":
+            return f"count by (run) ({self.arg.render(alert, reason)})"
         if self.name == "run_max":
             return f"max by (run) (\n{inner}\n)"
         if self.name == "rank_max":
@@ -713,7 +726,14 @@ class Agg(Expr):
         return f"max without ({', '.join(dropped)}) (\n{inner}\n)"
 
     def words(self) -> str:
+        if self.name in ACROSS_RANKS:
+            return f"the {'median' if self.name == 'run_median' else 'count'} of the run's ranks' {self.arg.words()}"
         return self.arg.words() if self.name != "count" else f"count of ({self.arg.words()})"
+
+
+# The aggregations across a run's ranks: the rule engine's (a run's ranks may be scraped from
+# several exporters); the report computes them from every rank's readings at its last step.
+ACROSS_RANKS: frozenset[str] = frozenset({"run_median", "run_count"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -734,14 +754,17 @@ class Held(Expr):
 
 @dataclass(frozen=True, eq=False)
 class Ready(Expr):
-    """The rank's baseline period is over."""
+    """The rank's baseline period is over: of a rank that logs a training signal (the training
+    cards'), or of any rank (``training=False``: the performance signals every rank logs)."""
+
+    training: bool = True
 
     @property
     def keys(self) -> tuple[str, ...]:
         return (NO_KEY,)
 
     def render(self, alert: str = "", reason: str = "") -> str:
-        return BASELINE_READY
+        return BASELINE_READY if self.training else "grpo_baseline_ready == 1"
 
     def words(self) -> str:
         return "the baseline is ready"
@@ -847,17 +870,21 @@ def _number(v: float) -> str:
 
 # -- the rule file: each declared branch's expression written into it ---------------------------
 
-TARGET = Path(__file__).resolve().parents[3] / "prometheus" / "rules" / "grpo-alerts.yml"
+RULES_DIR = Path(__file__).resolve().parents[3] / "prometheus" / "rules"
+TARGET = RULES_DIR / "grpo-alerts.yml"
+# Every rule file that holds a declared branch's rule (a card's rule_file).
+TARGETS: tuple[Path, ...] = (TARGET, RULES_DIR / "grpo-cluster.yml")
 _RULE = re.compile(r"^      - alert: (\S+)\n        expr: \|\n((?:          .*\n|\n)+?)"
                    r"        labels:\n((?:          .*\n)+)", re.M)
 _REASON = re.compile(r"^          reason: (\S+)$", re.M)
 
 
-def declared() -> dict[tuple[str, str], Logic]:
-    """(card, reason) -> the branch's declared logic, for every declared branch of the catalog."""
+def declared(rule_file: str | None = None) -> dict[tuple[str, str], Logic]:
+    """(card, reason) -> the branch's declared logic, for every declared branch of the catalog
+    (of the cards whose rules ``rule_file`` holds)."""
     from grpo_monitor.contract.cards import CARDS  # cards.py imports this module
     return {(card.name, b.reason): b.logic for card in CARDS for b in card.branches
-            if b.logic is not None}
+            if b.logic is not None and rule_file in (None, card.rule_file)}
 
 
 def rule_exprs(text: str) -> dict[tuple[str, str], str]:
@@ -906,11 +933,11 @@ def _with_raised(description: str, alert: str, reason: str) -> str:
     return text[:at] + raised_sentence(alert, reason) + text[at:]
 
 
-def render(text: str) -> str:
-    """The rule file's text with each declared branch's expression rendered afresh, and its
-    description's raised-at sentence; a declared branch without its rule in the file is an
-    error (its labels and annotations are written there)."""
-    levels = declared()
+def render(text: str, target: Path = TARGET) -> str:
+    """The text of the rule file ``target`` with each declared branch's expression rendered
+    afresh, and its description's raised-at sentence; a branch declared for that file without
+    its rule there is an error (its labels and annotations are written there)."""
+    levels = declared(target.name)
     seen: set[tuple[str, str]] = set()
 
     def fresh(m: re.Match[str]) -> str:
@@ -944,13 +971,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="The declared card branches' expressions, written into the alert rule file.")
     parser.add_argument("--write", action="store_true",
-                        help=f"rewrite {TARGET.parent.name}/{TARGET.name} in place")
+                        help=f"rewrite {', '.join(t.name for t in TARGETS)} in place")
     args = parser.parse_args(argv)
-    text = TARGET.read_text(encoding="utf-8")
-    if not args.write:
-        sys.stdout.write(render(text))
-    elif (rendered := render(text)) != text:
-        TARGET.write_text(rendered, encoding="utf-8")
+    for target in TARGETS:
+        text = target.read_text(encoding="utf-8")
+        if not args.write:
+            sys.stdout.write(render(text, target))
+        elif (rendered := render(text, target)) != text:
+            target.write_text(rendered, encoding="utf-8")
     return 0
 
 

@@ -482,9 +482,14 @@ CARDS: tuple[Card, ...] = (
                           < T("length_bias_correct_ratio")))),)),
     Card("GRPOSignalMissing", "warning", COVERAGE, (_B(),), always=True),
     # -- cluster health -------------------------------------------------------------------------
+    # A rank's 50-step step time against the run's median rank's, once enough ranks log one.
     Card("GRPORankStraggler", "warning", CLUSTER, (
-        _B(("perf/step_time_s",), baseline=True,
-           min_ranks=thresholds.count("straggler_min_ranks")),)),
+        replace(_rule(Rule(
+            (_max(_mean(STEP_TIME) > Agg("run_median", _mean(STEP_TIME)).named("median_rank")
+                                 * (T("straggler_ratio") + 1))
+             & (Agg("run_count", _mean(STEP_TIME)) >= T("straggler_min_ranks")))
+            & Ready(training=False)), baseline=True),
+            min_ranks=thresholds.count("straggler_min_ranks")),)),
     Card("GRPONVLinkErrorsRising", "warning", CLUSTER, (_B(gpu=True),)),
     Card("GRPOPCIeReplayErrorsRising", "warning", CLUSTER, (_B(gpu=True),)),
     Card("GRPOGPUTemperatureHigh", "warning", CLUSTER, (_B(gpu=True),)),

@@ -58,6 +58,19 @@ def _series(node: cl.Series, key: str) -> Reading:
     return Reading(key, node.feature, node.window, node.offset)
 
 
+def _across(node: cl.Agg) -> Reading:
+    """The reading of an aggregation across the run's ranks (card_logic.ACROSS_RANKS) of a
+    series of one key: its feature named for both, e.g. "run_median:mean"."""
+    assert isinstance(node.arg, cl.Series)
+    (key,) = node.arg.reads
+    return Reading(key, f"{node.name}:{node.arg.feature}", node.arg.window, node.arg.offset)
+
+
+def is_across(r: Reading) -> bool:
+    """A reading across the run's ranks: no rank's signals have it; the report fills it in."""
+    return r == LAG or ":" in r.feature
+
+
 def inputs(logic: Logic) -> list[Reading]:
     """What a branch compares: each feature its lines and gates (or its expression's series)
     read of each of its keys, and the baseline gate."""
@@ -68,6 +81,7 @@ def inputs(logic: Logic) -> list[Reading]:
             out.append(READY)
         if any(isinstance(n, cl.Lag) for n in nodes):
             out.append(LAG)
+        out += [_across(n) for n in nodes if isinstance(n, cl.Agg) and n.name in cl.ACROSS_RANKS]
         return out
     out = [_reading(lv, key, f) for lv in levels(logic) for key in lv.keys for f in lv.features]
     if logic.baseline:
@@ -111,8 +125,8 @@ def take(signals: RankSignals, readings: tuple[Reading, ...] = READINGS) -> arra
     for i, reading in enumerate(readings):
         if reading == READY:
             value: float | None = 1.0 if signals.ready else None
-        elif reading.key not in logged:  # most declared keys: a run logs a few dozen
-            continue
+        elif reading.key not in logged or is_across(reading):  # most declared keys: a run logs a
+            continue  # few dozen; the report fills in the readings across ranks
         else:
             value = signals.reading(*reading, memo=memo)
         if value is not None:
@@ -145,6 +159,24 @@ def take_any(signals: RankSignals) -> dict[str, array]:
                 values[i] = v
         if values is not None:
             out[key] = values
+    return out
+
+
+def across_ranks(last: dict[int, array], readings: tuple[Reading, ...] = PERF_READINGS) -> dict[int, array]:
+    """Each rank's ``readings`` at its last step, with the aggregations across the ranks
+    (card_logic.ACROSS_RANKS) filled in from them all: what the rule engine computes over every
+    rank's series once all are in (the median rank's value, how many ranks have one)."""
+    column = {r: i for i, r in enumerate(readings)}
+    out = {rank: array("d", row) for rank, row in last.items()}
+    for r in readings:
+        if ":" not in r.feature:  # a rank's own (or the lag, which needs the ranks' steps)
+            continue
+        name, feature = r.feature.split(":")
+        of = column[r._replace(feature=feature)]
+        values = [row[of] for row in last.values() if not math.isnan(row[of])]
+        agg = math.nan if not values else float(np.median(values)) if name == "run_median" else float(len(values))
+        for row in out.values():
+            row[column[r]] = agg
     return out
 
 
@@ -273,6 +305,8 @@ def _evaluate(node: cl.Expr, column: Callable[[Reading], np.ndarray | dict[str, 
         f = {"abs": np.abs, "exp": np.exp, "sqrt": np.sqrt}[node.name]
         with np.errstate(over="ignore"):
             return float(f(arg)) if isinstance(arg, float) else {k: f(a) for k, a in arg.items()}
+    if isinstance(node, cl.Agg) and node.name in cl.ACROSS_RANKS:
+        return {cl.NO_KEY: column(_across(node))}
     if isinstance(node, cl.Agg):
         arg = _evaluate(node.arg, column, n, held, named)
         assert isinstance(arg, dict)

@@ -169,13 +169,9 @@ class RankPerf:
     throughput_signal: str
     step_time: np.ndarray
     step_time_signal: str
-    # The last window's median of the step time the rank logged itself (None when it logs
-    # none): the straggler card compares ranks by it.
-    own_step_time: float | None
 
 
-def _rank_perf(rank: int, by_step: dict[int, dict[str, float]], checkpoints: set[int],
-               window: int) -> RankPerf:
+def _rank_perf(rank: int, by_step: dict[int, dict[str, float]], checkpoints: set[int]) -> RankPerf:
     steps = [st for st in sorted(by_step) if st not in checkpoints]
     key = next((k for k in THROUGHPUT_KEYS if any(k in by_step[st] for st in steps)), None)
     throughput = np.array([by_step[st].get(key, math.nan) if key else
@@ -184,13 +180,12 @@ def _rank_perf(rank: int, by_step: dict[int, dict[str, float]], checkpoints: set
                            for st in steps], dtype=float)
     step_time = np.array([by_step[st].get("perf/step_time_s", math.nan) for st in steps],
                          dtype=float)
-    last = step_time[max(0, len(steps) - window):]
-    own = median(last) if np.isfinite(last).any() else None
-    if own is None and key:
+    own = bool(np.isfinite(step_time).any())  # the rank logs its step time
+    if not own and key:
         with np.errstate(divide="ignore"):
             step_time = 1 / throughput
     return RankPerf(rank, steps, throughput, key or "1/perf/step_time_s", step_time,
-                    "perf/step_time_s" if own is not None else f"1/{key}", own)
+                    "perf/step_time_s" if own else f"1/{key}")
 
 
 # -- the entropy-reward law ----------------------------------------------------------------------
@@ -312,7 +307,7 @@ class RunView:
     @cached_property
     def ranks(self) -> list[RankPerf]:
         """Every rank that logged performance signals, by rank."""
-        return [_rank_perf(rank, by_step, self.checkpoint_steps, self.window)
+        return [_rank_perf(rank, by_step, self.checkpoint_steps)
                 for rank, by_step in sorted(self.data.perf.items())]
 
     @cached_property

@@ -352,19 +352,21 @@ def step_time_drift(view: RunView) -> Finding | None:
          "a rank's steps take far longer than the other ranks': every rank waits for it at each "
          "gradient sync", card="GRPORankStraggler")
 def rank_straggler(view: RunView) -> Finding | None:
-    """A rank's last-window step time over (1 + straggler_ratio) x the median rank's. Only ranks
-    that log their own step time count: the inverse of throughput is the same on every rank of
-    a synchronous run, straggler or not."""
-    own = {str(p.rank): p.own_step_time for p in view.ranks if p.own_step_time is not None}
-    if len(own) < th.count("straggler_min_ranks"):
-        return None
-    middle = float(np.median(list(own.values())))
-    slow = {rank: rounded(t / middle) for rank, t in own.items()
-            if middle > 0 and t > (1 + th.value("straggler_ratio")) * middle}
+    """GRPORankStraggler: a rank's 50-step step time over (1 + straggler_ratio) x the median
+    rank's, once straggler_min_ranks ranks have one and the rank's baseline is ready. The
+    median and the count across ranks are the rule engine's; the report takes them from every
+    rank's readings at its last step (declared.across_ranks) and judges each rank."""
+    last = {rank: by_step[max(by_step)] for rank, by_step in view.data.perf_readings.items() if by_step}
+    slow = {}
+    for rank, row in sorted(declared.across_ranks(last).items()):
+        step = max(view.data.perf_readings[rank])
+        table = declared.table([step], {step: row}, declared.PERF_READINGS)
+        (hit,) = declared.judge([step], table, "GRPORankStraggler").values()
+        if hit is not None:
+            slow[str(rank)] = hit
     if not slow:
         return None
-    return Finding(view.span(view.last),
-                   {"ratio_to_median": slow, "median_rank_step_time": middle})
+    return Finding(view.span(view.last), {"ranks": slow})
 
 
 @verdict("rank_stalled", "critical", "a rank stopped advancing while the others went on",
