@@ -902,8 +902,9 @@ def _dedent(block: str) -> str:
 
 # The sentence every declared branch's description ends with (before the note for a run nothing
 # pauses): the step the card was raised at, the first step its condition held in this streak,
-# which the report names as the finding's first step. The rule engine keeps the time an alert
-# became active in its ALERTS_FOR_STATE series (Prometheus and vmalert alike); the run's step at
+# which the report names as the finding's first step. Prometheus keeps the time an alert became
+# active in its ALERTS_FOR_STATE series (vmalert does from v1.97; before, only for rules with
+# `for:`, which no card has, and the sentence falls back to the step now); the run's step at
 # that time is grpo_step there (the @ modifier). At the evaluation that raises it there is no
 # such sample yet, and the step now is that step. A label the alert lacks is "" (``index``), which
 # matches its absence.
