@@ -736,14 +736,18 @@ class Agg(Expr):
 ACROSS_RANKS: frozenset[str] = frozenset({"run_median", "run_count"})
 
 
-@dataclass(frozen=True, eq=False)
-class Held(Expr):
-    """The branch's own card firing at the previous evaluation (its ALERTS series): a card that
-    holds while a weaker condition lasts once raised."""
+class _Keyless(Expr):
+    """A vector without a key label: one sample a rank (or a run, where ``run_level``)."""
 
     @property
     def keys(self) -> tuple[str, ...]:
         return (NO_KEY,)
+
+
+@dataclass(frozen=True, eq=False)
+class Held(_Keyless):
+    """The branch's own card firing at the previous evaluation (its ALERTS series): a card that
+    holds while a weaker condition lasts once raised."""
 
     def render(self, alert: str = "", reason: str = "") -> str:
         return f'ALERTS{{alertname="{alert}",alertstate="firing",reason="{reason}"}}'
@@ -753,15 +757,11 @@ class Held(Expr):
 
 
 @dataclass(frozen=True, eq=False)
-class Ready(Expr):
+class Ready(_Keyless):
     """The rank's baseline period is over: of a rank that logs a training signal (the training
     cards'), or of any rank (``training=False``: the performance signals every rank logs)."""
 
     training: bool = True
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (NO_KEY,)
 
     def render(self, alert: str = "", reason: str = "") -> str:
         return BASELINE_READY if self.training else "grpo_baseline_ready == 1"
@@ -771,14 +771,10 @@ class Ready(Expr):
 
 
 @dataclass(frozen=True, eq=False)
-class Logged(Expr):
+class Logged(_Keyless):
     """The steps the run has logged (its busiest rank's count): one sample a run."""
 
     run_level = True
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (NO_KEY,)
 
     def render(self, alert: str = "", reason: str = "") -> str:
         return "max by (run) (grpo_run_logged_steps)"
@@ -788,14 +784,10 @@ class Logged(Expr):
 
 
 @dataclass(frozen=True, eq=False)
-class Lag(Expr):
+class Lag(_Keyless):
     """How many steps the rank is behind its run's most advanced rank: the recording rule
     run_rank:grpo_step:lag (grpo-signals.yml). It is the rule engine's to compute: a run's ranks
     may be scraped from several exporters, one a node, and only the engine sees them all."""
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (NO_KEY,)
 
     def render(self, alert: str = "", reason: str = "") -> str:
         return "run_rank:grpo_step:lag"

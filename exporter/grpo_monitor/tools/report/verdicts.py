@@ -348,46 +348,49 @@ def step_time_drift(view: RunView) -> Finding | None:
     return _each_rank(view, "GRPOStepTimeDrift")
 
 
+def _at_last_steps(card: str, rows: dict[int, tuple[int, np.ndarray]], reason: str = "") -> dict[str, dict[str, Any]]:
+    """A card that compares ranks with one another (its median rank, its count of ranks, the
+    lag: the rule engine's), judged once every rank's records are in: each rank's row of
+    readings at one step, (step, a row of ``table``'s columns); the ranks it fired for."""
+    hits = {}
+    for rank, (step, row) in sorted(rows.items()):
+        (hit,) = declared.judge([step], row.reshape(1, -1), card, reason).values()
+        if hit is not None:
+            hits[str(rank)] = hit
+    return hits
+
+
 @verdict("rank_straggler", "warning",
          "a rank's steps take far longer than the other ranks': every rank waits for it at each "
          "gradient sync", card="GRPORankStraggler")
 def rank_straggler(view: RunView) -> Finding | None:
     """GRPORankStraggler: a rank's 50-step step time over (1 + straggler_ratio) x the median
-    rank's, once straggler_min_ranks ranks have one and the rank's baseline is ready. The
-    median and the count across ranks are the rule engine's; the report takes them from every
-    rank's readings at its last step (declared.across_ranks) and judges each rank."""
-    last = {rank: by_step[max(by_step)] for rank, by_step in view.data.perf_readings.items() if by_step}
-    slow = {}
-    for rank, row in sorted(declared.across_ranks(last).items()):
-        step = max(view.data.perf_readings[rank])
-        table = declared.table([step], {step: row}, declared.PERF_READINGS)
-        (hit,) = declared.judge([step], table, "GRPORankStraggler").values()
-        if hit is not None:
-            slow[str(rank)] = hit
-    if not slow:
-        return None
-    return Finding(view.span(view.last), {"ranks": slow})
+    rank's, once straggler_min_ranks ranks have one and the rank's baseline is ready; the median
+    and the count of ranks taken from every rank's readings at its last step
+    (declared.across_ranks)."""
+    last = {rank: max(by_step) for rank, by_step in view.data.perf_readings.items() if by_step}
+    rows = declared.across_ranks({rank: view.data.perf_readings[rank][st] for rank, st in last.items()})
+    slow = _at_last_steps("GRPORankStraggler", {rank: (last[rank], np.asarray(row)) for rank, row in rows.items()})
+    return Finding(view.span(view.last), {"ranks": slow}) if slow else None
 
 
 @verdict("rank_stalled", "critical", "a rank stopped advancing while the others went on",
          card="GRPORankStalled")
 def rank_stalled(view: RunView) -> Finding | None:
-    """GRPORankStalled: a rank more than rank_lag_steps behind the run's most advanced rank.
-    The lag is the rule engine's, across ranks (card_logic.Lag); the report reads it once every
-    rank's records are in, from each rank's last step, and judges the declared branch on it."""
+    """GRPORankStalled: a rank more than rank_lag_steps behind the run's most advanced rank,
+    each rank's lag read from its last step."""
     lasts = {rank: max(by_step) for rank, by_step in view.data.perf.items() if by_step}
     lasts[0] = max(lasts.get(0, view.steps[-1]), view.steps[-1])
     furthest = max(lasts.values())
-    behind = {}
-    for rank, last in sorted(lasts.items()):
-        row = np.full((1, len(declared.READINGS)), math.nan)
-        row[0, declared.COLUMN[declared.LAG]] = furthest - last
-        (hit,) = declared.judge([view.steps[-1]], row, "GRPORankStalled", "rank_lag").values()
-        if hit is not None:
-            behind[str(rank)] = int(hit["value"])
+    rows = {}
+    for rank, last in lasts.items():
+        row = np.full(len(declared.READINGS), math.nan)
+        row[declared.COLUMN[declared.LAG]] = furthest - last
+        rows[rank] = (view.steps[-1], row)
+    behind = _at_last_steps("GRPORankStalled", rows, "rank_lag")
     if not behind:
         return None
-    return Finding(view.span(view.last), {"steps_behind": behind})
+    return Finding(view.span(view.last), {"steps_behind": {rank: int(h["value"]) for rank, h in behind.items()}})
 
 
 # -- cards judged on the report's windows -------------------------------------------------------
