@@ -84,14 +84,16 @@ stack-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	  prometheus prometheus-alertmanager; }
 
-# The tests run the real prometheus, promtool, prometheus-alertmanager and amtool; the compose
+# The tests run the real prometheus, promtool, prometheus-alertmanager and amtool, and the
+# second rule engine: victoria-metrics, vmagent and vmalert (Debian's victoria-metrics); the compose
 # test runs docker-compose.yml in real containers: Debian's docker-compose against podman (with
 # runc; netavark, aardvark-dns and iptables for its networks), on base images that debootstrap
 # builds (tests/containers.py). The benchmarks compare with node_exporter's textfile collector.
 SYSTEM_TOOLS := promtool prometheus-alertmanager amtool prometheus-node-exporter docker-compose \
-                podman runc debootstrap iptables netavark aardvark-dns
+                podman runc debootstrap iptables netavark aardvark-dns vmalert
 SYSTEM_PKGS  := prometheus prometheus-alertmanager prometheus-node-exporter docker-compose \
-                podman runc debootstrap iptables netavark aardvark-dns ca-certificates
+                podman runc debootstrap iptables netavark aardvark-dns ca-certificates \
+                victoria-metrics
 system-deps:
 	@missing=; for t in $(SYSTEM_TOOLS); do \
 	  command -v $$t >/dev/null || [ -x /usr/lib/podman/$$t ] || missing="$$missing $$t"; done; \

@@ -1,8 +1,9 @@
-"""What the committed rules cost Prometheus at 64, 1,024 and 4,096 ranks.
+"""What the committed rules cost Prometheus (and VictoriaMetrics) at 64 to 16,384 ranks.
 
 Usage: python bench/bench_rules.py [--ranks 64,1024] [--steps 400] [-n 5] [--interval 5s]
                                    [--job real|widened] [--keep DIR]
-                                   [--prometheus-dir DIR] [--out PATH]
+                                   [--prometheus-dir DIR] [--engine prometheus,victoriametrics]
+                                   [--out PATH]
 
 Method.
 1. A healthy simulated job (tools/simulate.py, seed 0) of N ranks and --steps steps is written
@@ -25,7 +26,12 @@ Method.
 4. Per size: series, body size, the median of each group's evaluation time, and their sum (the
    groups evaluate concurrently, each in its own goroutine, so the sum is the CPU they take per
    interval, not the wall time of one). --prometheus-dir of an older checkout measures the rules
-   before a change on the same machine.
+   before a change on the same machine. Also the engine's resident memory (VmRSS) and the
+   scrape's duration (scrape_duration_seconds).
+5. --engine victoriametrics: the same body scraped by vmagent into victoria-metrics, the rules
+   evaluated by vmalert with the flags `stack up --stack.engine=victoriametrics` runs; each
+   group's mean evaluation time over -n evaluations (vmalert_iteration_duration_seconds), and
+   the memory of the three processes together.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -46,14 +53,19 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+import yaml  # noqa: E402
 from polling import wait_for  # noqa: E402
+from processes import start_listening  # noqa: E402
 from prometheus_harness import prometheus_config, start_prometheus  # noqa: E402
 from results_io import machine, write_result  # noqa: E402
+from victoria_harness import group_counters  # noqa: E402
 
 from grpo_monitor.runtime.app import Exporter  # noqa: E402
 from grpo_monitor.runtime.config import ExporterConfig, parse_duration  # noqa: E402
 from grpo_monitor.sdk.writer import SnapshotWriter  # noqa: E402
 from grpo_monitor.tools import simulate  # noqa: E402
+from grpo_monitor.tools import victoriametrics as vm  # noqa: E402
+from grpo_monitor.tools.stack import Child  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "rules.json"
 RUN = "bench"
@@ -130,50 +142,126 @@ def rule_groups(prom_url: str) -> dict[str, tuple[float, float]]:
             if "iterations_total" in v and "last_duration_seconds" in v}
 
 
-def measure(body: str, ranks: int, prometheus_dir: Path, interval: str, n: int) -> dict[str, object]:
+def rss_mib(*children: Child) -> float:
+    """The resident memory of the engine's processes, summed (VmRSS)."""
+    total = 0
+    for child in children:
+        for line in Path(f"/proc/{child.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return round(total / 1024, 1)
+
+
+def scrape_seconds(query_url: str) -> float:
+    r = requests.get(f"{query_url}/api/v1/query", params={"query": "max(scrape_duration_seconds)"}, timeout=30)
+    result = r.json()["data"]["result"]
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+def measure_victoriametrics(target: str, ranks: int, prometheus_dir: Path, interval: str,
+                            n: int, tmp: Path) -> dict[str, object]:
+    """vmagent scraping ``target`` into victoria-metrics, vmalert evaluating prometheus_dir's
+    rules: each group's mean evaluation time over its next ``n`` evaluations
+    (vmalert_iteration_duration_seconds' sum and count), memory and scrape time."""
+    with ExitStack() as stack:
+        source = prometheus_dir / "prometheus.yml"
+        server, port = start_listening(stack, "victoria-metrics", lambda p: vm.server_argv(
+            vm.SERVER_BIN, tmp / "vm-data", p), tmp)
+        store = f"http://127.0.0.1:{port}"
+        scrape_yml = tmp / "vmagent.yml"
+        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(source, target, interval)))
+        agent, _ = start_listening(stack, "vmagent", lambda p: vm.agent_argv(
+            vm.AGENT_BIN, scrape_yml, tmp / "vmagent-data", p, store), tmp)
+        ruler, ruler_port = start_listening(stack, "vmalert", lambda p: vm.ruler_argv(
+            vm.RULER_BIN, source, p, store, "http://127.0.0.1:1", interval), tmp)
+        ruler_url = f"http://127.0.0.1:{ruler_port}"
+        _wait_ranks(store, ranks, "VictoriaMetrics")
+
+        def totals() -> dict[str, tuple[float, float]]:
+            text = requests.get(f"{ruler_url}/metrics", timeout=30).text
+            count = group_counters(text, "vmalert_iteration_duration_seconds_count")
+            total = group_counters(text, "vmalert_iteration_duration_seconds_sum")
+            return {g: (count[g], total.get(g, 0.0)) for g in count}
+
+        start = totals()
+        wait_for(lambda: all(totals()[g][0] >= c + 2 for g, (c, _) in start.items()),
+                 timeout=300, interval=0.2, what="two evaluations of every group")
+        first = totals()
+        wait_for(lambda: all(totals()[g][0] >= c + n for g, (c, _) in first.items()),
+                 timeout=60 + 3 * n * parse_duration(interval), interval=0.2,
+                 what=f"{n} evaluations of every group")
+        last = totals()
+        groups = {g: round((last[g][1] - s) / (last[g][0] - c) * 1000, 2)
+                  for g, (c, s) in sorted(first.items())}
+        return {"group_mean_ms": groups, "all_groups_ms": round(sum(groups.values()), 1),
+                "rss_mib": rss_mib(server, agent, ruler), "scrape_s": round(scrape_seconds(store), 3)}
+
+
+def _wait_ranks(query_url: str, ranks: int, engine: str) -> None:
+    def ranks_scraped() -> bool:
+        r = requests.get(f"{query_url}/api/v1/query", params={"query": "count(grpo_step)"}, timeout=30)
+        result = r.json()["data"]["result"]
+        return bool(result) and int(float(result[0]["value"][1])) == ranks
+
+    wait_for(ranks_scraped, timeout=600, interval=0.5, what=f"{engine} holding {ranks} ranks")
+
+
+def measure(body: str, ranks: int, prometheus_dir: Path, interval: str, n: int,
+            engines: Sequence[str] = ("prometheus",)) -> dict[str, object]:
     handler = type("Body", (_Body,), {"body": body.encode()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+    result: dict[str, object] = {"ranks": ranks, "series": series,
+                                 "body_mib": round(len(body.encode()) / 2**20, 2)}
     try:
-        with tempfile.TemporaryDirectory(prefix="grpo-rules-prom-") as tmp, ExitStack() as stack:
-            config = prometheus_config(f"127.0.0.1:{server.server_port}", "127.0.0.1:1", interval,
-                                       source=prometheus_dir / "prometheus.yml")
-            _, prom_url = start_prometheus(stack, Path(tmp), config)
-
-            def ranks_scraped() -> bool:
-                r = requests.get(f"{prom_url}/api/v1/query", params={"query": "count(grpo_step)"}, timeout=30)
-                result = r.json()["data"]["result"]
-                return bool(result) and int(float(result[0]["value"][1])) == ranks
-
-            wait_for(ranks_scraped, timeout=300, interval=0.5, what=f"Prometheus holding {ranks} ranks")
-            start = rule_groups(prom_url)
-            wait_for(lambda: all(rule_groups(prom_url)[g][0] >= it + 2 for g, (it, _) in start.items()),
-                     timeout=300, interval=0.2, what="two evaluations of every group")
-            durations: dict[str, list[float]] = {g: [] for g in start}
-            last = rule_groups(prom_url)
-
-            def sampled() -> bool:
-                nonlocal last
-                now = rule_groups(prom_url)
-                for g, (it, d) in now.items():
-                    if it > last[g][0] and len(durations[g]) < n:
-                        durations[g].append(d)
-                last = now
-                return all(len(v) >= n for v in durations.values())
-
-            wait_for(sampled, timeout=60 + 3 * n * parse_duration(interval), interval=0.1, what=f"{n} evaluations of every group")
-            # Where the time goes: each rule's own last evaluation time, the costliest first.
-            rules = requests.get(f"{prom_url}/api/v1/rules", timeout=30).json()["data"]["groups"]
-            costliest = sorted(((r.get("name"), r.get("evaluationTime", 0.0) * 1000) for g in rules for r in g["rules"]),
-                               key=lambda nr: -nr[1])[:10]
+        if "prometheus" in engines:
+            result.update(measure_prometheus(f"127.0.0.1:{server.server_port}", ranks, prometheus_dir,
+                                             interval, n))
+        if "victoriametrics" in engines:
+            with tempfile.TemporaryDirectory(prefix="grpo-rules-vm-") as tmp:
+                result["victoriametrics"] = measure_victoriametrics(
+                    f"127.0.0.1:{server.server_port}", ranks, prometheus_dir, interval, n, Path(tmp))
     finally:
         server.shutdown()
         server.server_close()
+    return result
+
+
+def measure_prometheus(target: str, ranks: int, prometheus_dir: Path, interval: str, n: int
+                       ) -> dict[str, object]:
+    """Prometheus scraping ``target`` and evaluating prometheus_dir's rules: each group's median
+    evaluation time over its next ``n`` evaluations, the costliest rules, memory, scrape time."""
+    with tempfile.TemporaryDirectory(prefix="grpo-rules-prom-") as tmp, ExitStack() as stack:
+        config = prometheus_config(target, "127.0.0.1:1", interval,
+                                   source=prometheus_dir / "prometheus.yml")
+        prom, prom_url = start_prometheus(stack, Path(tmp), config)
+        _wait_ranks(prom_url, ranks, "Prometheus")
+        start = rule_groups(prom_url)
+        wait_for(lambda: all(rule_groups(prom_url)[g][0] >= it + 2 for g, (it, _) in start.items()),
+                 timeout=300, interval=0.2, what="two evaluations of every group")
+        durations: dict[str, list[float]] = {g: [] for g in start}
+        last = rule_groups(prom_url)
+
+        def sampled() -> bool:
+            nonlocal last
+            now = rule_groups(prom_url)
+            for g, (it, d) in now.items():
+                if it > last[g][0] and len(durations[g]) < n:
+                    durations[g].append(d)
+            last = now
+            return all(len(v) >= n for v in durations.values())
+
+        wait_for(sampled, timeout=60 + 3 * n * parse_duration(interval), interval=0.1, what=f"{n} evaluations of every group")
+        # Where the time goes: each rule's own last evaluation time, the costliest first.
+        rules = requests.get(f"{prom_url}/api/v1/rules", timeout=30).json()["data"]["groups"]
+        costliest = sorted(((r.get("name"), r.get("evaluationTime", 0.0) * 1000) for g in rules for r in g["rules"]),
+                           key=lambda nr: -nr[1])[:10]
+        memory, scrape = rss_mib(prom), round(scrape_seconds(prom_url), 3)
     groups = {g: round(statistics.median(v) * 1000, 2) for g, v in sorted(durations.items())}
-    return {"ranks": ranks, "series": series, "body_mib": round(len(body.encode()) / 2**20, 2),
-            "group_median_ms": groups, "all_groups_ms": round(sum(groups.values()), 1),
-            "costliest_rules_ms": [[name, round(ms, 2)] for name, ms in costliest]}
+    return {"group_median_ms": groups, "all_groups_ms": round(sum(groups.values()), 1),
+            "costliest_rules_ms": [[name, round(ms, 2)] for name, ms in costliest],
+            "rss_mib": memory, "scrape_s": scrape}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,21 +277,29 @@ def main(argv: list[str] | None = None) -> int:
                     "and use those already there")
     ap.add_argument("--prometheus-dir", type=Path, default=REPO / "prometheus",
                     help="the prometheus/ folder whose prometheus.yml and rules are measured")
+    ap.add_argument("--engine", default="prometheus",
+                    help="comma-separated engines measured: prometheus, victoriametrics (vmagent + "
+                    "victoria-metrics + vmalert, the flags `stack up --stack.engine` runs)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
+    engines = args.engine.split(",")
 
     template = job_exposition(TEMPLATE_RANKS, args.steps) if args.job == "widened" else ""
     sizes = []
     for ranks in (int(r) for r in args.ranks.split(",")):
         body = widen(template, ranks) if args.job == "widened" else job_exposition(ranks, args.steps, args.keep)
-        result = measure(body, ranks, args.prometheus_dir.resolve(), args.interval, args.n)
+        result = measure(body, ranks, args.prometheus_dir.resolve(), args.interval, args.n, engines)
         sizes.append(result)
-        slowest = sorted(result["group_median_ms"].items(), key=lambda kv: -kv[1])[:3]
-        print(f"{ranks:>5} ranks: {result['series']:>7} series, {result['body_mib']:>5} MiB; all groups "
-              f"{result['all_groups_ms']} ms (slowest: {', '.join(f'{g} {ms} ms' for g, ms in slowest)})",
-              flush=True)
+        print(f"{ranks:>5} ranks: {result['series']:>7} series, {result['body_mib']:>5} MiB", flush=True)
+        for engine, r in (("prometheus", result), ("victoriametrics", result.get("victoriametrics"))):
+            if engine in engines and isinstance(r, dict):
+                times = r.get("group_median_ms") or r["group_mean_ms"]
+                slowest = sorted(times.items(), key=lambda kv: -kv[1])[:3]
+                print(f"      {engine}: all groups {r['all_groups_ms']} ms (slowest: "
+                      f"{', '.join(f'{g} {ms} ms' for g, ms in slowest)}), {r['rss_mib']} MiB, "
+                      f"scrape {r['scrape_s']} s", flush=True)
     write_result(args.out, {"source": "bench/bench_rules.py", "job": args.job, "steps": args.steps,
-                            "interval": args.interval,
+                            "interval": args.interval, "engines": engines,
                             "evaluations": args.n, "prometheus_dir": str(args.prometheus_dir),
                             "sizes": sizes, "machine": machine()})
     return 0

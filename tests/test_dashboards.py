@@ -40,8 +40,11 @@ from grpo_monitor.sdk.writer import SnapshotWriter
 from grpo_monitor.tools.simulate import RankRecord, generate, write_run, write_steps
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from polling import wait_for
-from prometheus_harness import alert_stack
+from prometheus_harness import WebhookListener, alert_stack, start_alertmanager
 from promtool_harness import rules
+from victoria_harness import victoria_stack
+
+from grpo_monitor.tools.stack import ENGINES
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
@@ -695,8 +698,10 @@ class Live:
         return resp.json()["data"]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+@pytest.fixture(scope="module", params=ENGINES)
+def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """The stack on either engine: the dashboards' one datasource is Prometheus, or
+    VictoriaMetrics answering the same API (grpo-monitor stack up --stack.engine)."""
     work = tmp_path_factory.mktemp("dashboards")
     snapshots = work / "snapshots"
     snapshots.mkdir()
@@ -716,9 +721,18 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         counters.thread.start()
         stack.callback(counters.thread.join, 5)
         stack.callback(counters.stop.set)
-        s = stack.enter_context(alert_stack(work / "stack", exporter.url, interval="1s"))
-        s.wait_scraping()
-        live = Live(s.prom_url)
+        if request.param == "prometheus":
+            s = stack.enter_context(alert_stack(work / "stack", exporter.url, interval="1s"))
+            s.wait_scraping()
+            live, diagnose = Live(s.prom_url), s.diagnose
+        else:
+            listener = WebhookListener().start()
+            stack.callback(listener.stop)
+            token = work / "webhook-token"
+            token.write_text("dashboards\n")
+            _, am_url, _ = start_alertmanager(stack, work, listener.url("/"), token)
+            vs = stack.enter_context(victoria_stack(work / "victoria", exporter.url, am_url))
+            live, diagnose = Live(vs.store_url), vs.logs
 
         # Data that takes a few evaluations: the cards, the recording rules, and two samples
         # of the ticking counters inside the 1m rate window.
@@ -736,8 +750,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 "rate(grpo_gpu_xid_errors_total[1m]) > 0",
             ))
 
-        wait_for(ready, 45, interval=0.5, what="cards, recording rules and GPU rates in Prometheus",
-                 diagnose=s.diagnose)
+        wait_for(ready, 45, interval=0.5, what=f"cards, recording rules and GPU rates in {request.param}",
+                 diagnose=diagnose)
         yield live
 
 

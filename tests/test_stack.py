@@ -18,11 +18,13 @@ from urllib.parse import urlsplit
 import requests
 from polling import wait_for
 
+from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.tools.stack import GRAFANA_MISSING, Child
 
 CLI = [sys.executable, "-m", "grpo_monitor.cli"]
-FREE_PORTS = ["--exporter.port", "0", "--prometheus.port", "0", "--alertmanager.port", "0",
-              "--grafana.port", "0"]
+FREE_PORTS = [arg for name in ("exporter", "prometheus", "alertmanager", "grafana",
+                                "victoriametrics", "vmagent", "vmalert")
+              for arg in (f"--{name}.port", "0")]
 
 
 class Stack:
@@ -39,7 +41,8 @@ class Stack:
         assert self.child.alive(), self.output()
         # Each child's line: the pages it printed (checked to answer before they were printed).
         self.pages = {name: re.findall(r"http://\S+", rest) for name, rest in re.findall(
-            r"^  (exporter|prometheus|alertmanager|grafana) +(.*)$", self.output(), re.M)}
+            r"^  (exporter|prometheus|alertmanager|grafana|victoriametrics|vmagent|vmalert) +(.*)$",
+            self.output(), re.M)}
         self.urls = {name: "{0.scheme}://{0.netloc}".format(urlsplit(pages[0]))
                      for name, pages in self.pages.items() if pages}
         self.state_dir = Path(re.search(r"logs in (\S+?)[,)]", self.output()).group(1))  # type: ignore[union-attr]
@@ -50,6 +53,20 @@ class Stack:
     def close(self) -> None:
         # SIGTERM first, not SIGKILL: the stack must get to stop its children (own sessions).
         self.child.stop(timeout=30)
+
+    def assert_pages_answer(self) -> None:
+        for name, pages in self.pages.items():
+            for page in pages:
+                assert requests.get(page, timeout=5).status_code == 200, (name, page)
+
+    def nan_run_card(self, snapshot_dir: Path) -> list[str]:
+        """Write a run whose loss is NaN at step 1; the red card's three lines once printed."""
+        run = snapshot_dir / "nan-run"
+        run.mkdir(parents=True)
+        (run / "rank-0.jsonl").write_text('{"step": 1, "metrics": {"loss": NaN}}\n')
+        wait_for(lambda: re.search(r"\[RED\s*\] GRPONonFiniteValues run=nan-run", self.output()),
+                 timeout=60, interval=0.5, diagnose=self.output)
+        return self.output().split("GRPONonFiniteValues run=nan-run", 1)[1].splitlines()[:3]
 
     def child_up(self, name: str) -> bool:
         try:
@@ -92,9 +109,7 @@ def test_stack_up_shows_where_to_look_the_cards_and_the_pause_and_cleans_up(tmp_
     stack = Stack(tmp_path / "snapshots", None, tmp_path / "stack-up.log", "--notify.url", receiver.url)
     try:
         assert {"exporter", "prometheus", "alertmanager"} <= stack.urls.keys()
-        for name, pages in stack.pages.items():
-            for page in pages:
-                assert requests.get(page, timeout=5).status_code == 200, (name, page)
+        stack.assert_pages_answer()
         if shutil.which("grafana-server") is None:
             assert GRAFANA_MISSING in stack.output()
         # This machine's Prometheus and Alertmanager are Debian's: the alerts page is the classic
@@ -105,13 +120,8 @@ def test_stack_up_shows_where_to_look_the_cards_and_the_pause_and_cleans_up(tmp_
         rules = requests.get(stack.urls["prometheus"] + "/api/v1/rules", timeout=5).json()
         files = {g["file"] for g in rules["data"]["groups"]}
         assert {Path(f).name for f in files} >= {"grpo-alerts.yml", "grpo-cluster.yml", "grpo-thresholds.yml"}
-        run = tmp_path / "snapshots" / "nan-run"
-        run.mkdir(parents=True)
-        (run / "rank-0.jsonl").write_text('{"step": 1, "metrics": {"loss": NaN}}\n')
-        wait_for(lambda: re.search(r"\[RED\s*\] GRPONonFiniteValues run=nan-run", stack.output()),
-                 timeout=60, interval=0.5, diagnose=stack.output)
         # Under the summary, what Alertmanager's receivers get: the step and value, the runbook.
-        card = stack.output().split("GRPONonFiniteValues run=nan-run", 1)[1].splitlines()[:3]
+        card = stack.nan_run_card(tmp_path / "snapshots")
         assert "loss since step 1 (step 1 now" in card[1], card  # the key, the step it began
         assert card[2].strip().startswith("runbook: http"), card
         assert card[2].strip().endswith("#grpononfinitevalues"), card
@@ -133,6 +143,36 @@ def test_stack_up_shows_where_to_look_the_cards_and_the_pause_and_cleans_up(tmp_
     finally:
         stack.close()
         receiver.close()
+
+
+def test_stack_up_on_victoriametrics_raises_the_red_card_and_pauses_the_run(tmp_path: Path) -> None:
+    """`stack up --stack.engine=victoriametrics`: vmagent, victoria-metrics and vmalert in
+    Prometheus' place, from the same prometheus.yml and rule files; a NaN loss is a red card at
+    Alertmanager, the exporter pauses the run, and Ctrl-C stops every child."""
+    stack = Stack(tmp_path / "snapshots", tmp_path / "state", tmp_path / "stack-up.log",
+                  "--stack.engine", "victoriametrics")
+    try:
+        assert {"exporter", "alertmanager", "victoriametrics", "vmagent", "vmalert"} <= stack.urls.keys()
+        assert "prometheus" not in stack.urls
+        stack.assert_pages_answer()
+        # vmalert loaded the committed rule files, every group of them.
+        groups = requests.get(stack.urls["vmalert"] + "/api/v1/rules", timeout=5).json()["data"]["groups"]
+        assert {g["name"] for g in groups} >= {"grpo-cards", "grpo-cluster", "grpo-thresholds",
+                                               "grpo-signals", "grpo-coverage"}, groups
+        card = stack.nan_run_card(tmp_path / "snapshots")
+        run = tmp_path / "snapshots" / "nan-run"
+        # vmalert ran the description's templates (the queries included) as Prometheus does.
+        assert "loss since step 1 (step 1 now" in card[1], card
+        assert "Raised at step 1." in card[1], card
+        wait_for(lambda: "[PAUSE ] run=nan-run: GRPONonFiniteValues paused it" in stack.output(),
+                 timeout=30, interval=0.5, diagnose=stack.output)
+        assert json.loads((run / PAUSE_RECORD).read_text())["state"] == "paused"
+        stack.child.proc.send_signal(signal.SIGINT)
+        assert stack.child.proc.wait(timeout=30) == 0
+        for name in ("exporter", "alertmanager", "victoriametrics", "vmagent", "vmalert"):
+            assert not stack.child_up(name), f"{name} still answers after the stack stopped"
+    finally:
+        stack.close()
 
 
 def test_a_busy_port_or_a_missing_server_is_one_line(tmp_path: Path) -> None:

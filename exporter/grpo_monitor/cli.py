@@ -355,7 +355,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _stack_flags(interval: str | None) -> list[Flag]:
-    from grpo_monitor.tools.stack import StackConfig
+    from grpo_monitor.tools.stack import ENGINES, StackConfig
 
     d = _model_defaults(StackConfig)
     return [
@@ -363,9 +363,14 @@ def _stack_flags(interval: str | None) -> list[Flag]:
              type=Path, shown_default="the checkout's prometheus/, else the installed copy"),
         Flag("--stack.dir", "state_dir", "Folder for the children's generated configs, data and logs.",
              type=Path, shown_default="a temporary folder, removed on exit"),
+        Flag("--stack.engine", "engine", "What stores the samples and evaluates the rules: "
+             "prometheus, or victoriametrics (vmagent + victoria-metrics + vmalert, for jobs that "
+             "outgrow one Prometheus; docs/scaling.md#victoriametrics).", d["engine"],
+             choices=ENGINES),
         *(Flag(f"--{name}.port", f"{name}_port", f"Loopback port of {name} (0: any free port).",
                d[f"{name}_port"], type=int)
-          for name in ("exporter", "prometheus", "alertmanager", "grafana")),
+          for name in ("exporter", "prometheus", "alertmanager", "grafana", "victoriametrics",
+                       "vmagent", "vmalert")),
         Flag("--interval", "interval", "Scrape and rule-evaluation interval, e.g. 5s.", interval,
              shown_default=None if interval else "the configuration's own, 15s"),
         Flag("--notify.url", "notify_url", "Relay every card to a person as well (the exporter's "
@@ -422,7 +427,9 @@ def _run_stack(args: argparse.Namespace, command: str, snapshot_dir: Path,
             snapshot_dir=snapshot_dir, state_dir=state_dir, config_dir=config_dir,
             exporter_port=args.exporter_port, prometheus_port=args.prometheus_port,
             alertmanager_port=args.alertmanager_port, grafana_port=args.grafana_port,
-            interval=args.interval, notify_url=args.notify_url or None))
+            interval=args.interval, notify_url=args.notify_url or None, engine=args.engine,
+            victoriametrics_port=args.victoriametrics_port, vmagent_port=args.vmagent_port,
+            vmalert_port=args.vmalert_port))
         try:
             try:
                 stack.start()

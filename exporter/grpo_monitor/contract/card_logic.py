@@ -744,13 +744,27 @@ class _Keyless(Expr):
         return (NO_KEY,)
 
 
+# How far back a held card looks for its own firing: several evaluations at the stack's 15 s,
+# the previous one alone at a minute.
+HOLD_WINDOW = "90s"
+
+
 @dataclass(frozen=True, eq=False)
 class Held(_Keyless):
     """The branch's own card firing at the previous evaluation (its ALERTS series): a card that
-    holds while a weaker condition lasts once raised."""
+    holds while a weaker condition lasts once raised.
+
+    Read over the last HOLD_WINDOW, not at the instant: a scrape that fails (an exporter
+    restarting, a timeout) takes every series of its target away for an evaluation, the card
+    with them, and an instant read would then find no ALERTS sample to hold on to: the card
+    would be gone for good, its jump long over. The window also bridges a store that makes a
+    new series searchable seconds after it is written (VictoriaMetrics). Where evaluations are
+    a minute apart (promtool's tests) it holds the previous evaluation alone, as the report
+    reads it."""
 
     def render(self, alert: str = "", reason: str = "") -> str:
-        return f'ALERTS{{alertname="{alert}",alertstate="firing",reason="{reason}"}}'
+        return (f'max_over_time(ALERTS{{alertname="{alert}",alertstate="firing",'
+                f'reason="{reason}"}}[{HOLD_WINDOW}])')
 
     def words(self) -> str:
         return "already raised"

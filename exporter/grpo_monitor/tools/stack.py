@@ -1,4 +1,5 @@
-"""The native stack: exporter, Prometheus, Alertmanager (and Grafana) as child processes.
+"""The native stack: exporter, Prometheus, Alertmanager (and Grafana) as child processes; or,
+with the VictoriaMetrics engine, vmagent + victoria-metrics + vmalert in Prometheus' place.
 
 For machines without Docker. The children run from the project's own configuration — the
 committed `prometheus/prometheus.yml`, its rule files and `prometheus/alertmanager.yml` — with
@@ -35,6 +36,7 @@ import yaml
 from grpo_monitor.contract.control import read_control
 from grpo_monitor.contract.run_layout import PAUSE_RECORD
 from grpo_monitor.runtime.config import DEFAULT_PORT
+from grpo_monitor.tools import victoriametrics as vm
 from grpo_monitor.tools.trainer_marks import file_sizes, trainer_answer
 
 WEBHOOK_RECEIVER = "grpo-webhook"
@@ -220,6 +222,15 @@ class StackConfig:
     interval: str | None = None  # None: the committed intervals (15s)
     exporter_args: list[str] = field(default_factory=list)
     notify_url: str | None = None  # the exporter's --notify.url: cards to a person
+    # Which store evaluates the rules: Prometheus, or vmagent + victoria-metrics + vmalert
+    # (grpo_monitor.tools.victoriametrics), both from the same prometheus.yml and rule files.
+    engine: str = "prometheus"
+    victoriametrics_port: int = 8428
+    vmagent_port: int = 8429
+    vmalert_port: int = 8880
+
+
+ENGINES = ("prometheus", "victoriametrics")
 
 
 class NativeStack:
@@ -249,14 +260,17 @@ class NativeStack:
     def check(self) -> None:
         """StackError before anything starts: a server binary missing, a chosen port taken."""
         c = self.config
-        missing = [n for n, names in (("prometheus", ("prometheus",)),
+        if c.engine not in ENGINES:
+            raise StackError(f"unknown engine {c.engine!r}: one of {', '.join(ENGINES)}")
+        missing = [n for n, names in (*self._engine_binaries(),
                                       ("prometheus-alertmanager", ("prometheus-alertmanager", "alertmanager")))
                    if not find_binary(*names)]
         if missing:
+            package = vm.PACKAGE if c.engine == "victoriametrics" else "prometheus"
             raise StackError(f"{' and '.join(missing)} not found on PATH (Debian: apt-get install "
-                             "prometheus prometheus-alertmanager; or run `make demo`, which does)")
-        ports = [("exporter", c.exporter_port), ("prometheus", c.prometheus_port),
-                 ("alertmanager", c.alertmanager_port)]
+                             f"{package} prometheus-alertmanager; or run `make demo`, which does)")
+        ports = [("exporter", c.exporter_port), ("alertmanager", c.alertmanager_port),
+                 *self._engine_ports()]
         if self.grafana():
             ports.append(("grafana", c.grafana_port))
         for name, port in ports:
@@ -268,11 +282,9 @@ class NativeStack:
         self.check()
         c.state_dir.mkdir(parents=True, exist_ok=True)
         c.snapshot_dir.mkdir(parents=True, exist_ok=True)
-        prometheus = find_binary("prometheus")
         alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
-        assert prometheus and alertmanager  # check() said so
-        exporter_port, prom_port, am_port = (self._port(p) for p in (
-            c.exporter_port, c.prometheus_port, c.alertmanager_port))
+        assert alertmanager  # check() said so
+        exporter_port, am_port = self._port(c.exporter_port), self._port(c.alertmanager_port)
         token = c.state_dir / "webhook-token"
         if not token.exists():
             token.write_text(secrets.token_urlsafe(32) + "\n")
@@ -294,20 +306,66 @@ class NativeStack:
                                      f"--web.listen-address=127.0.0.1:{am_port}",
                                      "--cluster.listen-address="], am_port,
                     f"http://127.0.0.1:{am_port}")
+        if c.engine == "victoriametrics":
+            query_port = self._start_victoriametrics(exporter_port, am_port)
+        else:
+            query_port = self._start_prometheus(exporter_port, am_port)
+        grafana = self.grafana()
+        if grafana:
+            self._start_grafana(*grafana, query_port, am_port)
+        return self.children
+
+    def _engine_binaries(self) -> list[tuple[str, tuple[str, ...]]]:
+        if self.config.engine == "victoriametrics":
+            return [(b, (b,)) for b in (vm.SERVER_BIN, vm.AGENT_BIN, vm.RULER_BIN)]
+        return [("prometheus", ("prometheus",))]
+
+    def _engine_ports(self) -> list[tuple[str, int]]:
+        c = self.config
+        if c.engine == "victoriametrics":
+            return [("victoriametrics", c.victoriametrics_port), ("vmagent", c.vmagent_port),
+                    ("vmalert", c.vmalert_port)]
+        return [("prometheus", c.prometheus_port)]
+
+    def _start_prometheus(self, exporter_port: int, am_port: int) -> int:
+        """Prometheus scraping the exporter and evaluating the rules; returns its port."""
+        c = self.config
+        prometheus = find_binary("prometheus")
+        assert prometheus  # check() said so
+        port = self._port(c.prometheus_port)
         prom_yml = c.state_dir / "prometheus.yml"
         prom_yml.write_text(yaml.safe_dump(prometheus_config(
             c.config_dir / "prometheus.yml", f"127.0.0.1:{exporter_port}", f"127.0.0.1:{am_port}",
             c.interval)))
         self._spawn("prometheus", [prometheus, f"--config.file={prom_yml}",
                                    f"--storage.tsdb.path={c.state_dir / 'prometheus-data'}",
-                                   f"--web.listen-address=127.0.0.1:{prom_port}"], prom_port,
-                    f"http://127.0.0.1:{prom_port}")
-        grafana = self.grafana()
-        if grafana:
-            self._start_grafana(*grafana, prom_port, am_port)
-        return self.children
+                                   f"--web.listen-address=127.0.0.1:{port}"], port,
+                    f"http://127.0.0.1:{port}")
+        return port
 
-    def _start_grafana(self, binary: str, home: Path, prom_port: int, am_port: int) -> None:
+    def _start_victoriametrics(self, exporter_port: int, am_port: int) -> int:
+        """victoria-metrics, vmagent scraping the exporter into it and vmalert evaluating the
+        rules against it; returns the store's port (Grafana's datasource: it answers PromQL)."""
+        c = self.config
+        source = c.config_dir / "prometheus.yml"
+        store_port, agent_port, ruler_port = (self._port(p) for p in (
+            c.victoriametrics_port, c.vmagent_port, c.vmalert_port))
+        store = f"http://127.0.0.1:{store_port}"
+        self._spawn("victoriametrics", vm.server_argv(
+            find_binary(vm.SERVER_BIN) or vm.SERVER_BIN, c.state_dir / "victoria-metrics-data",
+            store_port), store_port, store)
+        scrape_yml = c.state_dir / "vmagent.yml"
+        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(
+            source, f"127.0.0.1:{exporter_port}", c.interval), sort_keys=False))
+        self._spawn("vmagent", vm.agent_argv(
+            find_binary(vm.AGENT_BIN) or vm.AGENT_BIN, scrape_yml, c.state_dir / "vmagent-data",
+            agent_port, store), agent_port, f"http://127.0.0.1:{agent_port}")
+        self._spawn("vmalert", vm.ruler_argv(
+            find_binary(vm.RULER_BIN) or vm.RULER_BIN, source, ruler_port, store,
+            f"http://127.0.0.1:{am_port}", c.interval), ruler_port, f"http://127.0.0.1:{ruler_port}")
+        return store_port
+
+    def _start_grafana(self, binary: str, home: Path, query_port: int, am_port: int) -> None:
         c = self.config
         port = self._port(c.grafana_port)
         prov = c.state_dir / "grafana-provisioning"
@@ -316,7 +374,9 @@ class NativeStack:
             shutil.rmtree(prov)
         shutil.copytree(root / "provisioning", prov)
         for ds in (prov / "datasources").glob("*.yml"):
-            text = ds.read_text().replace("http://prometheus:9090", f"http://127.0.0.1:{prom_port}")
+            # The Prometheus datasource asks whichever engine runs: VictoriaMetrics answers
+            # the same HTTP API.
+            text = ds.read_text().replace("http://prometheus:9090", f"http://127.0.0.1:{query_port}")
             ds.write_text(text.replace("http://alertmanager:9093", f"http://127.0.0.1:{am_port}"))
         for dash in (prov / "dashboards").glob("*.yml"):
             dash.write_text(dash.read_text().replace("/var/lib/grafana/dashboards",
@@ -328,12 +388,11 @@ class NativeStack:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every child answers its readiness endpoint; RuntimeError if one dies first."""
-        ready_path = {"exporter": "/-/ready", "prometheus": "/-/ready", "alertmanager": "/-/ready",
-                      "grafana": "/api/health"}
+        ready_path = {"grafana": "/api/health"}  # every other child answers /-/ready
         deadline = time.monotonic() + timeout
         for ch in self.children:
             try:
-                ch.wait_ready(ch.url.removesuffix("/metrics") + ready_path[ch.name],
+                ch.wait_ready(ch.url.removesuffix("/metrics") + ready_path.get(ch.name, "/-/ready"),
                               max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 raise RuntimeError(f"{ch.name} not ready after {timeout:.0f} s; see {ch.log}") from None
@@ -376,6 +435,12 @@ def _page(url: str) -> str | None:
     return res.text if res.status_code == 200 else None
 
 
+# The pages worth opening on the VictoriaMetrics engine's children, the first that answers: the
+# store's query UI, vmagent's targets, vmalert's alerts.
+_ENGINE_PAGES = {"victoriametrics": ("/vmui/", "/"), "vmagent": ("/targets",),
+                 "vmalert": ("/vmalert/alerts", "/alerts", "/")}
+
+
 def where_to_look(children: Sequence[Child]) -> list[str]:
     """One line per child: the page worth opening there, each checked to answer before it is
     named (distribution builds serve different pages from the upstream ones)."""
@@ -398,6 +463,9 @@ def where_to_look(children: Sequence[Child]) -> list[str]:
                 amtool = (f"; amtool --alertmanager.url={base} alert query"
                           if find_binary("amtool") else "")
                 lines.append(f"alertmanager  {base}/api/v2/alerts (this build has no web UI{amtool})")
+        elif ch.name in _ENGINE_PAGES:
+            page = next((base + p for p in _ENGINE_PAGES[ch.name] if _page(base + p) is not None), base)
+            lines.append(f"{ch.name:<13} {page}")
         elif ch.name == "grafana":
             lines.append(f"grafana       {base}/dashboards")
     return lines
