@@ -41,11 +41,9 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import requests
@@ -56,7 +54,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import yaml  # noqa: E402
 from polling import wait_for  # noqa: E402
 from processes import start_listening  # noqa: E402
-from prometheus_harness import prometheus_config, start_prometheus  # noqa: E402
+from prometheus_harness import ExpositionServer, prometheus_config, start_prometheus  # noqa: E402
 from results_io import machine, write_result  # noqa: E402
 from victoria_harness import group_counters  # noqa: E402
 
@@ -116,20 +114,6 @@ def widen(body: str, ranks: int) -> str:
     return "\n".join(out) + "\n"
 
 
-class _Body(BaseHTTPRequestHandler):
-    body = b""
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def rule_groups(prom_url: str) -> dict[str, tuple[float, float]]:
     """{group: (iterations, last duration in seconds)} from Prometheus's own /metrics."""
     text = requests.get(f"{prom_url}/metrics", timeout=10).text
@@ -164,16 +148,17 @@ def measure_victoriametrics(target: str, ranks: int, prometheus_dir: Path, inter
     rules: each group's mean evaluation time over its next ``n`` evaluations
     (vmalert_iteration_duration_seconds' sum and count), memory and scrape time."""
     with ExitStack() as stack:
-        source = prometheus_dir / "prometheus.yml"
+        prometheus = prometheus_config(target, "127.0.0.1:1", interval,
+                                       source=prometheus_dir / "prometheus.yml")
         server, port = start_listening(stack, "victoria-metrics", lambda p: vm.server_argv(
             vm.SERVER_BIN, tmp / "vm-data", p), tmp)
         store = f"http://127.0.0.1:{port}"
         scrape_yml = tmp / "vmagent.yml"
-        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(source, target, interval)))
+        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(prometheus)))
         agent, _ = start_listening(stack, "vmagent", lambda p: vm.agent_argv(
             vm.AGENT_BIN, scrape_yml, tmp / "vmagent-data", p, store), tmp)
         ruler, ruler_port = start_listening(stack, "vmalert", lambda p: vm.ruler_argv(
-            vm.RULER_BIN, source, p, store, "http://127.0.0.1:1", interval), tmp)
+            vm.RULER_BIN, prometheus, p, store, "http://127.0.0.1:1"), tmp)
         ruler_url = f"http://127.0.0.1:{ruler_port}"
         _wait_ranks(store, ranks, "VictoriaMetrics")
 
@@ -208,23 +193,19 @@ def _wait_ranks(query_url: str, ranks: int, engine: str) -> None:
 
 def measure(body: str, ranks: int, prometheus_dir: Path, interval: str, n: int,
             engines: Sequence[str] = ("prometheus",)) -> dict[str, object]:
-    handler = type("Body", (_Body,), {"body": body.encode()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = ExpositionServer(body.encode())
     series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
     result: dict[str, object] = {"ranks": ranks, "series": series,
                                  "body_mib": round(len(body.encode()) / 2**20, 2)}
     try:
         if "prometheus" in engines:
-            result.update(measure_prometheus(f"127.0.0.1:{server.server_port}", ranks, prometheus_dir,
-                                             interval, n))
+            result.update(measure_prometheus(server.target, ranks, prometheus_dir, interval, n))
         if "victoriametrics" in engines:
             with tempfile.TemporaryDirectory(prefix="grpo-rules-vm-") as tmp:
                 result["victoriametrics"] = measure_victoriametrics(
-                    f"127.0.0.1:{server.server_port}", ranks, prometheus_dir, interval, n, Path(tmp))
+                    server.target, ranks, prometheus_dir, interval, n, Path(tmp))
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     return result
 
 

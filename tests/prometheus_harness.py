@@ -111,6 +111,38 @@ class WebhookListener:
             return list(self.posts)
 
 
+class ExpositionServer:
+    """A ThreadingHTTPServer on 127.0.0.1 that answers every GET with ``body``, an exposition
+    the caller sets: a job's /metrics served as it was at one moment (the rule benchmark's job,
+    the engine parity test's frozen parts)."""
+
+    def __init__(self, body: bytes = b"") -> None:
+        self.body = body
+        served = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                body = served.body
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.target = f"127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{self.target}"
+        threading.Thread(target=self.server.serve_forever, name="exposition", daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def firing_alert(post: Post, **labels: str) -> dict[str, Any] | None:
     """The first alert of a "firing" notification whose labels include ``labels``."""
     body = post.body

@@ -750,7 +750,7 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                 "rate(grpo_gpu_xid_errors_total[1m]) > 0",
             ))
 
-        wait_for(ready, 45, interval=0.5, what=f"cards, recording rules and GPU rates in {request.param}",
+        wait_for(ready, 90, interval=0.5, what=f"cards, recording rules and GPU rates in {request.param}",
                  diagnose=diagnose)
         yield live
 

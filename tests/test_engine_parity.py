@@ -20,11 +20,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import Running
 from polling import wait_for
-from prometheus_harness import AlertStack, alert_stack
+from prometheus_harness import AlertStack, ExpositionServer, alert_stack
 from real_runs import load, run_label, run_names, split_runs, write_snapshots
 from victoria_harness import VictoriaStack, group_counters, victoria_stack
 
@@ -197,33 +195,15 @@ class Engines:
         return "\n".join([self.prometheus.logs(), self.victoria.logs()])
 
 
-class FrozenScrape:
+class FrozenScrape(ExpositionServer):
     """The exporter's exposition as it was at the last ``freeze()``, served over HTTP to both
     engines. The exporter reads a state's records over seconds, and a scrape in between sees a
     step inside the state (a jump that is over by its end, say), which one engine may catch and
     the other not; frozen, both scrape the same bytes, the exporter's own."""
 
     def __init__(self, exporter_url: str) -> None:
+        super().__init__()
         self.exporter_url = exporter_url
-        self.body = b""
-        frozen = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                body = frozen.body
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, name="frozen-scrape", daemon=True).start()
 
     def freeze(self, expected: dict[tuple[str, str], float]) -> None:
         """Once the exporter shows every rank at its ``expected`` step, serve what it shows."""
@@ -235,10 +215,6 @@ class FrozenScrape:
             return body if all(steps.get(k) == v for k, v in expected.items()) else None
 
         self.body = wait_for(scraped, 120, interval=0.2, what="every rank's last step in the exporter")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

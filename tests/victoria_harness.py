@@ -22,7 +22,7 @@ from processes import log_tail, start_listening
 
 from grpo_monitor.tools import victoriametrics as vm
 from grpo_monitor.tools.stack import Child, find_binary
-from prometheus_harness import PROMETHEUS_YML
+from prometheus_harness import prometheus_config
 
 
 def binary(name: str) -> str:
@@ -44,7 +44,7 @@ class VictoriaStack:
     ruler: Child
     store_url: str
     alertmanager_url: str
-    interval: str
+    prometheus: dict[str, Any]  # the Prometheus config both engines are derived from
 
     @property
     def ruler_url(self) -> str:
@@ -75,8 +75,8 @@ class VictoriaStack:
 
     def start_ruler(self) -> Child:
         self.ruler, _ = start_listening(self.stack, "vmalert", lambda port: vm.ruler_argv(
-            binary(vm.RULER_BIN), PROMETHEUS_YML, port, self.store_url, self.alertmanager_url,
-            self.interval), self.workdir)
+            binary(vm.RULER_BIN), self.prometheus, port, self.store_url, self.alertmanager_url),
+            self.workdir)
         return self.ruler
 
     def restart_ruler(self) -> Child:
@@ -106,17 +106,17 @@ def victoria_stack(workdir: Path, exporter_url: str, alertmanager_url: str,
     """victoria-metrics, vmagent scraping ``exporter_url`` and vmalert sending to
     ``alertmanager_url``, each ready before the next starts; all stopped on exit."""
     workdir.mkdir(parents=True, exist_ok=True)
-    target = exporter_url.split("://", 1)[-1].rstrip("/")
+    prometheus = prometheus_config(exporter_url.split("://", 1)[-1].rstrip("/"),
+                                   alertmanager_url.split("://", 1)[-1], interval)
     with ExitStack() as stack:
         server, port = start_listening(stack, "victoria-metrics", lambda p: vm.server_argv(
             binary(vm.SERVER_BIN), workdir / "victoria-metrics-data", p), workdir)
         store_url = f"http://127.0.0.1:{port}"
         scrape_yml = workdir / "vmagent.yml"
-        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(PROMETHEUS_YML, target, interval),
-                                             sort_keys=False))
+        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(prometheus), sort_keys=False))
         agent, _ = start_listening(stack, "vmagent", lambda p: vm.agent_argv(
             binary(vm.AGENT_BIN), scrape_yml, workdir / "vmagent-data", p, store_url), workdir)
         vs = VictoriaStack(workdir, stack, server, agent, None, store_url,  # type: ignore[arg-type]
-                           alertmanager_url, interval)
+                           alertmanager_url, prometheus)
         vs.start_ruler()
         yield vs

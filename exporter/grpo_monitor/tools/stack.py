@@ -306,10 +306,13 @@ class NativeStack:
                                      f"--web.listen-address=127.0.0.1:{am_port}",
                                      "--cluster.listen-address="], am_port,
                     f"http://127.0.0.1:{am_port}")
+        # One configuration for either engine: the committed one, pointed at these ports.
+        config = prometheus_config(c.config_dir / "prometheus.yml", f"127.0.0.1:{exporter_port}",
+                                   f"127.0.0.1:{am_port}", c.interval)
         if c.engine == "victoriametrics":
-            query_port = self._start_victoriametrics(exporter_port, am_port)
+            query_port = self._start_victoriametrics(config, am_port)
         else:
-            query_port = self._start_prometheus(exporter_port, am_port)
+            query_port = self._start_prometheus(config)
         grafana = self.grafana()
         if grafana:
             self._start_grafana(*grafana, query_port, am_port)
@@ -327,27 +330,26 @@ class NativeStack:
                     ("vmalert", c.vmalert_port)]
         return [("prometheus", c.prometheus_port)]
 
-    def _start_prometheus(self, exporter_port: int, am_port: int) -> int:
-        """Prometheus scraping the exporter and evaluating the rules; returns its port."""
+    def _start_prometheus(self, config: dict[str, Any]) -> int:
+        """Prometheus running ``config``: scraping the exporter and evaluating the rules;
+        returns its port."""
         c = self.config
         prometheus = find_binary("prometheus")
         assert prometheus  # check() said so
         port = self._port(c.prometheus_port)
         prom_yml = c.state_dir / "prometheus.yml"
-        prom_yml.write_text(yaml.safe_dump(prometheus_config(
-            c.config_dir / "prometheus.yml", f"127.0.0.1:{exporter_port}", f"127.0.0.1:{am_port}",
-            c.interval)))
+        prom_yml.write_text(yaml.safe_dump(config))
         self._spawn("prometheus", [prometheus, f"--config.file={prom_yml}",
                                    f"--storage.tsdb.path={c.state_dir / 'prometheus-data'}",
                                    f"--web.listen-address=127.0.0.1:{port}"], port,
                     f"http://127.0.0.1:{port}")
         return port
 
-    def _start_victoriametrics(self, exporter_port: int, am_port: int) -> int:
-        """victoria-metrics, vmagent scraping the exporter into it and vmalert evaluating the
-        rules against it; returns the store's port (Grafana's datasource: it answers PromQL)."""
+    def _start_victoriametrics(self, config: dict[str, Any], am_port: int) -> int:
+        """victoria-metrics, vmagent scraping ``config``'s targets into it and vmalert
+        evaluating its rules against it; returns the store's port (Grafana's datasource: it
+        answers PromQL)."""
         c = self.config
-        source = c.config_dir / "prometheus.yml"
         store_port, agent_port, ruler_port = (self._port(p) for p in (
             c.victoriametrics_port, c.vmagent_port, c.vmalert_port))
         store = f"http://127.0.0.1:{store_port}"
@@ -355,14 +357,13 @@ class NativeStack:
             find_binary(vm.SERVER_BIN) or vm.SERVER_BIN, c.state_dir / "victoria-metrics-data",
             store_port), store_port, store)
         scrape_yml = c.state_dir / "vmagent.yml"
-        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(
-            source, f"127.0.0.1:{exporter_port}", c.interval), sort_keys=False))
+        scrape_yml.write_text(yaml.safe_dump(vm.scrape_config(config), sort_keys=False))
         self._spawn("vmagent", vm.agent_argv(
             find_binary(vm.AGENT_BIN) or vm.AGENT_BIN, scrape_yml, c.state_dir / "vmagent-data",
             agent_port, store), agent_port, f"http://127.0.0.1:{agent_port}")
         self._spawn("vmalert", vm.ruler_argv(
-            find_binary(vm.RULER_BIN) or vm.RULER_BIN, source, ruler_port, store,
-            f"http://127.0.0.1:{am_port}", c.interval), ruler_port, f"http://127.0.0.1:{ruler_port}")
+            find_binary(vm.RULER_BIN) or vm.RULER_BIN, config, ruler_port, store,
+            f"http://127.0.0.1:{am_port}"), ruler_port, f"http://127.0.0.1:{ruler_port}")
         return store_port
 
     def _start_grafana(self, binary: str, home: Path, query_port: int, am_port: int) -> None:

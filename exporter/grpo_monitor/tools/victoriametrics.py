@@ -2,9 +2,10 @@
 victoria-metrics server, vmalert evaluates the committed rule files against it and sends the
 cards to the same Alertmanager.
 
-Everything here is derived from the committed `prometheus/prometheus.yml`, so that both engines
-run one configuration: its scrape configs (vmagent), its rule files, its evaluation interval and
-its external labels (vmalert). What differs between the engines and why is in
+Everything here is derived from the Prometheus configuration the stack would run
+(stack.prometheus_config of the committed `prometheus/prometheus.yml`), so that both engines run
+one configuration: its scrape configs (vmagent), its rule files, its evaluation interval and its
+external labels (vmalert). What differs between the engines and why is in
 docs/scaling.md#victoriametrics; the flags that make VictoriaMetrics answer the rules as
 Prometheus does are set here, each with its reason.
 """
@@ -12,10 +13,9 @@ Prometheus does are set here, each with its reason.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 # Debian's package `victoria-metrics` ships all three under these names.
 SERVER_BIN = "victoria-metrics"
@@ -30,40 +30,15 @@ PACKAGE = "victoria-metrics"
 LATENCY_OFFSET = "1s"
 
 
-def scrape_config(source: Path, exporter_target: str | None, interval: str | None = None
-                  ) -> dict[str, Any]:
-    """vmagent's -promscrape.config: the committed prometheus.yml's scrape configs and scrape
-    interval, nothing else. Rule files and Alertmanagers are vmalert's business; external labels
-    belong on alerts and remote writes, not on every scraped series (Prometheus keeps them off
-    its own queries, so the rules must not see them either)."""
-    prom = yaml.safe_load(source.read_text())
-    glob = {k: v for k, v in prom.get("global", {}).items() if k in ("scrape_interval", "scrape_timeout")}
-    if interval is not None:
-        glob["scrape_interval"] = glob["scrape_timeout"] = interval
-    scrape_configs = copy.deepcopy(prom["scrape_configs"])
-    for sc in scrape_configs:
-        if interval is not None:
-            sc.pop("scrape_interval", None)
-            sc.pop("scrape_timeout", None)
-        if exporter_target is not None:
-            sc["static_configs"] = [{"targets": [exporter_target]}]
-    return {"global": glob, "scrape_configs": scrape_configs}
-
-
-def rule_files(source: Path) -> list[str]:
-    """The rule files prometheus.yml names, absolute."""
-    prom = yaml.safe_load(source.read_text())
-    return [str((source.parent / f).resolve()) for f in prom["rule_files"]]
-
-
-def evaluation_interval(source: Path, interval: str | None = None) -> str:
-    prom = yaml.safe_load(source.read_text())
-    return interval or prom.get("global", {}).get("evaluation_interval", "1m")
-
-
-def external_labels(source: Path) -> dict[str, str]:
-    prom = yaml.safe_load(source.read_text())
-    return dict(prom.get("global", {}).get("external_labels") or {})
+def scrape_config(prometheus: Mapping[str, Any]) -> dict[str, Any]:
+    """vmagent's -promscrape.config from a Prometheus config as the stack runs it
+    (stack.prometheus_config: targets and intervals set): its scrape configs and scrape interval,
+    nothing else. Rule files and Alertmanagers are vmalert's business; external labels belong on
+    alerts and remote writes, not on every scraped series (Prometheus keeps them off its own
+    queries, so the rules must not see them either)."""
+    glob = {k: v for k, v in prometheus.get("global", {}).items()
+            if k in ("scrape_interval", "scrape_timeout")}
+    return {"global": glob, "scrape_configs": copy.deepcopy(prometheus["scrape_configs"])}
 
 
 def server_argv(binary: str, data_dir: Path, port: int) -> list[str]:
@@ -82,18 +57,20 @@ def agent_argv(binary: str, config_file: Path, data_dir: Path, port: int, store_
             "-remoteWrite.flushInterval=1s"]
 
 
-def ruler_argv(binary: str, source: Path, port: int, store_url: str, alertmanager_url: str,
-               interval: str | None = None, external_url: str = "") -> list[str]:
-    """vmalert evaluating prometheus.yml's rule files against ``store_url``, writing recording
-    rules and ALERTS back to it and restoring its state from it on restart, its cards to
-    ``alertmanager_url``."""
-    every = evaluation_interval(source, interval)
+def ruler_argv(binary: str, prometheus: Mapping[str, Any], port: int, store_url: str,
+               alertmanager_url: str, external_url: str = "") -> list[str]:
+    """vmalert evaluating the rule files of ``prometheus`` (a config as the stack runs it: rule
+    files absolute, its evaluation interval and external labels) against ``store_url``, writing
+    recording rules and ALERTS back to it and restoring its state from it on restart, its cards
+    to ``alertmanager_url``."""
+    glob = prometheus.get("global", {})
+    every = glob.get("evaluation_interval", "1m")
     return [
-        binary, *(f"-rule={f}" for f in rule_files(source)),
+        binary, *(f"-rule={f}" for f in prometheus["rule_files"]),
         f"-datasource.url={store_url}", f"-remoteWrite.url={store_url}",
         f"-remoteRead.url={store_url}", f"-notifier.url={alertmanager_url}",
         f"-httpListenAddr=127.0.0.1:{port}", f"-evaluationInterval={every}",
-        *(f"-external.label={k}={v}" for k, v in external_labels(source).items()),
+        *(f"-external.label={k}={v}" for k, v in (glob.get("external_labels") or {}).items()),
         *([f"-external.url={external_url}"] if external_url else []),
         # Prometheus names no rule group on an alert; the inhibit rules and routes match on the
         # alert's own labels only, and so must the alerts.
