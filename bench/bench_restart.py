@@ -11,6 +11,8 @@ Method. For each job RANKSxSTEPS:
 2. An Exporter with --storage.path on an empty state folder starts (no saved state: it reads
    each file's head and tail, and the middles after ready: the backfill). ``first_start_s``:
    perf_counter() from start() to the watcher's ready event (/-/ready turns 200 then);
+   ``every_rank_s``: to the last tail a first start leaves for after ready read (the ranks of
+   perf signals alone: grpo_exporter_deferred_tail_files 0), when every rank is served;
    ``history_s``: from start() to the backfill's end (grpo_exporter_partial_runs 0), when every
    series is the whole read's. With --whole, an exporter that reads every file before ready
    (--snapshot.backfill-above-bytes 0) starts too: ``whole_start_s``, and its run series compared
@@ -24,7 +26,8 @@ Method. For each job RANKSxSTEPS:
    state holds objects of and another version number, in a new process, starts on the same
    folders: ``upgrade_restart_s``, start() to ready (the process's own start-up not counted),
    and its run series compared with the first exporter's: ``upgrade_same_exposition``.
-With --first-start-only, step 2 ends at ready (``first_start_s``): no backfill, no restart
+With --first-start-only, step 2 ends once every rank is served (``first_start_s``,
+``every_rank_s``): no backfill, no restart
 (a 20,000-step job's backfill takes a whole read: 7 to 20 minutes at 1,024 ranks, by machine).
 A restart costs the saved state's size, which is bounded (800 to 1,200 values of history per
 key, the baseline, counters): flat in steps, linear in ranks.
@@ -76,6 +79,16 @@ def timed_start(config: ExporterConfig) -> tuple[Exporter, float]:
     if not exporter.watcher.ready.wait(3600):
         raise RuntimeError("exporter not ready after an hour")
     return exporter, time.perf_counter() - t0
+
+
+def tails_read(exporter: Exporter, deadline_s: float = 3600) -> None:
+    """Wait until the exporter has read the tails a first start leaves for after ready (the
+    ranks of perf signals alone): every rank served."""
+    deadline = time.monotonic() + deadline_s
+    while exporter.health.registry.get_sample_value("grpo_exporter_deferred_tail_files") != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("tails not read")
+        time.sleep(0.02)
 
 
 def history_read(exporter: Exporter, deadline_s: float = 4 * 3600) -> None:
@@ -143,10 +156,13 @@ def first_start(ranks: int, steps: int, keep: Path | None) -> dict[str, object]:
     """Step 2 alone: start() to ready with no saved state, then a stop."""
     with tempfile.TemporaryDirectory(prefix="grpo-restart-bench-") as tmp:
         snapshots, records = written_job(keep or Path(tmp), ranks, steps)
+        t0 = time.perf_counter()
         exporter, first_start_s = timed_start(bench_config(snapshots, Path(tmp) / "state"))
+        tails_read(exporter)
+        tails_s = time.perf_counter() - t0
         exporter.stop()
         return {"ranks": ranks, "steps": steps, "records": records, "disk_mib": disk_mib(snapshots),
-                "first_start_s": round(first_start_s, 2)}
+                "first_start_s": round(first_start_s, 2), "every_rank_s": round(tails_s, 2)}
 
 
 def written_job(folder: Path, ranks: int, steps: int) -> tuple[Path, int]:
@@ -171,6 +187,8 @@ def measure(ranks: int, steps: int, keep: Path | None, whole: bool) -> dict[str,
         config = bench_config(snapshots, state)
         t0 = time.perf_counter()
         first, first_start_s = timed_start(config)
+        tails_read(first)
+        every_rank_s = time.perf_counter() - t0
         history_read(first)
         history_s = time.perf_counter() - t0
         before = run_series(first)
@@ -195,7 +213,8 @@ def measure(ranks: int, steps: int, keep: Path | None, whole: bool) -> dict[str,
         upgraded = upgraded_start(snapshots, state, Path(tmp))
         disk = disk_mib(snapshots)
     return {"ranks": ranks, "steps": steps, "records": records, "disk_mib": disk,
-            "series": len(before), "first_start_s": round(first_start_s, 2), "history_s": round(history_s, 1),
+            "series": len(before), "first_start_s": round(first_start_s, 2),
+            "every_rank_s": round(every_rank_s, 2), "history_s": round(history_s, 1),
             **compared, "restart_s": round(restart_s, 2),
             "upgrade_restart_s": round(float(upgraded["ready_s"]), 2),  # type: ignore[arg-type]
             "save_s": round(save_s or 0.0, 3), "state_mib": round((state_bytes or 0) / 2**20, 1),
@@ -223,12 +242,13 @@ def main(argv: list[str] | None = None) -> int:
             r = first_start(ranks, steps, args.keep)
             results.append(r)
             print(f"{ranks:>5} ranks x {steps:>6} steps ({r['records']:>9,} records, {r['disk_mib']} MiB): "
-                  f"first start {r['first_start_s']} s", flush=True)
+                  f"first start {r['first_start_s']} s, every rank {r['every_rank_s']} s", flush=True)
             continue
         r = measure(ranks, steps, args.keep, args.whole)
         results.append(r)
         print(f"{ranks:>5} ranks x {steps:>6} steps ({r['records']:>9,} records, {r['disk_mib']} MiB, "
-              f"{r['series']:>7,} series): first start {r['first_start_s']} s (history read {r['history_s']} s"
+              f"{r['series']:>7,} series): first start {r['first_start_s']} s (every rank {r['every_rank_s']} s, "
+              f"history read {r['history_s']} s"
               + (f", every file before ready {r['whole_start_s']} s, same: {r['same_as_whole']}" if args.whole else "")
               + f"), restart {r['restart_s']} s, "
               f"after an upgrade {r['upgrade_restart_s']} s (save {r['save_s']} s, {r['state_mib']} MiB), "

@@ -93,6 +93,9 @@ def job_exposition(ranks: int, steps: int, keep: Path | None = None) -> str:
                                 run_timeout=30 * 86400)  # a kept job stays served, however old
         with Exporter(config) as exporter:
             wait_for(exporter.watcher.ready.is_set, timeout=3600, interval=0.05, what="the job read")
+            # A first start is ready before its backfill: every series once the job is read whole.
+            wait_for(lambda: exporter.health.registry.get_sample_value("grpo_exporter_partial_runs") == 0,
+                     timeout=3600, interval=0.05, what="the job read whole")
             exporter.store.flush()
             return "".join(exporter.store.render())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -119,3 +120,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     report.sections = [(title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
                        for title, text in report.sections]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's play cache (real_runs.play_real), made by the main process before it starts
+    the workers, which inherit its environment; removed at the end of the session."""
+    from real_runs import PLAY_CACHE_ENV
+
+    if not hasattr(config, "workerinput") and PLAY_CACHE_ENV not in os.environ:
+        config.play_cache = tempfile.mkdtemp(prefix="grpo-plays-")  # type: ignore[attr-defined]
+        os.environ[PLAY_CACHE_ENV] = config.play_cache  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from real_runs import PLAY_CACHE_ENV
+
+    made = getattr(config, "play_cache", None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(PLAY_CACHE_ENV, None)

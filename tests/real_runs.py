@@ -16,9 +16,11 @@ The data is never copied into the repository; a missing collection is an error, 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import json
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -147,7 +149,29 @@ def split_runs(records: list[dict[str, Any]], run: str) -> dict[str, list[dict[s
     return out
 
 
+# A folder the test session's processes share (conftest sets it): a run's play is kept there,
+# since four test files play the same runs, and a long run's play costs a minute.
+PLAY_CACHE_ENV = "GRPO_PLAY_CACHE"
+
+
 def play_real(name_or_path: str | Path, *, scrape_every_steps: int = 1, every: int = 1) -> Played:
+    """``_play_real``, kept in the session's play cache ($GRPO_PLAY_CACHE) when one is set:
+    the same play by another test (or another worker) is read back, a copy of its own."""
+    cache = os.environ.get(PLAY_CACHE_ENV)
+    if not cache:
+        return _play_real(name_or_path, scrape_every_steps=scrape_every_steps, every=every)
+    key = hashlib.sha256(repr((str(name_or_path), scrape_every_steps, every)).encode()).hexdigest()
+    kept = Path(cache) / f"{key}.pickle"
+    if kept.exists():
+        return pickle.loads(kept.read_bytes())
+    played = _play_real(name_or_path, scrape_every_steps=scrape_every_steps, every=every)
+    partial = kept.with_name(f"{key}.{os.getpid()}.part")
+    partial.write_bytes(pickle.dumps(played, protocol=pickle.HIGHEST_PROTOCOL))
+    os.replace(partial, kept)  # whole or absent for a reader in another worker
+    return played
+
+
+def _play_real(name_or_path: str | Path, *, scrape_every_steps: int = 1, every: int = 1) -> Played:
     """Write the run step by step and scrape the exporter's store as the run goes.
 
     A scrape is taken after the last logged record of each block of ``scrape_every_steps``

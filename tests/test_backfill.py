@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import pytest
 import requests
-from conftest import Running, parse_samples, value
+from conftest import Running, Samples, parse_samples, value
 from polling import wait_for
 
 from grpo_monitor.runtime import backfill as backfill_module
@@ -79,10 +79,11 @@ def write_job(source: Path, snapshots: Path, upto: int = STEPS) -> dict[int, lis
     return files
 
 
-def read(snapshots: Path, above_bytes: int,
-         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> tuple[Ingestor, ExporterHealth]:
+def read(snapshots: Path, above_bytes: int, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+         tails: bool = True) -> tuple[Ingestor, ExporterHealth]:
     """A start-up replay, as the watcher runs it: long files at their head and tail when
-    it reads more than ``above_bytes``, and the backfill set up for their runs."""
+    it reads more than ``above_bytes`` (a rank of perf signals alone at its tail), and the
+    backfill set up for their runs; then (``tails``) the tails left for after ready."""
     health = ExporterHealth()
     ingestor = Ingestor(snapshots, RunStore(), health, backfill_above_bytes=above_bytes,
                         max_line_bytes=max_line_bytes)
@@ -90,6 +91,8 @@ def read(snapshots: Path, above_bytes: int,
     ingestor.rescan()
     ingestor.start_up = ingestor.skip_middles = False
     ingestor.backfill = backfill_module.start(ingestor)
+    if tails:
+        assert not ingestor.read_deferred(None)
     return ingestor, health
 
 
@@ -99,9 +102,7 @@ def series(ingestor: Ingestor) -> list[str]:
 
 
 def counters(health: ExporterHealth) -> dict[str, float]:
-    from prometheus_client import generate_latest
-
-    samples = parse_samples(generate_latest(health.registry).decode())
+    samples = health_samples(health)
     return {f"{name}{dict(labels)}": v for (name, labels), v in samples.items()
             if name in ("grpo_snapshots_ingested_total", "grpo_snapshot_errors_total")}
 
@@ -128,33 +129,102 @@ def test_head_and_tail_first_then_the_whole_read(source: Path, tmp_path: Path) -
     assert whole.backfill is None
     expected = series(whole)
 
-    quick, health = read(snapshots, ABOVE_BYTES)
+    quick, health = read(snapshots, ABOVE_BYTES, tails=False)
     assert quick.backfill is not None and quick.backfill.run_names() == {"job"}
     assert quick.partial_runs() == {"job"}
-    gaps = {fb.state.inode: fb.gap for fb in quick.backfill.runs["job"].files}
+    # Ready: rank 0 (every training key) read at its head and tail; rank 1 (its perf keys
+    # alone) not yet, its tail next, its head with the backfill; which the backfill waits for.
+    assert {line.split('rank="')[1].split('"')[0] for line in series(quick) if 'rank="' in line} == {"0"}
+    assert list(quick.deferred) == [snapshots / "job" / "rank-1.jsonl"]
+    backfill_module.note_progress(quick)
+    assert value(health_samples(health), "grpo_exporter_deferred_tail_files") == 1
+    assert quick.backfill.turn(10.0) and quick.backfill.backlog_bytes() > 0
+    assert not quick.read_deferred(None)
+    gaps = {quick.path_of(fb.state.inode).name: fb.gap for fb in quick.backfill.runs["job"].files}
     assert all(gap is not None and gap[1] - gap[0] >= MIN_MIDDLE_BYTES for gap in gaps.values()), gaps
+    # Rank 0 (every training key) at its head and tail; rank 1 (its perf keys alone) at its tail
+    # alone, its head left to the backfill with its middle (ingest._tail_first).
+    assert gaps["rank-0.jsonl"][0] > 0 and gaps["rank-1.jsonl"][0] == 0, gaps
+    assert quick.store.headless_ranks() == {"job": {1}}
     ingested = counters(health)["grpo_snapshots_ingested_total{'shape': 'native'}"]
     assert ingested < 0.5 * counters(whole_health)["grpo_snapshots_ingested_total{'shape': 'native'}"]
 
     # Served at once: every series of a whole read but the families that need every record, and
-    # those not at all (nothing approximate).
+    # rank 1's that need its head, and those not at all (nothing approximate).
     served = series(quick)
     assert set(served) <= set(expected), sorted(set(served) - set(expected))[:5]
-    missing = {family(line) for line in set(expected) - set(served)}
-    assert missing and missing <= {f.removesuffix("_total") for f in ex.WHOLE_HISTORY} | ex.WHOLE_HISTORY, missing
+    whole_history = {f.removesuffix("_total") for f in ex.WHOLE_HISTORY} | ex.WHOLE_HISTORY
+    missing = {rank: {family(line) for line in set(expected) - set(served) if f'rank="{rank}"' in line}
+               for rank in range(RANKS)}
+    assert missing[0] and missing[0] <= whole_history, missing[0]
+    assert {"grpo_baseline_mean", "grpo_baseline_ready"} <= missing[1] <= whole_history | ex.NEEDS_HEAD, \
+        missing[1]
     for name in ("grpo_baseline_mean", "grpo_window_mean", "grpo_window_p10", "grpo_initial_mean",
                  "grpo_window_growth_ratio", "grpo_records_median", "grpo_first_records_median"):
         assert any(family(line) == name for line in served), name
-    # The head's bad line and the tail's were read; the middle's wait for the backfill.
+    # The exporter says what it withholds, and for how many runs and ranks.
+    backfill_module.note_progress(quick)
+    partial = health_samples(health)
+    assert value(partial, "grpo_exporter_deferred_tail_files") == 0
+    assert value(partial, "grpo_exporter_partial_runs") == 1
+    assert value(partial, "grpo_exporter_partial_ranks") == 1
+    withheld = {dict(labels)["family"]: v for (name, labels), v in partial.items()
+                if name == "grpo_exporter_partial_families"}
+    assert withheld == dict.fromkeys(ex.WHOLE_HISTORY | ex.NEEDS_HEAD, 1.0)
+    # Rank 0's head's bad line and both tails' were read; the middles' (and rank 1's head's)
+    # wait for the backfill.
     errors = counters(health)
-    assert errors["grpo_snapshot_errors_total{'reason': 'invalid_record'}"] == RANKS
+    assert errors["grpo_snapshot_errors_total{'reason': 'invalid_record'}"] == 1
     assert errors["grpo_snapshot_errors_total{'reason': 'invalid_json'}"] == RANKS
 
     assert finish(quick) > 1
-    assert quick.partial_runs() == set()
+    assert quick.partial_runs() == set() and quick.store.headless_ranks() == {}
     assert series(quick) == expected
     assert counters(health) == counters(whole_health)
     assert counters(health)["grpo_snapshot_errors_total{'reason': 'invalid_json'}"] == 2 * RANKS
+    backfill_module.note_progress(quick)
+    partial = health_samples(health)
+    assert value(partial, "grpo_exporter_partial_ranks") == 0
+    assert not [name for name, _ in partial if name == "grpo_exporter_partial_families"]
+
+
+def health_samples(health: ExporterHealth) -> Samples:
+    from prometheus_client import generate_latest
+
+    return parse_samples(generate_latest(health.registry).decode())
+
+
+@pytest.mark.parametrize("extra", [
+    {"metrics": {"entropy/mean": 1.0}}, {"metrics": {"my/custom": 1.0}},
+    {"by_type": {"math": {"reward/mean": 0.5}}}, {"by_type": {}}],
+    ids=["training-key", "unknown-key", "prompt-types", "no-prompt-types-yet"])
+def test_a_rank_that_logs_a_training_signal_is_read_at_its_head(source: Path, tmp_path: Path,
+                                                                 extra: dict[str, dict]) -> None:
+    """A rank is read at its tail alone only when its first record and every record of its
+    tail hold performance signals alone: one training key, unknown key or prompt type in its
+    tail, and its head is read first as rank 0's. A record with an object field (an empty
+    by_type) next to ones with prompt types is parsed, not judged by its names alone."""
+    snapshots = tmp_path / "snapshots"
+    files = write_job(source, snapshots)
+    lines = files[1]
+    if not extra.get("by_type", True):  # an empty by_type in every tail record, then one with types
+        for i in range(len(lines) - 40, len(lines)):
+            if lines[i].startswith(b'{"run"'):
+                record = json.loads(lines[i])
+                record["by_type"] = {}
+                lines[i] = json.dumps(record).encode() + b"\n"
+        extra = {"by_type": {"math": {"reward/mean": 0.5}}}
+    record = json.loads(lines[-3])
+    for field, values in extra.items():
+        record.setdefault(field, {}).update(values)
+    lines[-3] = json.dumps(record).encode() + b"\n"
+    (snapshots / "job" / "rank-1.jsonl").write_bytes(b"".join(lines))
+    quick, _ = read(snapshots, ABOVE_BYTES)
+    assert quick.backfill is not None
+    gaps = {quick.path_of(fb.state.inode).name: fb.gap for fb in quick.backfill.runs["job"].files}
+    assert gaps["rank-1.jsonl"] is not None and gaps["rank-1.jsonl"][0] > 0, gaps
+    assert quick.store.headless_ranks() == {}
+    assert any(line.startswith("grpo_baseline_mean{") and 'rank="1"' in line for line in series(quick))
 
 
 def test_records_written_during_the_backfill(source: Path, tmp_path: Path) -> None:
@@ -264,6 +334,7 @@ def settle(ingestor: Ingestor) -> None:
     def done() -> bool:
         for path in list(ingestor.unfinished):
             ingestor.process(path)
+        ingestor.read_deferred(None)
         if ingestor.backfill is not None:
             step(ingestor, 1_000)
         return ingestor.backfill is None and not ingestor.unfinished
@@ -423,6 +494,32 @@ def test_a_file_rotated_during_the_backfill(source: Path, tmp_path: Path, steppe
     else:
         assert quick.path_of(segment.stat().st_ino) is None
         assert "reading it again" in caplog.text
+
+
+@pytest.mark.parametrize("change, live_read_first", [
+    ("rotated", True), ("rotated", False), ("truncated", True), ("truncated", False)])
+def test_a_file_changed_before_its_tail_is_read(source: Path, tmp_path: Path, stepped: None,
+                                                change: str, live_read_first: bool) -> None:
+    """Ready, and rank 1's file (perf signals alone: its tail left for after ready) rotated the
+    SDK's way or truncated in place before that tail is read, the live read told at once or
+    not: once settled, the run is a fresh read's."""
+    snapshots = tmp_path / "snapshots"
+    write_job(source, snapshots, upto=1_300)
+    quick, _ = read(snapshots, ABOVE_BYTES, LINE, tails=False)
+    path = snapshots / "job" / "rank-1.jsonl"
+    assert list(quick.deferred) == [path]
+    if change == "rotated":
+        segment = snapshots / "job" / "rank-1.1.jsonl"
+        os.rename(path, segment)
+        path.write_bytes(b"".join(_lines(source, 1)[1_300:]))
+        if live_read_first:
+            quick.moved(path, segment)
+    else:
+        path.write_bytes(b"".join(_lines(source, 1)[:100]))
+    if live_read_first:
+        live_read(quick, path)
+    settle(quick)
+    assert_fresh(quick, snapshots)
 
 
 @pytest.mark.parametrize("how", ["events", "rescan"])

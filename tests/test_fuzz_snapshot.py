@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,11 +130,17 @@ def new_file(root: Path, folder: bytes, name: str) -> Path:
 
 
 def ingest(exporter: Exporter, path: Path, data: bytes) -> Samples:
-    """Write ``data`` to ``path``, let the exporter's ingest read it, scrape /metrics."""
+    """Write ``data`` to ``path``, let the exporter's ingest read it, scrape /metrics; then
+    delete the file's run folder, which the exporter forgets (as its watcher would on the
+    deletion): the counters stay, and a scrape does not grow with every example run so far."""
     path.write_bytes(data)
     exporter.ingestor.process(path)
     exporter.store.flush()
-    return scrape(exporter.url)  # parsed by prometheus_client's exposition parser
+    samples = scrape(exporter.url)  # parsed by prometheus_client's exposition parser
+    shutil.rmtree(path.parent)
+    exporter.ingestor.run_folder_gone(path.parent)
+    exporter.store.flush()
+    return samples
 
 
 @fuzz(200)

@@ -188,6 +188,8 @@ class Backfill:
 
     def turn(self, seconds: float) -> bool:
         """Read for about ``seconds``; whether anything is left to read."""
+        if self.ingestor.deferred:  # the start-up's tails first: the backfill tees their records
+            return True
         deadline = time.monotonic() + seconds
         store = self.ingestor.store
         while self.runs and time.monotonic() < deadline:
@@ -371,6 +373,19 @@ def start(ingestor: Ingestor) -> Backfill | None:
     if not ingestor.gaps:
         return None
     backfill = Backfill(ingestor)
-    ingestor.store.mark_partial(backfill.run_names())
+    ingestor.store.mark_partial({name: ingestor.headless.get(name, set())
+                                 for name in backfill.run_names()})
+    ingestor.headless = {}
     return backfill if backfill.runs else None
 
+
+def note_progress(ingestor: Ingestor) -> None:
+    """The backfill's progress in the exporter's health series: the runs and ranks served in
+    part, the families withheld from them, the bytes left to read."""
+    health, filling = ingestor.health, ingestor.backfill
+    partial, headless = ingestor.partial_runs(), ingestor.store.headless_ranks()
+    health.partial_runs.set(len(partial))
+    health.partial_ranks.set(sum(len(ranks) for ranks in headless.values()))
+    health.note_withheld(len(partial), len(headless))
+    health.backfill_bytes.set(filling.backlog_bytes() if filling is not None else 0)
+    health.deferred_files.set(len(ingestor.deferred))

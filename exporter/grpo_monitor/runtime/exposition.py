@@ -268,3 +268,9 @@ WHOLE_HISTORY: frozenset[str] = frozenset(f.name for f in (
     RISING, HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST,
     HELDOUT_SMOOTH_BEST, HELDOUT_SMOOTH_RECENT, HELDOUT_REWARD_AT_SMOOTH_BEST,
     FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2, FORECAST_POINTS))
+
+# The families that need a rank's first records: its baseline and initial values. A first start
+# that read a rank at its tail alone (a rank of performance signals only: ingest._tail_first)
+# publishes them for that rank once the backfill has read it whole, as the WHOLE_HISTORY ones.
+NEEDS_HEAD: frozenset[str] = frozenset(f.name for f in (
+    BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, FIRST_RECORDS_MEDIAN))

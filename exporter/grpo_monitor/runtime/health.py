@@ -18,6 +18,7 @@ from prometheus_client import (
 
 from grpo_monitor import __version__
 from grpo_monitor.contract.safe_io import NOT_REGULAR, SYMLINK, printable
+from grpo_monitor.runtime.exposition import NEEDS_HEAD, WHOLE_HISTORY
 from grpo_monitor.runtime.saved_state import RESTORE_RESULTS
 
 log = logging.getLogger("grpo_monitor.runtime.ingest")
@@ -134,6 +135,23 @@ class ExporterHealth:
         self.backfill_bytes = Gauge(
             "grpo_exporter_backfill_bytes", "Bytes of history the backfill has yet to read.",
             registry=self.registry)
+        self.deferred_files = Gauge(
+            "grpo_exporter_deferred_tail_files", "Files of ranks that log performance signals "
+            "only whose newest steps a first start reads after ready (their ranks are served "
+            "once read); the backfill begins after them.", registry=self.registry)
+        self.partial_ranks = Gauge(
+            "grpo_exporter_partial_ranks", "Ranks of partial runs served from their files' tails "
+            "alone (ranks that log performance signals only): their baseline, initial-value and "
+            "first-records series are published once the backfill has read them whole.",
+            registry=self.registry)
+        # A series per family only while it is withheld: 26 series on every exporter for a
+        # moment after a first start would be most of its own series the rest of the time.
+        self.partial_families = Gauge(
+            "grpo_exporter_partial_families", "Runs whose series of this family the exporter "
+            "withholds until the backfill has read them whole (grpo_exporter_partial_runs, "
+            "grpo_exporter_partial_ranks); a family is listed while it is withheld.", ["family"],
+            registry=self.registry)
+        self._withheld: set[str] = set()
         # Each red card's pause of one run (card_pause.py), whichever way it came (the webhook,
         # the Alertmanager poll): one run's failure never stops another's.
         self.pauses = Counter(
@@ -153,6 +171,18 @@ class ExporterHealth:
         # Alertmanager poll's threads all count here.
         self._logged: set[tuple[Path, str]] = set()
         self._logged_lock = threading.Lock()
+
+    def note_withheld(self, runs: int, headless_runs: int) -> None:
+        """grpo_exporter_partial_families: the exposition.WHOLE_HISTORY families withheld for
+        ``runs`` runs, the exposition.NEEDS_HEAD ones for ``headless_runs``."""
+        for name in sorted(WHOLE_HISTORY | NEEDS_HEAD):
+            count = headless_runs if name in NEEDS_HEAD else runs
+            if count:
+                self.partial_families.labels(name).set(count)
+                self._withheld.add(name)
+            elif name in self._withheld:
+                self.partial_families.remove(name)
+                self._withheld.discard(name)
 
     def error(self, path: Path, reason: str, detail: str) -> None:
         """Count input that could not be used (``reason``: one of ERROR_REASONS); name it in the

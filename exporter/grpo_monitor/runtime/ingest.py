@@ -21,6 +21,7 @@ import os
 import re
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ from grpo_monitor.contract.logger_rows import as_snapshot_row, log_rows
 from grpo_monitor.contract.key_map import KEY_MAP_FILE, MAX_KEY_MAP_BYTES, KeyMap, KeyMapError
 from grpo_monitor.runtime.loggers.sources import LoggerFiles
 from grpo_monitor.runtime.rebaseline import RebaselineRequest
+from grpo_monitor.runtime.signals import PERF_REACH, is_perf
 from grpo_monitor.runtime.store import RunStore
 
 if TYPE_CHECKING:
@@ -245,6 +247,14 @@ class Ingestor:
         self.restored_runs: set[str] = set()
         # inode -> (start, end): the bytes of a file the start-up replay skipped, for the backfill.
         self.gaps: dict[int, tuple[int, int]] = {}
+        # run -> the ranks the start-up replay left to their tails alone (_tail_first): their
+        # head's families wait for the backfill with the run's whole-history ones.
+        self.headless: dict[str, set[int]] = {}
+        # Those ranks' files, their tails read after ready (read_deferred), oldest first.
+        self.deferred: dict[Path, None] = {}
+        # At a start-up that skips middles: the (run, rank) of each name that is the only
+        # snapshot file of its rank, which alone may be left to its tail (_tail_first).
+        self._lone_files: set[tuple[str, int]] = set()
         # The run-by-run read of those middles (backfill.py), once the replay is done; None when
         # nothing is left to read.
         self.backfill: Backfill | None = None
@@ -581,6 +591,10 @@ class Ingestor:
             unread = sum(st.st_size for path, st in listed if st is not None and path not in self.files
                          and identity_from_path(path, self.root)[0] not in self.restored_runs)
             self.skip_middles = 0 < self.backfill_above_bytes < unread
+            if self.skip_middles:
+                ranks = Counter(identity_from_path(path, self.root) for path, st in listed
+                                if st is not None and is_appended(path))
+                self._lone_files = {identity for identity, files in ranks.items() if files == 1}
         for path, st in listed:
             sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode) if st is not None else ()
             current[path] = sig
@@ -1190,6 +1204,8 @@ class Ingestor:
         its series read (RankSignals.reach: every window, the levels), found by the step of a
         few lines decoded at guessed places. A middle of fewer than MIN_MIDDLE_BYTES is read at
         once instead (_may_skip_middle says which files may be read so)."""
+        if self._tail_first(path, state, st, fh):
+            return
         run, rank = identity_from_path(path, self.root)
         most = HEAD_RECORDS_PER_BASELINE_STEP * self.store.limits.baseline_steps
         seen = [0]
@@ -1209,6 +1225,78 @@ class Ingestor:
                 state.offset = start
                 self.gaps[state.inode] = (head_end, start)
         self._tail(path, state, st, fh, None)
+
+    def _tail_first(self, path: Path, state: FileState, st: os.stat_result, fh: BinaryIO) -> bool:
+        """Leave the file of a rank that logs performance signals only to its tail, read after
+        ready (read_deferred), and its head to the backfill with its middle; False (nothing
+        done) for any other file.
+
+        Why: at a first start of a wide job (thousands of ranks, a few hundred steps each) the
+        ranks of performance signals are nearly every record read: ready would wait for all of
+        them. What the cards judge first is the training signals, which rank 0 logs (read at
+        its head and tail before ready); the stalled rank, the straggler and the hung run read
+        the other ranks' newest steps, read right after; their baselines and first records
+        come with the backfill, their families (exposition.NEEDS_HEAD) withheld until then
+        (store.mark_partial).
+
+        Whether a rank logs performance signals only is read from its first record and every
+        record of the tail: one record with anything else (a training signal, a sample, a key
+        outside the canonical set) and the file is read at head and tail instead. Events are
+        no signal: a checkpoint's on every rank is read in the tail as before. Only the one
+        file of its rank: a rank's rotated files are read in order, head to tail."""
+        identity = identity_from_path(path, self.root)
+        if identity not in self._lone_files:
+            return False
+        size = st.st_size
+        start = self._tail_start(path, fh, size, 0, PERF_REACH)
+        if start < MIN_MIDDLE_BYTES:
+            return False
+        first = self._perf_rank(path, fh, 0, min(size, PROBE_BYTES), most=1)
+        if first is None or self._perf_rank(path, fh, start, size) != first:
+            return False
+        fh.seek(start - TAIL_CHECK)
+        state.tail = fh.read(TAIL_CHECK)
+        state.offset = start
+        self.gaps[state.inode] = (0, start)
+        self.headless.setdefault(identity[0], set()).add(first)
+        self.deferred[path] = None
+        return True
+
+    def read_deferred(self, seconds: float | None) -> bool:
+        """Read the tails a start-up left for after ready (_tail_first), for about ``seconds``
+        (None: all), each file's tail whole; whether any is left."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while self.deferred and (deadline is None or time.monotonic() < deadline):
+            path = next(iter(self.deferred))
+            del self.deferred[path]
+            self.process(path, budget=None)
+        return bool(self.deferred)
+
+    def _perf_rank(self, path: Path, fh: BinaryIO, begin: int, end: int, most: int = 0) -> int | None:
+        """The rank of the whole lines in [begin, end) (the first ``most`` of them, when set)
+        if each is a record of that one rank's performance signals alone; else None. A record
+        with the names of one found so already is not parsed again (_names): a rank writes the
+        same keys at every step, and parsing every line twice was most of a wide start's time."""
+        fh.seek(begin)
+        lines = fh.read(end - begin).split(b"\n")[:-1]  # the last has no newline yet
+        ranks: set[int] = set()
+        checked: list[tuple[object, ...]] = []
+        for line in lines[:most] if most else lines:
+            try:
+                obj = decode_record(line)
+            except RecordError:
+                continue  # no record: it holds no signal either (the live read counts it)
+            if (names := _names(obj)) is not None and names in checked:
+                continue
+            if (snap := self.parse_object(path, obj, 0.0, count=False)) is None:
+                continue
+            if not snap.metrics or not all(is_perf(key) for key in snap.metrics) \
+                    or snap.unknown or snap.by_type or snap.by_type_unknown or snap.samples:
+                return None
+            ranks.add(snap.rank)
+            if names is not None:
+                checked.append(names)
+        return ranks.pop() if len(ranks) == 1 else None
 
     def _tail_start(self, path: Path, fh: BinaryIO, size: int, head_end: int, reach: int) -> int:
         """Where the tail of the last ``reach`` steps begins: the start of a line whose step is
@@ -1268,3 +1356,19 @@ class Ingestor:
             if start == head_end or want > self.max_line_bytes:
                 return None
             want *= 4
+
+
+def _names(obj: object) -> tuple[object, ...] | None:
+    """What decides which signals a record holds: its field names, its metrics' names and its
+    rank (events aside, which carry none). Two records with equal names hold the same signals or
+    fewer (a null value, one that is no number); None where that does not follow from the names:
+    a metric or a field whose value is an object or a list (prompt types, samples, nesting)."""
+    if not isinstance(obj, dict):
+        return None
+    metrics = obj.get("metrics")
+    if isinstance(metrics, dict) and any(isinstance(v, dict) for v in metrics.values()):
+        return None
+    if any(isinstance(v, (dict, list)) for k, v in obj.items() if k not in ("metrics", "events")):
+        return None
+    return (obj.keys() - {"events"}, metrics.keys() if isinstance(metrics, dict) else None,
+            obj.get("rank"))

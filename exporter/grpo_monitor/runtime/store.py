@@ -457,8 +457,9 @@ class RunStore:
         self._unsaved: set[tuple[str, int]] | None = None
         self._lock = threading.Lock()
         # Runs a first start read at their files' heads and tails, until the backfill swaps in
-        # the run read whole (adopt): their ex.WHOLE_HISTORY families are not published.
-        self._partial: set[str] = set()
+        # the run read whole (adopt): their ex.WHOLE_HISTORY families are not published, nor
+        # the ex.NEEDS_HEAD families of the ranks they map to, read at their tails alone.
+        self._partial: dict[str, frozenset[int]] = {}
         # Bumped by every change (on the ingest thread): a saved state of the same generation
         # need not be written again (an idle exporter writes nothing).
         self.generation = 0
@@ -494,23 +495,29 @@ class RunStore:
             self._unsaved = set(self._dirty)
             self.generation += 1
 
-    def mark_partial(self, run_names: set[str]) -> None:
-        """These runs were read at their files' heads and tails: their ex.WHOLE_HISTORY
-        families wait for adopt()."""
+    def mark_partial(self, runs: dict[str, set[int]]) -> None:
+        """These runs were read at their files' heads and tails, the ranks each maps to at
+        their tails alone: their ex.WHOLE_HISTORY families, and those ranks' ex.NEEDS_HEAD
+        families, wait for adopt()."""
         with self._lock:
-            self._partial |= run_names
+            for name, headless in runs.items():
+                self._partial[name] = self._partial.get(name, frozenset()) | headless
 
     def partial_runs(self) -> set[str]:
         """The runs marked partial; ingest thread only, which alone changes them: without the
         lock, so a save never waits for a scrape."""
         return set(self._partial)
 
+    def headless_ranks(self) -> dict[str, frozenset[int]]:
+        """The ranks of each partial run read at their tails alone; ingest thread only."""
+        return {name: ranks for name, ranks in self._partial.items() if ranks}
+
     def adopt(self, run: RunState) -> bool:
         """Serve ``run`` in place of the run of its name, which a first start read from its
         files' heads and tails (ingest.py): the same run, read whole (backfill.py). Every rank
         is rendered again at the next flush. False when the run is gone meanwhile."""
         with self._lock:
-            self._partial.discard(run.name)
+            self._partial.pop(run.name, None)
             if run.name not in self._runs:
                 return False
             self._runs[run.name] = run
@@ -748,7 +755,7 @@ class RunStore:
             gone = [name for name, run in self._runs.items() if now - run.last_write > keep_for(run)]
             for name in gone:
                 del self._runs[name]
-                self._partial.discard(name)
+                self._partial.pop(name, None)
             self.generation += bool(gone)
         return gone
 
@@ -758,7 +765,7 @@ class RunStore:
         with self._lock:
             self.generation += 1
             self._dirty = {d for d in self._dirty if d[0] != run_name}
-            self._partial.discard(run_name)
+            self._partial.pop(run_name, None)
             return self._runs.pop(run_name, None) is not None
 
     def max_step(self, run_name: str) -> int | None:
@@ -787,10 +794,13 @@ class RunStore:
             by_family: dict[str, list[str]] = {}
             partial = self._partial
             for run in self._runs.values():
-                hidden = ex.WHOLE_HISTORY if run.name in partial else ()
-                for r in run.ranks.values():
+                headless = partial.get(run.name)
+                hidden = ex.WHOLE_HISTORY if headless is not None else ()
+                for rank_id, r in run.ranks.items():
+                    hide = ex.WHOLE_HISTORY | ex.NEEDS_HEAD if headless and rank_id in headless \
+                        else hidden
                     for name, block in r.blocks.items():
-                        if hidden and name in hidden:
+                        if hide and name in hide:
                             continue
                         if (blocks := by_family.get(name)) is None:
                             by_family[name] = [block]

@@ -11,6 +11,7 @@ that died.
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -145,10 +146,18 @@ class SnapshotWatcher:
         # Replay what is already on disk (since the saved state): a large first read at each long
         # file's head and tail, its middle after ready (backfill.py).
         self.ingestor.start_up = True
+        # Without the cyclic collector meanwhile: the replay makes millions of objects that all
+        # live on (each rank's histories), so every collection of the oldest generation walks
+        # all made so far for nothing; a quarter of a wide job's first start (4,096 ranks).
+        # Reference counting still frees what the replay drops.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             self._safe(self.ingestor.rescan)
         finally:
             self.ingestor.start_up = self.ingestor.skip_middles = False
+            if collecting:
+                gc.enable()
         self.ingestor.backfill = self._safe(backfill.start, self.ingestor)
         self._note_backfill()
         self._safe(self.ingestor.store.flush)
@@ -162,8 +171,9 @@ class SnapshotWatcher:
             batch: list[tuple] = []
             unfinished = list(self.ingestor.unfinished)  # files whose turn ran out: read on
             filling = self.ingestor.backfill is not None
+            deferred = bool(self.ingestor.deferred)
             try:
-                batch.append(self._q.get(timeout=0 if unfinished or filling else self.tick))
+                batch.append(self._q.get(timeout=0 if unfinished or filling or deferred else self.tick))
                 while True:  # drain: a burst of events for one file costs one read
                     batch.append(self._q.get_nowait())
             except queue.Empty:
@@ -173,7 +183,11 @@ class SnapshotWatcher:
                 self._read_changed(dict.fromkeys(p for p in unfinished if p in self.ingestor.unfinished))
                 self._safe(self.ingestor.loggers.settle)  # CSV tables: their folder's, merged
                 self._safe(self.ingestor.store.flush)
-            if filling:  # a turn of the backfill after each batch: new records are not held up
+            if deferred:  # a first start's tails, left for after ready: in turns, as the backfill
+                self._safe(self.ingestor.read_deferred, READ_TURN_SECONDS)
+                self._safe(self.ingestor.store.flush)
+                self._note_backfill()
+            elif filling:  # a turn of the backfill after each batch: new records are not held up
                 self._safe(self._backfill_turn)
             now = time.monotonic()
             if now >= next_tick:
@@ -204,9 +218,7 @@ class SnapshotWatcher:
         self.ingestor.store.flush()
 
     def _note_backfill(self) -> None:
-        filling, health = self.ingestor.backfill, self.ingestor.health
-        health.partial_runs.set(len(self.ingestor.partial_runs()))
-        health.backfill_bytes.set(filling.backlog_bytes() if filling is not None else 0)
+        backfill.note_progress(self.ingestor)
 
     def _restore(self) -> None:
         assert self.state is not None

@@ -175,6 +175,9 @@ EXPORTER = """
 | `grpo_exporter_state_saves_total`, `grpo_exporter_state_save_errors_total` | counter | | saved states written, and those that could not be (logged; the previous one stays) |
 | `grpo_exporter_state_bytes`, `grpo_exporter_state_last_save_duration_seconds` | gauge | | size of the last saved state, and the time its save took |
 | `grpo_exporter_partial_runs`, `grpo_exporter_backfill_bytes` | gauge | | runs a first start serves from their files' heads and tails until it has read the rest of their history, and the bytes it has yet to read (`--snapshot.backfill-above-bytes`, [scaling.md](scaling.md#first-start)); see below for what waits |
+| `grpo_exporter_deferred_tail_files` | gauge | | files of ranks that log performance signals only whose newest steps a first start reads right after ready; each rank is served once its tail is read, and the backfill begins after the last |
+| `grpo_exporter_partial_ranks` | gauge | | ranks of those runs served from their files' tails alone (performance signals only): their head's families wait for the backfill too (below) |
+| `grpo_exporter_partial_families` | gauge | family | runs whose series of this family are withheld until the backfill has read them whole: each family below, listed only while withheld |
 | `grpo_exporter_build_info` | gauge | version | constant 1 |
 | `process_*`, `python_*` | | | prometheus-client's process and platform collectors |
 
@@ -183,6 +186,8 @@ period) and tail (the steps its windows read), is ready, and reads the middle af
 run's history is read whole, every series of the run is what a whole read gives, except these,
 which need every record and are not published for the run until then (hidden, not approximate,
 so that no card judges part of a run as if whole, and no counter jumps): {whole_history}.
+A rank that logs performance signals only is read at its tail alone (after ready), its head with
+the backfill: until then its baseline and first-steps families are withheld too: {needs_head}.
 
 Every error is logged once per file and reason, with the file's name; later ones are counted.
 
@@ -286,7 +291,8 @@ def render() -> str:
         min_blocks=forecast.MIN_BLOCKS, scale=ex.FORECAST_LAW_SCALE.name,
         offset=ex.FORECAST_LAW_OFFSET.name, ceiling=ex.FORECAST_CEILING.name,
         r2=ex.FORECAST_R2.name, points=ex.FORECAST_POINTS.name, spread=forecast.MIN_ENTROPY_SPREAD))
-    out.append(EXPORTER.format(whole_history=", ".join(f"`{name}`" for name in sorted(ex.WHOLE_HISTORY))))
+    out.append(EXPORTER.format(whole_history=", ".join(f"`{name}`" for name in sorted(ex.WHOLE_HISTORY)),
+                               needs_head=", ".join(f"`{name}`" for name in sorted(ex.NEEDS_HEAD))))
     for reason, (what, kept) in ERROR_REASONS.items():
         out.append(f"| `{reason}` | {what} | {kept} |\n")
     out.append(GPU.format(interval=f"{ExporterConfig.gpu_interval:g}s", failures=gpu.FAILURES.name,

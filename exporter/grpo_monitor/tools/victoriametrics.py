@@ -54,7 +54,10 @@ def agent_argv(binary: str, config_file: Path, data_dir: Path, port: int, store_
     return [binary, f"-promscrape.config={config_file}", f"-remoteWrite.url={store_url}/api/v1/write",
             f"-remoteWrite.tmpDataPath={data_dir}", f"-httpListenAddr=127.0.0.1:{port}",
             # A batch a second: a card waits on the scrape, not on vmagent's buffer.
-            "-remoteWrite.flushInterval=1s"]
+            "-remoteWrite.flushInterval=1s",
+            # vmagent rejects a body over 16 MiB; Prometheus takes any. One exporter serving
+            # 16,384 ranks answers 42 MiB (docs/scaling.md#rules-at-scale).
+            "-promscrape.maxScrapeSize=1GiB"]
 
 
 def ruler_argv(binary: str, prometheus: Mapping[str, Any], port: int, store_url: str,
