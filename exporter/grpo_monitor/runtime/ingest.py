@@ -1243,7 +1243,9 @@ class Ingestor:
         record of the tail: one record with anything else (a training signal, a sample, a key
         outside the canonical set) and the file is read at head and tail instead. Events are
         no signal: a checkpoint's on every rank is read in the tail as before. Only the one
-        file of its rank: a rank's rotated files are read in order, head to tail."""
+        file of its rank: a rank's rotated files are read in order, head to tail. A rank that
+        logged a training signal in its middle alone is left to its tail all the same: that
+        signal's series are absent until the swap, never approximate."""
         identity = identity_from_path(path, self.root)
         if identity not in self._lone_files:
             return False
