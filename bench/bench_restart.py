@@ -46,6 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from polling import wait_for  # noqa: E402
 from results_io import machine, write_result  # noqa: E402
 
 import grpo_monitor  # noqa: E402
@@ -81,23 +84,12 @@ def timed_start(config: ExporterConfig) -> tuple[Exporter, float]:
     return exporter, time.perf_counter() - t0
 
 
-def tails_read(exporter: Exporter, deadline_s: float = 3600) -> None:
-    """Wait until the exporter has read the tails a first start leaves for after ready (the
-    ranks of perf signals alone): every rank served."""
-    deadline = time.monotonic() + deadline_s
-    while exporter.health.registry.get_sample_value("grpo_exporter_deferred_tail_files") != 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError("tails not read")
-        time.sleep(0.02)
-
-
-def history_read(exporter: Exporter, deadline_s: float = 4 * 3600) -> None:
-    """Wait until the exporter's backfill has read every run whole."""
-    deadline = time.monotonic() + deadline_s
-    while exporter.health.registry.get_sample_value("grpo_exporter_partial_runs") != 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError("backfill not done")
-        time.sleep(0.05)
+def drained(exporter: Exporter, gauge: str, timeout: float, what: str) -> None:
+    """Wait until the exporter's own ``gauge`` reads 0: the first start's deferred tails
+    (grpo_exporter_deferred_tail_files: every rank served) or its backfill
+    (grpo_exporter_partial_runs: every run read whole)."""
+    wait_for(lambda: exporter.health.registry.get_sample_value(gauge) == 0, timeout=timeout,
+             interval=0.02, what=what)
 
 
 # The next release's start, in its own process: its package first on the path.
@@ -158,7 +150,7 @@ def first_start(ranks: int, steps: int, keep: Path | None) -> dict[str, object]:
         snapshots, records = written_job(keep or Path(tmp), ranks, steps)
         t0 = time.perf_counter()
         exporter, first_start_s = timed_start(bench_config(snapshots, Path(tmp) / "state"))
-        tails_read(exporter)
+        drained(exporter, "grpo_exporter_deferred_tail_files", 3600, "every rank served")
         tails_s = time.perf_counter() - t0
         exporter.stop()
         return {"ranks": ranks, "steps": steps, "records": records, "disk_mib": disk_mib(snapshots),
@@ -187,9 +179,9 @@ def measure(ranks: int, steps: int, keep: Path | None, whole: bool) -> dict[str,
         config = bench_config(snapshots, state)
         t0 = time.perf_counter()
         first, first_start_s = timed_start(config)
-        tails_read(first)
+        drained(first, "grpo_exporter_deferred_tail_files", 3600, "every rank served")
         every_rank_s = time.perf_counter() - t0
-        history_read(first)
+        drained(first, "grpo_exporter_partial_runs", 4 * 3600, "every run read whole")
         history_s = time.perf_counter() - t0
         before = run_series(first)
         first.stop()

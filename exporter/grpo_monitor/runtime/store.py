@@ -47,6 +47,8 @@ from grpo_monitor.runtime.signals import (
 from grpo_monitor.runtime.trend import TREND_RECORDS
 
 log = logging.getLogger("grpo_monitor.runtime.store")
+# What a first start withholds from a rank read at its tail alone (on every scrape: made once).
+_WITHHELD_HEADLESS = ex.WHOLE_HISTORY | ex.NEEDS_HEAD
 
 # The event that marks a run's clean end (SnapshotWriter.close(), the TRL callback's
 # on_train_end, or a line a launch script appends for verl / flat-dict runs).
@@ -797,8 +799,7 @@ class RunStore:
                 headless = partial.get(run.name)
                 hidden = ex.WHOLE_HISTORY if headless is not None else ()
                 for rank_id, r in run.ranks.items():
-                    hide = ex.WHOLE_HISTORY | ex.NEEDS_HEAD if headless and rank_id in headless \
-                        else hidden
+                    hide = _WITHHELD_HEADLESS if headless and rank_id in headless else hidden
                     for name, block in r.blocks.items():
                         if hide and name in hide:
                             continue

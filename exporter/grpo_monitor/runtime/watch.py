@@ -187,7 +187,7 @@ class SnapshotWatcher:
                 self._safe(self.ingestor.read_deferred, READ_TURN_SECONDS)
                 self._safe(self.ingestor.store.flush)
                 self._note_backfill()
-            elif filling:  # a turn of the backfill after each batch: new records are not held up
+            if filling:  # a turn of the backfill after each batch (it waits for those tails)
                 self._safe(self._backfill_turn)
             now = time.monotonic()
             if now >= next_tick:
