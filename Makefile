@@ -132,6 +132,7 @@ docs: deps
 	$(PY) -m grpo_monitor.tools.runbook_index --write
 	$(PY) -m grpo_monitor.tools.state_format_doc --write
 	$(PY) -m grpo_monitor.contract.card_logic --write
+	$(PY) -m grpo_monitor.tools.victoriametrics --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache build $(DIST)

@@ -123,9 +123,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The session's play cache (real_runs.play_real), made by the main process before it starts
-    the workers, which inherit its environment; removed at the end of the session."""
-    from real_runs import PLAY_CACHE_ENV
+    """The session's cache of real-run plays and their promtool evaluations
+    (promtool_harness.session_cached), made by the main process before it starts the workers,
+    which inherit its environment; removed at the end of the session."""
+    from promtool_harness import PLAY_CACHE_ENV
 
     if not hasattr(config, "workerinput") and PLAY_CACHE_ENV not in os.environ:
         config.play_cache = tempfile.mkdtemp(prefix="grpo-plays-")  # type: ignore[attr-defined]
@@ -133,7 +134,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from real_runs import PLAY_CACHE_ENV
+    from promtool_harness import PLAY_CACHE_ENV
 
     made = getattr(config, "play_cache", None)
     if made is not None:

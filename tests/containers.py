@@ -18,12 +18,17 @@ Used by tests/test_compose_stack.py. Why each piece:
   /bin/alertmanager), users (nobody) and data folders, and wget for the healthchecks. The
   versions differ (Debian has Prometheus 2.42, Alertmanager 0.25); the rest of the suite already
   proves the configuration on those versions, and the images are labelled with what they hold.
+  Debian's ``victoria-metrics`` package (1.79.5, the version docker-compose.victoriametrics.yml
+  pins) stands in for ``victoriametrics/victoria-metrics``, ``vmagent`` and ``vmalert``, laid out
+  as upstream's images of that tag are (app/*/multiarch/Dockerfile there: alpine, root, working
+  directory /, the binary at /<name>-prod as the entrypoint, no default command); wget is
+  Debian's where upstream's is busybox's.
 * The images live in a podman storage of their own (``GRPO_CONTAINER_CACHE``, default
   ``~/.cache/grpo-monitor/containers``), never in the machine's: images named like the official
   ones but holding something else must not leak into anybody's ``podman images``. They are the
   cache: each carries a label with the hash of its recipe (this file's recipe constants, the
-  host's CA bundle; for the prom images also the Debian package versions) and is rebuilt only
-  when that changes.
+  host's CA bundle; for the prom and VictoriaMetrics images also the Debian package versions)
+  and is rebuilt only when that changes.
 * The host's CA bundle goes into the base image: where outbound HTTPS passes through an
   intercepting proxy (as here), pip inside the exporter's image build must trust what the host
   trusts to reach PyPI.
@@ -53,6 +58,13 @@ CACHE = Path(os.environ.get("GRPO_CONTAINER_CACHE")
 PYTHON_IMAGE = "docker.io/library/python:3.11.11-slim-bookworm"
 PROMETHEUS_IMAGE = "docker.io/prom/prometheus:v2.53.2"
 ALERTMANAGER_IMAGE = "docker.io/prom/alertmanager:v0.27.0"
+# Image -> (the binary, named alike in Debian's package and upstream's image; its port).
+VICTORIAMETRICS_IMAGES = {
+    "docker.io/victoriametrics/victoria-metrics:v1.79.5": ("victoria-metrics", 8428),
+    "docker.io/victoriametrics/vmagent:v1.79.5": ("vmagent", 8429),
+    "docker.io/victoriametrics/vmalert:v1.79.5": ("vmalert", 8880),
+}
+VICTORIAMETRICS_PACKAGE = "victoria-metrics"
 RECIPE_LABEL = "org.grpo-monitor.test-recipe"
 
 SUITE = "bookworm"
@@ -87,11 +99,21 @@ ENTRYPOINT ["/bin/{name}"]
 CMD {cmd}
 """
 
+VM_CONTAINERFILE = """\
+FROM {base}
+# Upstream's layout: root, working directory /, the binary as /{name}-prod and the entrypoint,
+# every flag given by the compose file's `command:`.
+COPY {binary} /{name}-prod
+EXPOSE {port}
+ENTRYPOINT ["/{name}-prod"]
+"""
+
 
 def run(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = None,
-        check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:  # noqa: A002
+        check: bool = True, input: str | None = None,  # noqa: A002
+        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
-                         input=input)
+                         input=input, cwd=cwd)
     if check and res.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {res.returncode}\n"
                              f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}")
@@ -173,7 +195,7 @@ class Podman:
         return (json.loads(res.stdout)[0].get("Labels") or {}).get(name)
 
 
-def _package_version(package: str) -> str:
+def package_version(package: str) -> str:
     return run(["dpkg-query", "-W", "-f", "${Version}", package], timeout=30).stdout.strip()
 
 
@@ -191,14 +213,23 @@ def prom_recipe_hash(base: str) -> str:
     """What the Prometheus and Alertmanager images are made of: the base, the recipe and the
     Debian packages' versions (an upgrade rebuilds them, in seconds)."""
     h = hashlib.sha256()
-    for part in (base, PROM_CONTAINERFILE, _package_version("prometheus"),
-                 _package_version("prometheus-alertmanager")):
+    for part in (base, PROM_CONTAINERFILE, package_version("prometheus"),
+                 package_version("prometheus-alertmanager")):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def vm_recipe_hash(base: str) -> str:
+    """What the three VictoriaMetrics images are made of: the base, the recipe, the package's
+    version."""
+    h = hashlib.sha256()
+    for part in (base, VM_CONTAINERFILE, package_version(VICTORIAMETRICS_PACKAGE)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
 def ensure_base_images(podman: Podman, log: Callable[[str], None] = print) -> dict[str, float]:
-    """Build the three stand-in images unless the cache holds them for this recipe. Returns the
+    """Build the stand-in images unless the cache holds them for this recipe. Returns the
     seconds each step took (empty when everything was cached)."""
     key = base_recipe_hash()
     prom_key = prom_recipe_hash(key)
@@ -248,11 +279,30 @@ def ensure_base_images(podman: Podman, log: Callable[[str], None] = print) -> di
             shutil.copytree(Path("/usr/share/prometheus") / share, ctx / "share", symlinks=True)
             (ctx / "Containerfile").write_text(PROM_CONTAINERFILE.format(
                 base=PYTHON_IMAGE, binary=name, name=name, share=share, port=port, cmd=cmd))
-            version = _package_version("prometheus" if name == "prometheus" else "prometheus-alertmanager")
+            version = package_version("prometheus" if name == "prometheus" else "prometheus-alertmanager")
             podman("build", "--format", "docker", "--label", f"{RECIPE_LABEL}={prom_key}",
                    "--label", f"org.opencontainers.image.description=Debian {debian_binary} {version}, "
                               "a local stand-in for the compose test",
                    "-t", image, "-f", str(ctx / "Containerfile"), str(ctx), timeout=600)
         timings[name] = time.monotonic() - t0
         log(f"built {image} from Debian's {debian_binary} in {timings[name]:.0f} s")
+    vm_key = vm_recipe_hash(key)
+    vm_version = package_version(VICTORIAMETRICS_PACKAGE)
+    for image, (name, port) in VICTORIAMETRICS_IMAGES.items():
+        if podman.label(image) == vm_key:
+            continue
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="grpo-vm-", dir=podman.cache) as tmp:
+            ctx = Path(tmp)
+            binary = shutil.which(name)
+            assert binary, f"{name} is not installed (Debian package {VICTORIAMETRICS_PACKAGE})"
+            shutil.copy2(binary, ctx / name)
+            (ctx / "Containerfile").write_text(VM_CONTAINERFILE.format(
+                base=PYTHON_IMAGE, binary=name, name=name, port=port))
+            podman("build", "--format", "docker", "--label", f"{RECIPE_LABEL}={vm_key}",
+                   "--label", f"org.opencontainers.image.description=Debian {VICTORIAMETRICS_PACKAGE} "
+                              f"{vm_version}: {name}, a local stand-in for the compose test",
+                   "-t", image, "-f", str(ctx / "Containerfile"), str(ctx), timeout=600)
+        timings[name] = time.monotonic() - t0
+        log(f"built {image} from Debian's {name} in {timings[name]:.0f} s")
     return timings

@@ -7,17 +7,26 @@ steps the exposition is "scraped" (rendered and parsed) into one sample of each 
 one scrape, and promtool evaluates the project's rule files on them (``promtool_test``). Which
 cards fired, and when, is read back from the ALERTS series: asserted (``check_cards``) or
 reported (``fired_at``, ``fired``).
+
+A test session keeps what is slow to make and the same for every test that asks
+(``session_cached``): a real run's play (real_runs.play_real) and promtool's evaluation of a play
+(``fired_at``), so that each is made once however many test files read it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import os
+import pickle
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -34,6 +43,36 @@ RULES_DIR = ROOT / "prometheus" / "rules"
 # Every rule file of the project, whatever it is called: a file added there is loaded by the
 # tests the day it is added, not the day someone remembers a list.
 RULE_FILES: list[Path] = sorted(RULES_DIR.glob("*.yml"))
+
+
+# A folder the test session's processes share (conftest sets it), for ``session_cached``.
+PLAY_CACHE_ENV = "GRPO_PLAY_CACHE"
+T = TypeVar("T")
+
+
+def session_cached(what: str, key: Iterable[str], compute: Callable[[], T]) -> T:
+    """``compute()``, kept in the session's cache ($GRPO_PLAY_CACHE) under ``what`` and ``key``
+    (everything the value depends on) when one is set: another test, in this worker or another,
+    reads back a copy of its own. A worker that asks while another computes the same value
+    waits for it under a lock instead of computing it too: the values kept here take up to a
+    minute and a half of a core."""
+    cache = os.environ.get(PLAY_CACHE_ENV)
+    if not cache:
+        return compute()
+    digest = hashlib.sha256(what.encode())
+    for part in key:
+        data = part.encode()
+        digest.update(f"\0{len(data)}:".encode() + data)
+    kept = Path(cache) / f"{what}-{digest.hexdigest()}.pickle"
+    with open(kept.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if kept.exists():
+            return pickle.loads(kept.read_bytes())
+        value = compute()
+        partial = kept.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(partial, kept)  # whole or absent, should this process die while writing
+        return value
 
 
 def rules(*names: str) -> list[dict[str, Any]]:
@@ -137,13 +176,35 @@ class Check:
     now: bool = False
     only: str = ""
 
+    def expected(self) -> set[tuple[str, str]]:
+        """The (alertname, severity) pairs the check expects, each card at its rules' severity."""
+        return {(a, SEVERITIES[a]) for a in self.cards}
+
     def test(self) -> dict[str, object]:
         return {
             "expr": (FIRING_NOW if self.now else FIRED).format(minutes=self.at + 1, only=self.only),
             "eval_time": f"{self.at}m",
-            "exp_samples": [{"labels": f'{{alertname="{a}",severity="{SEVERITIES[a]}"}}', "value": 1}
-                            for a in sorted(self.cards)],
+            "exp_samples": [{"labels": f'{{alertname="{a}",severity="{s}"}}', "value": 1}
+                            for a, s in sorted(self.expected())],
         }
+
+    def seen(self, at: list[set[tuple[str, str]]]) -> set[tuple[str, str]]:
+        """What ``test()``'s expression gives, read from ``fired_at``'s answer ``at`` instead of
+        asked of promtool: the pairs firing at scrape ``self.at`` (``now``), or at any scrape up
+        to it (FIRED's range reaches minute 0: all of them), that ``only`` admits."""
+        firing = at[self.at] if self.now else set().union(*at[:self.at + 1])
+        matchers = _ONLY.findall(self.only)
+        # fired_at keeps (alertname, severity) of each alert: a matcher on any other label
+        # cannot be answered from it.
+        if "".join(f',{label}{op}"{value}"' for label, op, value in matchers) != self.only:
+            raise ValueError(f"only={self.only!r}: from fired_at, match alertname and severity "
+                             "with = or != only")
+        return {(a, s) for a, s in firing
+                if all(({"alertname": a, "severity": s}[label] == value) == (op == "=")
+                       for label, op, value in matchers)}
+
+
+_ONLY = re.compile(r',(alertname|severity)(=|!=)"([^"\\]*)"')
 
 
 def promtool_test(played: Played, expr_tests: list[dict[str, object]], path: Path, *,
@@ -186,10 +247,35 @@ def check_cards(played: Played, checks: list[tuple[int, set[str]] | Check], tmp:
     promtool run evaluates them all. Raises AssertionError with promtool's report, which names
     the cards that did fire, when a set differs.
     """
-    checks = [c if isinstance(c, Check) else Check(c[0], c[1], now, only) for c in checks]
+    checks = _checks(checks, now, only)
     proc = promtool_test(played, [c.test() for c in checks], tmp / "scenario.test.json")
     if proc.returncode != 0:
         raise AssertionError(f"cards differ from {checks}:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+
+
+def _checks(checks: list[tuple[int, set[str]] | Check], now: bool, only: str) -> list[Check]:
+    return [c if isinstance(c, Check) else Check(c[0], c[1], now, only) for c in checks]
+
+
+def check_fired(played: Played, checks: list[tuple[int, set[str]] | Check], tmp: Path, *,
+                now: bool = False, only: str = "", what: str = "") -> None:
+    """``check_cards``, answered from ``fired_at``: the play's one evaluation in promtool, which
+    the session keeps for every test that reads the same play (a real run's verdict, its report)
+    instead of a promtool run of each check's own. Its input has staleness markers, as the real
+    Prometheus writes them. ``only`` may match alertname and severity only (see Check.seen).
+    Raises AssertionError naming ``what`` (the run), and each check that failed: its scrape and
+    step, the cards expected, the cards that fired."""
+    at = fired_at(played, tmp)
+    wrong = []
+    for c in _checks(checks, now, only):
+        got, expected = c.seen(at), c.expected()
+        if got != expected:
+            wrong.append(f"  scrape {c.at} (step {played.scrape_steps[c.at]}), "
+                         f"{'firing then' if c.now else 'fired by then'}"
+                         f"{f' ({c.only[1:]})' if c.only else ''}: expected {sorted(expected)}, "
+                         f"fired {sorted(got)}")
+    if wrong:
+        raise AssertionError(f"{what or 'the play'}: cards differ\n" + "\n".join(wrong))
 
 
 # -- which cards fired, asked of promtool --------------------------------------------------------
@@ -201,18 +287,33 @@ Intervals = dict[str, list[tuple[int, int]]]
 def fired_at(played: Played, tmp: Path, *, stale_markers: bool = True,
              rule_files: list[Path] | None = None) -> list[set[tuple[str, str]]]:
     """For each scrape, the (alertname, severity) pairs firing then, per the real promtool
-    (``stale_markers``, ``rule_files``: see promtool_test)."""
+    (``stale_markers``, ``rule_files``: see promtool_test); kept for the session
+    (``session_cached``), since several test files evaluate the same real-run plays."""
     n = len(played.scrape_steps)
-    # promtool only asserts: expecting nothing at every scrape makes it print what was there
-    # instead, wherever something was.
-    proc = promtool_test(played, [{"expr": FIRING, "eval_time": f"{i}m", "exp_samples": []}
-                                  for i in range(n)],
-                         tmp / "fired.test.json", stale_markers=stale_markers, timeout=900,
-                         rule_files=rule_files)
-    by_minute = parse_promtool_report(proc.stdout + proc.stderr, proc.returncode, FIRING)
-    if any(m >= n for m in by_minute):
-        raise ValueError(f"promtool reported minute {max(by_minute)} of a {n}-scrape play")
-    return [by_minute.get(i, set()) for i in range(n)]
+    files = RULE_FILES if rule_files is None else rule_files
+    # The rules as read now, evaluated from copies: what the session keeps is the answer for
+    # these texts, even if a rule file is edited during the session.
+    texts = [p.read_text() for p in files]
+
+    def evaluate() -> list[set[tuple[str, str]]]:
+        copies = []
+        for i, (path, text) in enumerate(zip(files, texts)):
+            copies.append(tmp / "fired-rules" / f"{i}-{path.name}")
+            copies[-1].parent.mkdir(exist_ok=True)
+            copies[-1].write_text(text)
+        # promtool only asserts: expecting nothing at every scrape makes it print what was
+        # there instead, wherever something was.
+        proc = promtool_test(played, [{"expr": FIRING, "eval_time": f"{i}m", "exp_samples": []}
+                                      for i in range(n)],
+                             tmp / "fired.test.json", stale_markers=stale_markers, timeout=900,
+                             rule_files=copies)
+        by_minute = parse_promtool_report(proc.stdout + proc.stderr, proc.returncode, FIRING)
+        if any(m >= n for m in by_minute):
+            raise ValueError(f"promtool reported minute {max(by_minute)} of a {n}-scrape play")
+        return [by_minute.get(i, set()) for i in range(n)]
+
+    return session_cached("fired", [str(stale_markers), str(n), json.dumps(played.series), *texts],
+                          evaluate)
 
 
 _EXPR = re.compile(r'^    expr: (".*"), time: ([0-9a-z]+),$')

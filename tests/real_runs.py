@@ -4,9 +4,10 @@ The shared collection (``../shared/real-runs`` beside the repository, or ``$GRPO
 holds public runs as their frameworks logged them, one ``derived_steps.jsonl`` per run. This
 module writes such a run into a snapshot folder as flat records, the keys as logged, lets the
 exporter's ingest and store read it step by step (promtool_harness.Recorder), and asks the
-real ``promtool`` which cards fired at which steps. Tests mostly assert with
-promtool_harness.check_cards on ``play_real``'s result; promtool_harness.fired is for
-development and diagnosis, and so is the command line:
+real ``promtool`` which cards fired at which steps (promtool_harness.fired_at: one evaluation
+of a play, which the test session keeps). Tests assert on it (promtool_harness.check_fired, or
+the bench's verdicts); promtool_harness.fired prints it for development and diagnosis, and so
+does the command line:
 
     python tests/real_runs.py [NAME_OR_FOLDER ...] [--every K] [--scrape-every-steps N]
 
@@ -16,11 +17,9 @@ The data is never copied into the repository; a missing collection is an error, 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import heapq
 import json
 import os
-import pickle
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from promtool_harness import Played, Recorder, fired_at, intervals
+from promtool_harness import Played, Recorder, fired_at, intervals, session_cached
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "GRPO_REAL_RUNS"
@@ -149,26 +148,12 @@ def split_runs(records: list[dict[str, Any]], run: str) -> dict[str, list[dict[s
     return out
 
 
-# A folder the test session's processes share (conftest sets it): a run's play is kept there,
-# since four test files play the same runs (the 2,959-step one: 9 s a play).
-PLAY_CACHE_ENV = "GRPO_PLAY_CACHE"
-
-
 def play_real(name_or_path: str | Path, *, scrape_every_steps: int = 1, every: int = 1) -> Played:
-    """``_play_real``, kept in the session's play cache ($GRPO_PLAY_CACHE) when one is set:
-    the same play by another test (or another worker) is read back, a copy of its own."""
-    cache = os.environ.get(PLAY_CACHE_ENV)
-    if not cache:
-        return _play_real(name_or_path, scrape_every_steps=scrape_every_steps, every=every)
-    key = hashlib.sha256(repr((str(name_or_path), scrape_every_steps, every)).encode()).hexdigest()
-    kept = Path(cache) / f"{key}.pickle"
-    if kept.exists():
-        return pickle.loads(kept.read_bytes())
-    played = _play_real(name_or_path, scrape_every_steps=scrape_every_steps, every=every)
-    partial = kept.with_name(f"{key}.{os.getpid()}.part")
-    partial.write_bytes(pickle.dumps(played, protocol=pickle.HIGHEST_PROTOCOL))
-    os.replace(partial, kept)  # whole or absent for a reader in another worker
-    return played
+    """``_play_real``, kept for the session (promtool_harness.session_cached): four test files
+    play the same runs (the 2,959-step one: 9 s a play)."""
+    return session_cached("play", [str(name_or_path), str(scrape_every_steps), str(every)],
+                          lambda: _play_real(name_or_path, scrape_every_steps=scrape_every_steps,
+                                             every=every))
 
 
 def _play_real(name_or_path: str | Path, *, scrape_every_steps: int = 1, every: int = 1) -> Played:

@@ -16,10 +16,14 @@ import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import containers
 import pytest
 import yaml
 from polling import wait_for
 from prometheus_harness import uncomment_example
+
+from grpo_monitor.tools import victoriametrics as vm
+from grpo_monitor.tools.stack import NativeStack, StackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -27,8 +31,10 @@ DOCKERFILE = ROOT / "exporter" / "Dockerfile"
 FLEET = ROOT / "prometheus" / "prometheus-fleet.yml"
 SCALING = ROOT / "docs" / "scaling.md"
 GPU_OVERRIDE = ROOT / "docker-compose.gpu.yml"
+VM_OVERRIDE = ROOT / "docker-compose.victoriametrics.yml"
 LONG_RUNNING = {"exporter", "prometheus", "alertmanager", "grafana"}
 DEFAULT_SERVICES = LONG_RUNNING | {"init"}  # init: one-shot, before the others
+VM_SERVICES = {"victoriametrics", "vmagent", "vmalert"}
 SNAPSHOT_SOURCE = "${GRPO_SNAPSHOT_DIR:-./snapshots}"
 
 
@@ -65,6 +71,14 @@ def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def config(tmp_module: Path) -> dict[str, Any]:
     """The normalized configuration `docker-compose config` prints (exit 0 required)."""
     res = _compose("config", tmp=tmp_module)
+    assert res.returncode == 0, f"docker-compose config failed:\n{res.stderr}"
+    return yaml.safe_load(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def vm_config(tmp_module: Path) -> dict[str, Any]:
+    """The same, with docker-compose.victoriametrics.yml over it."""
+    res = _compose("config", tmp=tmp_module, files=(COMPOSE, VM_OVERRIDE))
     assert res.returncode == 0, f"docker-compose config failed:\n{res.stderr}"
     return yaml.safe_load(res.stdout)
 
@@ -154,19 +168,19 @@ def test_demo_profile_config_is_valid(tmp_module: Path) -> None:
     assert res.returncode == 0, res.stderr
 
 
-def test_images_are_pinned(config: dict[str, Any]) -> None:
-    for name, svc in config["services"].items():
+def test_images_are_pinned(config: dict[str, Any], vm_config: dict[str, Any]) -> None:
+    for name, svc in [*config["services"].items(), *vm_config["services"].items()]:
         assert "image" in svc, f"{name}: no image (a built service needs a pinned image: tag too)"
         _, tag = _split_image(svc["image"])
         assert tag, f"{name}: image {svc['image']} has no tag"
         assert tag != "latest", f"{name}: image {svc['image']} uses latest"
 
 
-def test_config_mounts_are_read_only(config: dict[str, Any]) -> None:
+def test_config_mounts_are_read_only(config: dict[str, Any], vm_config: dict[str, Any]) -> None:
     """Every bind mount is read-only, except the snapshot folder of the services that write it."""
     # The exporter writes control records (the red-card pause) next to the runs' snapshots.
     writers = {"demo", "cli", "exporter", "init"}
-    for name, svc in config["services"].items():
+    for name, svc in [*config["services"].items(), *vm_config["services"].items()]:
         for src, dst, mode in _mounts(svc):
             if not _is_bind(src):
                 continue  # a named volume: the service's own state
@@ -176,9 +190,9 @@ def test_config_mounts_are_read_only(config: dict[str, Any]) -> None:
             assert "ro" in mode.split(","), f"{name}: {src}:{dst} is not read-only"
 
 
-def test_mounted_files_exist(config: dict[str, Any]) -> None:
+def test_mounted_files_exist(config: dict[str, Any], vm_config: dict[str, Any]) -> None:
     snapshots = str(ROOT / "snapshots")
-    for name, svc in config["services"].items():
+    for name, svc in [*config["services"].items(), *vm_config["services"].items()]:
         for src, dst, _ in _mounts(svc):
             if not _is_bind(src) or src == snapshots:
                 continue  # named volume; the snapshot folder is the user's
@@ -227,6 +241,109 @@ def test_gpus_are_one_switch_away(config: dict[str, Any], tmp_module: Path) -> N
     assert "deploy" in yaml.safe_load(res.stdout)["services"]["exporter"]
 
 
+# --- docker-compose.victoriametrics.yml -------------------------------------------------------------
+
+def _enabled(config: dict[str, Any]) -> set[str]:
+    """The services a plain `up` starts: those without a profile."""
+    return {n for n, s in config["services"].items() if not s.get("profiles")}
+
+
+def test_victoriametrics_is_one_switch_away(config: dict[str, Any], vm_config: dict[str, Any],
+                                            tmp_module: Path) -> None:
+    """COMPOSE_FILE in .env adds the three VictoriaMetrics services and leaves prometheus out of
+    `up`; nothing that starts depends on it, or Compose would refuse the project (1.29: "pulled in
+    as a dependency ... not enabled by the active profiles"; v2: "depends on undefined service")."""
+    assert _enabled(vm_config) == _enabled(config) - {"prometheus"} | VM_SERVICES
+    assert vm_config["services"]["prometheus"]["profiles"] == ["prometheus"]
+    for cfg in (config, vm_config):
+        enabled = _enabled(cfg)
+        for name in enabled:
+            assert set(cfg["services"][name].get("depends_on", {})) <= enabled, name
+    # Nothing else of the base services changes but Grafana's datasource (below).
+    def normal(svc: dict[str, Any]) -> dict[str, Any]:  # merging may reorder the volumes
+        return {**svc, "volumes": sorted(svc.get("volumes", []))}
+
+    for name in _enabled(config) - {"prometheus", "grafana"}:
+        assert normal(vm_config["services"][name]) == normal(config["services"][name]), name
+    # The images the suite builds its stand-ins under (tests/containers.py) are the pinned ones,
+    # at the version of the Debian package the stand-ins hold.
+    images = {vm_config["services"][n]["image"] for n in VM_SERVICES}
+    assert {f"docker.io/{i}" for i in images} == set(containers.VICTORIAMETRICS_IMAGES)
+    version = containers.package_version(containers.VICTORIAMETRICS_PACKAGE).split("+")[0]
+    assert {_split_image(i)[1] for i in images} == {f"v{version}"}, version
+    switch = "COMPOSE_FILE=docker-compose.yml:docker-compose.victoriametrics.yml"
+    for doc in (ROOT / "README.md", COMPOSE, VM_OVERRIDE, ROOT / ".env.example"):
+        assert switch in doc.read_text(), doc
+    res = _compose("config", tmp=tmp_module, env={"COMPOSE_FILE": f"{COMPOSE}:{VM_OVERRIDE}"}, files=())
+    assert res.returncode == 0, res.stderr
+    assert yaml.safe_load(res.stdout) == vm_config
+
+
+def test_victoriametrics_flags_are_generated(vm_config: dict[str, Any]) -> None:
+    """vmagent's scrape configs and the services' commands are what victoriametrics.py makes of
+    the committed Prometheus configs (`make docs` writes them): a change to prometheus.yml, its
+    fleet variant or the flags fails here until they are written again."""
+    for path, text in vm.generated().items():
+        assert path.read_text() == text, f"{path.name} is stale: run `make docs`"
+    commands = vm.compose_commands(yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text()))
+    for name, argv in commands.items():  # as Compose reads them, nothing set: ${NAME:-default}
+        defaults = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", a) for a in argv]
+        assert vm_config["services"][name]["command"] == defaults, name
+
+
+def test_vmagent_accepts_the_generated_scrape_configs(tmp_path: Path) -> None:
+    """vmagent itself (Debian's, the version the images pin) parses both; it refuses what
+    Prometheus accepts and it does not know (file_sd's refresh_interval)."""
+    binary = _tool("vmagent", "victoria-metrics")
+    shutil.copytree(ROOT / "prometheus" / "file_sd", tmp_path / "file_sd")
+    for name in vm.SCRAPE_CONFIGS:
+        shutil.copy(ROOT / "prometheus" / name, tmp_path / name)
+        res = subprocess.run([binary, f"-promscrape.config={tmp_path / name}", "-promscrape.config.dryRun"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 0 and "is ok" in res.stderr, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("config_name", ["prometheus.yml", "prometheus-fleet.yml"])
+def test_victoriametrics_sees_its_configs_rules_and_targets(config_name: str, tmp_module: Path) -> None:
+    """GRPO_PROMETHEUS_CONFIG picks vmagent's scrape config made from that Prometheus config,
+    its file_sd folder resolves beside it, and vmalert's rule files are the committed ones."""
+    res = _compose("config", env={"GRPO_PROMETHEUS_CONFIG": config_name}, tmp=tmp_module,
+                   files=(COMPOSE, VM_OVERRIDE))
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    agent = services["vmagent"]
+    flag = next(a for a in agent["command"] if a.startswith("-promscrape.config="))
+    container_cfg = flag.split("=", 1)[1]
+    host_cfg = _container_path(_mounts(agent), container_cfg)
+    assert host_cfg is not None and host_cfg.is_file(), f"{container_cfg} is not mounted"
+    prom = yaml.safe_load((ROOT / "prometheus" / config_name).read_text())
+    assert yaml.safe_load(host_cfg.read_text()) == vm.scrape_config(prom)
+    base = PurePosixPath(container_cfg).parent
+    for sc in prom["scrape_configs"]:
+        for sd in sc.get("file_sd_configs", []):
+            for pattern in sd["files"]:
+                folder = _container_path(_mounts(agent), str((base / pattern).parent))
+                assert folder is not None and list(folder.glob(PurePosixPath(pattern).name)), pattern
+    ruler = services["vmalert"]
+    rules = [a.split("=", 1)[1] for a in ruler["command"] if a.startswith("-rule=")]
+    hosts = [_container_path(_mounts(ruler), r) for r in rules]
+    assert hosts == [ROOT / "prometheus" / f for f in prom["rule_files"]]
+    assert all(h is not None and h.is_file() for h in hosts)
+
+
+def test_victoriametrics_card_links_open_the_external_host(tmp_module: Path) -> None:
+    """vmalert's alert links (generatorURL) open its page on the host people reach, like
+    Prometheus' (GRPO_EXTERNAL_HOST and its published port); every port on loopback."""
+    res = _compose("config", tmp=tmp_module, files=(COMPOSE, VM_OVERRIDE),
+                   env={"GRPO_EXTERNAL_HOST": "gpu-box-7", "GRPO_VMALERT_PORT": "18880"})
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    assert "-external.url=http://gpu-box-7:18880" in services["vmalert"]["command"]
+    published = {name: [p.split(":") for p in services[name]["ports"]] for name in VM_SERVICES}
+    assert all(ip == "127.0.0.1" for ports in published.values() for ip, _, _ in ports), published
+    assert published["vmalert"] == [["127.0.0.1", "18880", "8880/tcp"]]
+
+
 def test_exporter_is_built_from_the_dockerfile(config: dict[str, Any]) -> None:
     build = config["services"]["exporter"]["build"]
     assert Path(build["context"]) == ROOT
@@ -266,9 +383,10 @@ def test_grafana_anonymous_viewer_and_secret_password(config: dict[str, Any], ra
     assert mounts["/var/lib/grafana/dashboards"] == (str(ROOT / "grafana" / "dashboards"), "ro")
 
 
-def test_long_running_services_restart_and_have_healthchecks(config: dict[str, Any]) -> None:
-    for name in LONG_RUNNING:
-        svc = config["services"][name]
+def test_long_running_services_restart_and_have_healthchecks(config: dict[str, Any],
+                                                             vm_config: dict[str, Any]) -> None:
+    for name in LONG_RUNNING | VM_SERVICES:
+        svc = (config if name in config["services"] else vm_config)["services"][name]
         assert svc.get("restart") == "unless-stopped", name
         if name != "exporter":  # the exporter's HEALTHCHECK is in its image (Dockerfile)
             assert svc["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
@@ -500,5 +618,37 @@ def test_grafana_provisioning_resolves_inside_the_stack(config: dict[str, Any]) 
                     for p in s.get("ports", [])} for name, s in config["services"].items()}
     for f in (ROOT / "grafana" / "provisioning" / "datasources").glob("*.yml"):
         for ds in yaml.safe_load(f.read_text())["datasources"]:
-            m = re.match(r"https?://([^:/]+):(\d+)", ds["url"])
+            m = re.match(r"https?://([^:/]+):(\d+)", grafana_expand(ds["url"], svc["environment"]))
             assert m and m.group(2) in ports.get(m.group(1), set()), ds["url"]
+
+
+def grafana_expand(value: str, env: dict[str, str]) -> str:
+    """A provisioning value as Grafana reads it: $NAME and ${NAME} replaced from its environment
+    (Go's os.ExpandEnv; an unset name, or ${NAME:-default}, which Go takes as one name, is "")."""
+    return re.sub(r"\$\{([^}]*)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), ""), value)
+
+
+def _prometheus_datasource_url(env: dict[str, str],
+                               provisioning: Path = ROOT / "grafana" / "provisioning") -> str:
+    datasources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    [ds] = [d for d in datasources if d["type"] == "prometheus"]
+    return grafana_expand(ds["url"], env)
+
+
+def test_grafana_asks_the_engine_that_runs(config: dict[str, Any], vm_config: dict[str, Any],
+                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboards' Prometheus datasource is Prometheus by default, victoria-metrics (which
+    answers PromQL) under the override, each a service that runs there; `stack up` points it at
+    its own engine's port."""
+    for cfg, url in ((config, "http://prometheus:9090"), (vm_config, "http://victoriametrics:8428")):
+        assert _prometheus_datasource_url(cfg["services"]["grafana"]["environment"]) == url
+        host = re.match(r"http://([^:]+):", url).group(1)
+        assert host in _enabled(cfg), f"{host} does not start"
+    # `stack up`: the provisioning it hands grafana-server, with the environment it gives it.
+    spawned: dict[str, Any] = {}
+    monkeypatch.setattr(NativeStack, "_spawn", lambda self, name, argv, port, url, env=None:
+                        spawned.update(env=env))
+    native = NativeStack(StackConfig(tmp_path / "snapshots", tmp_path / "state", ROOT / "prometheus"))
+    native._start_grafana("grafana-server", Path("/usr/share/grafana"), 18428, 19093)
+    prov = tmp_path / "state" / "grafana-provisioning"
+    assert _prometheus_datasource_url(spawned["env"], prov) == "http://127.0.0.1:18428"

@@ -69,11 +69,12 @@ def declaration_problems(rules: list[dict[str, Any]], cards: tuple[Card, ...]) -
         if read != declared:
             problems.append(f"{name} ({reason or 'no reason'}): reads {sorted(read)}, declares {sorted(declared)}")
         expr = " ".join(rule["expr"].split())
-        # A rule waits for the baseline by joining the readiness, or by reading a baseline mean:
-        # the exporter publishes one only once the rank's baseline is ready.
+        # A rule waits for the baseline by joining the readiness, or by reading a baseline mean
+        # or a window's ratio to it: the exporter publishes them only once the rank's baseline is
+        # ready.
         waits = ("and on(run, rank) grpo_baseline_ready == 1" in expr
                  or "and on(run, rank) run_rank:grpo_baseline_ready:training" in expr
-                 or "grpo_baseline_mean{" in expr)
+                 or "grpo_baseline_mean{" in expr or "grpo_window_baseline_ratio{" in expr)
         if waits != any(b.baseline for b in branches):
             problems.append(f"{name} ({reason or 'no reason'}): baseline {waits} in the rule")
         if ("grpo_prompt_type_" in expr) != any(b.prompt_types for b in branches):

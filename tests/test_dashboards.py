@@ -581,7 +581,9 @@ def test_datasource_provisioning() -> None:
     by_uid = {d["uid"]: d for d in cfg["datasources"]}
     assert set(by_uid) == {PROMETHEUS_UID, ALERTMANAGER_UID}
     prom, am = by_uid[PROMETHEUS_UID], by_uid[ALERTMANAGER_UID]
-    assert prom["type"] == "prometheus" and prom["url"] == "http://prometheus:9090"
+    # Whichever engine answers PromQL, from Grafana's environment: tests/test_compose.py
+    # resolves it for Compose (either engine) and `stack up`.
+    assert prom["type"] == "prometheus" and prom["url"] == "${GRPO_DATASOURCE_URL}"
     assert prom["access"] == "proxy" and prom.get("isDefault") is True
     assert am["type"] == "alertmanager" and am["url"] == "http://alertmanager:9093"
     assert am["jsonData"]["implementation"] == "prometheus"

@@ -6,6 +6,11 @@ rule files in the real promtool. A healthy run raises no card at all but the cov
 minimum curve it does not log; a sick one raises the card of its sickness within 50 steps of the onset, inside the 200-step baseline period where
 these short runs live, and its red card is still red at the run's last step.
 
+Which cards fired is read from the play's one evaluation in promtool (promtool_harness.check_fired,
+fired_at), with staleness markers as the real Prometheus writes them: the session keeps it, and
+tests/test_real_run_verdicts.py and tests/test_report_real_runs.py read the same evaluation of
+the same play instead of running promtool again (the 2,959-step run: 50-90 s of promtool each).
+
 The cards are not tuned to these six runs: their thresholds are the rules' own (see
 docs/signals.md), and the synthetic scenarios (tests/test_scenarios.py) hold each card to the
 same standard on sicknesses these runs do not show.
@@ -19,7 +24,7 @@ import pytest
 
 from grpo_monitor.contract.cards import MINIMUM_CURVES
 from grpo_monitor.contract.keys import canonical_key
-from promtool_harness import Check, Played, check_cards, scrape_index_at
+from promtool_harness import Check, Played, check_fired, scrape_index_at
 from real_runs import load, play_real
 
 HEALTHY = ("unsloth-llama32-3b-grpo-gsm8k-500", "unslothgrpo-llama31-8b-gsm8k-250",
@@ -78,8 +83,8 @@ def coverage(name: str) -> set[str]:
 def test_healthy_real_run_raises_no_card(name: str, tmp_path: Path) -> None:
     played = play_real(name)
     expected = PLATEAUED.get(name, set()) | coverage(name) | TRUE_YELLOW.get(name, set())
-    check_cards(played, [(last(played), expected), Check(last(played), set(), only=',severity="critical"')],
-                tmp_path)
+    check_fired(played, [(last(played), expected), Check(last(played), set(), only=',severity="critical"')],
+                tmp_path, what=name)
 
 
 @pytest.mark.parametrize("every", [1, 5])
@@ -87,14 +92,15 @@ def test_dead_learning_signal_is_caught_from_the_first_steps(every: int, tmp_pat
     # Logged every step as the run was, and thinned to every 5th step: the same card, as soon.
     played = play_real(DEAD, every=every)
     onset = played.scrape_steps[0]
-    check_cards(played, [(scrape_index_at(played, onset + CAUGHT_WITHIN), {"GRPOAdvantageVanishing"}),
-                         (last(played), {"GRPOAdvantageVanishing"})], tmp_path)
+    check_fired(played, [(scrape_index_at(played, onset + CAUGHT_WITHIN), {"GRPOAdvantageVanishing"}),
+                         (last(played), {"GRPOAdvantageVanishing"})], tmp_path,
+                what=f"{DEAD}, every {every} step(s)")
 
 
 def test_early_collapse_is_caught_and_the_red_card_holds(tmp_path: Path) -> None:
     played = play_real(COLLAPSE)
     onset = played.scrape_steps[0]  # sick from its first logged step
-    check_cards(played, [
+    check_fired(played, [
         # Within 50 steps: the answers shrank from 53 tokens to 2 against the initial length.
         (scrape_index_at(played, onset + CAUGHT_WITHIN), {"GRPOResponseLengthShift"}),
         # Entropy passes 0.1x its initial value at step 130 (after falling since the start);
@@ -105,7 +111,7 @@ def test_early_collapse_is_caught_and_the_red_card_holds(tmp_path: Path) -> None
         # By the end: the collapse's cards and the coverage card (no KL), and nothing else.
         (last(played), {"GRPOResponseLengthShift", "GRPOEntropyCollapse", "GRPOAdvantageVanishing"}
          | coverage(COLLAPSE)),
-    ], tmp_path)
+    ], tmp_path, what=COLLAPSE)
 
 
 @pytest.mark.parametrize("name", sorted(SICK_ONSET))
@@ -113,6 +119,6 @@ def test_sick_real_run_is_caught_within_50_steps_of_its_onset(name: str, tmp_pat
     onset, cards = SICK_ONSET[name]
     played = play_real(name)
     checks = [(onset, cards), *([WORSENS[name]] if name in WORSENS else [])]
-    check_cards(played, [Check(min(scrape_index_at(played, step + CAUGHT_WITHIN), last(played)),
+    check_fired(played, [Check(min(scrape_index_at(played, step + CAUGHT_WITHIN), last(played)),
                                expected, only=',alertname!="GRPOSignalMissing"')
-                         for step, expected in checks], tmp_path)
+                         for step, expected in checks], tmp_path, what=name)

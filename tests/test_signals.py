@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Running, value
+from conftest import Running, parse_samples, value
 from grpo_monitor.contract.snapshot import parse_record
 from grpo_monitor.runtime.signals import NONFINITE_WINDOW, RankSignals
 from grpo_monitor.runtime.store import Limits, RunStore
@@ -93,17 +93,52 @@ def test_going_back_in_steps_undoes_the_steps_after_it() -> None:
     assert f.baseline["loss"] == (1.0, 0.0)
 
 
-def test_a_baseline_mean_is_published_only_while_the_baseline_is_ready() -> None:
+def test_a_baseline_mean_and_ratio_are_published_only_while_the_baseline_is_ready() -> None:
     """GRPOStepTimeDrift and GRPOThroughputDrop wait for the baseline by reading
-    grpo_baseline_mean alone (prometheus/rules/grpo-alerts.yml): no rank may publish one before
-    its baseline is ready, nor after going back into it."""
+    grpo_window_baseline_ratio alone (prometheus/rules/grpo-alerts.yml): no rank may publish a
+    baseline mean or a ratio to it before its baseline is ready, nor after going back into it."""
     sig = RankSignals(baseline_steps=100)
     feed(sig, range(1, 100), lambda s: {"perf/step_time_s": 10.0, "perf/samples_per_s": 2.0})
-    assert not sig.ready and sig.features().baseline == {}
+    assert not sig.ready and sig.features().baseline == {} and sig.features().baseline_ratios == {}
     feed(sig, range(100, 102), lambda s: {"perf/step_time_s": 10.0, "perf/samples_per_s": 2.0})
     assert sig.ready and set(sig.features().baseline) == {"perf/step_time_s", "perf/samples_per_s"}
+    assert sig.features().baseline_ratios == {"perf/step_time_s": 1.0, "perf/samples_per_s": 1.0}
     feed(sig, range(60, 70), lambda s: {"perf/step_time_s": 15.0})  # resumed inside the baseline
-    assert not sig.ready and sig.features().baseline == {}
+    assert not sig.ready and sig.features().baseline == {} and sig.features().baseline_ratios == {}
+
+
+def test_the_baseline_ratio_is_the_50_step_mean_over_the_baseline_mean() -> None:
+    """grpo_window_baseline_ratio as the exposition writes it and as the report reads it: the
+    50-step mean of offset 0 over the baseline mean, for a perf key a card reads and a training
+    key alike; none for a key whose baseline is 0, nor for a perf key no card reads."""
+    sig = RankSignals(baseline_steps=100)
+    feed(sig, range(1, 101), lambda s: {"perf/step_time_s": 10.0, "perf/comm_time_s": 1.0,
+                                        "kl/mean": 0.02, "reward/mean": 0.0})
+    feed(sig, range(101, 161), lambda s: {"perf/step_time_s": 15.0 if s > 120 else 10.0,
+                                          "perf/comm_time_s": 2.0, "kl/mean": 0.05, "reward/mean": 0.5})
+    f = sig.features()
+    means = {(k, w, o): m for k, w, o, m in f.means}
+    step_time = means["perf/step_time_s", 50, 0] / f.baseline["perf/step_time_s"][0]
+    assert f.baseline_ratios == {"perf/step_time_s": pytest.approx(step_time),
+                                 "kl/mean": pytest.approx(means["kl/mean", 50, 0] / 0.02)}
+    assert step_time == pytest.approx(1.4)  # 40 of the 50 steps at 15 s against 10 s
+    for key, ratio in f.baseline_ratios.items():
+        assert sig.reading(key, "baseline_ratio", 50) == ratio
+    assert sig.reading("reward/mean", "baseline_ratio", 50) is None
+    assert sig.reading("perf/comm_time_s", "baseline_ratio", 50) is None
+    assert sig.reading("kl/mean", "baseline_ratio", 20) is None  # only the 50-step window's
+
+    store = RunStore(Limits(baseline_steps=100))
+    for s in range(1, 161):
+        store.apply(parse_record({"step": s, "metrics": {"perf/step_time_s": 15.0 if s > 120 else 10.0,
+                                                         "reward/mean": 0.0 if s <= 100 else 0.5}},
+                                 run="r", rank=0, mtime=0.0), wrote_at=0.0)
+    store.flush()
+    samples = parse_samples("".join(store.render()))
+    assert value(samples, "grpo_window_baseline_ratio", run="r", rank="0", key="perf/step_time_s",
+                 window_steps="50") == pytest.approx(1.4)
+    assert not [labels for name, labels in samples if name == "grpo_window_baseline_ratio"
+                and ("key", "reward/mean") in labels]
 
 
 def test_rebaseline_takes_the_last_steps() -> None:

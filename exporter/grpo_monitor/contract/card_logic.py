@@ -45,8 +45,9 @@ FEATURE_SERIES: dict[Feature, str] = {
     "baseline": "grpo_baseline_mean"}
 WINDOWED: frozenset[Feature] = frozenset({"p10", "p90", "mean", "slope"})
 BASELINE_READY = "run_rank:grpo_baseline_ready:training"
-# A feature in a person's words (Level.words).
-FEATURE_WORDS: dict[Feature, str] = {"rising": "rising windows", "trend_z": "trend Z"}
+# A feature in a person's words (Level.words, Series.words).
+FEATURE_WORDS: dict[str, str] = {"rising": "rising windows", "trend_z": "trend Z",
+                                 "baseline_ratio": "mean over its baseline"}
 
 
 @dataclass(frozen=True)
@@ -222,12 +223,14 @@ class AnyOf:
 # prompt type's), an or of two keyed sides is their union, otherwise on (run, rank) with the
 # right side one sample a rank, or on (run) where a side is a run's.
 
-# The features an expression reads beyond a level's: the baseline's stddev, the working level's
-# highest (grpo_run_window_mean_max), the median of the first records, the record windows' min /
+# The features an expression reads beyond a level's: the baseline's stddev, a window's mean over
+# the baseline mean (one series where the rule would otherwise join two, on every rank), the
+# working level's highest (grpo_run_window_mean_max), the median of the first records, the record windows' min /
 # max / median (``window``: records, ``offset``: offset_records), the trend's factor, the least
 # growth of the window's mean over the one before, of the published back-to-back windows.
 EXPR_SERIES: dict[str, str] = {
-    **FEATURE_SERIES, "stddev": "grpo_baseline_stddev", "ceiling": "grpo_run_window_mean_max",
+    **FEATURE_SERIES, "stddev": "grpo_baseline_stddev", "baseline_ratio": "grpo_window_baseline_ratio",
+    "ceiling": "grpo_run_window_mean_max",
     "first_median": "grpo_first_records_median", "records_min": "grpo_records_min",
     "records_max": "grpo_records_max", "records_median": "grpo_records_median",
     "trend_factor": "grpo_trend_factor", "least_growth": "grpo_window_growth_ratio",
@@ -259,9 +262,11 @@ EXPR_SERIES.update(ANY_KEY_SERIES)
 _EXTRA_LABELS: dict[str, tuple[str, ...]] = {
     **{f: ("window_steps",) for f in ("p10", "p90", "slope", "floor", "ceiling", "rising")},
     "mean": ("window_steps", "offset_steps"), "type_mean": ("window_steps", "offset_steps"),
-    "least_growth": ("window_steps",), "nonfinite": ("window_steps",),
+    "least_growth": ("window_steps",), "nonfinite": ("window_steps",), "baseline_ratio": ("window_steps",),
     "trend_z": ("records",), "trend_factor": ("records",),
     **{f: ("records", "offset_records") for f in RECORDED}}
+# The expression's features of a window (its window_steps label); least_growth renders its own.
+_WINDOWED_EXPR: frozenset[str] = frozenset({"type_mean", "baseline_ratio"})
 NO_KEY = ""  # the key of a vector without a key label
 
 
@@ -378,7 +383,7 @@ class Series(Expr):
         if (self.key == ANY_KEY) != (self.feature in ANY_KEY_SERIES):
             raise ValueError(f"{self.feature} is read of {'any key' if self.key == ANY_KEY else 'named keys'}")
         if (self.feature in WINDOWED or self.feature in RECORDED
-                or self.feature in ("least_growth", "type_mean")) and self.window <= 0:
+                or self.feature in _WINDOWED_EXPR or self.feature == "least_growth") and self.window <= 0:
             raise ValueError(f"{self.feature} of {self.key} needs its window")
 
     @property
@@ -408,7 +413,7 @@ class Series(Expr):
         if self.feature == "least_growth":  # the least of the windows' growths, back to back
             out.append(f'window_steps="{self.window}"')
             return f"min without (offset_steps) ({EXPR_SERIES[self.feature]}{{{','.join(out)}}})"
-        if self.feature in WINDOWED or self.feature == "type_mean":
+        if self.feature in WINDOWED or self.feature in _WINDOWED_EXPR:
             out.append(f'window_steps="{self.window}"')
             if self.feature in ("mean", "type_mean"):
                 out.append(f'offset_steps="{self.offset}"')
@@ -421,7 +426,7 @@ class Series(Expr):
         if self.feature in RECORDED:
             what = f"{what.split('_')[1]} of {self.window} records" + (
                 f" {self.offset} back" if self.offset else "")
-        elif self.feature in WINDOWED or self.feature == "type_mean":
+        elif self.feature in WINDOWED or self.feature in _WINDOWED_EXPR:
             what = f"{self.window}-step {what}" + (f" {self.offset} steps back" if self.offset else "")
         return f"{'any key' if self.key == ANY_KEY else '/'.join(self.reads)} {what}"
 
@@ -891,6 +896,13 @@ def declared(rule_file: str | None = None) -> dict[tuple[str, str], Logic]:
     from grpo_monitor.contract.cards import CARDS  # cards.py imports this module
     return {(card.name, b.reason): b.logic for card in CARDS for b in card.branches
             if b.logic is not None and rule_file in (None, card.rule_file)}
+
+
+def feature_keys(feature: str) -> frozenset[str]:
+    """The keys whose ``feature`` (an EXPR_SERIES one) a declared branch's expression reads."""
+    return frozenset(k for logic in declared().values() if isinstance(logic, Rule)
+                     for n in logic.expr.walk() if isinstance(n, Series) and n.feature == feature
+                     for k in n.reads)
 
 
 def rule_exprs(text: str) -> dict[tuple[str, str], str]:

@@ -131,6 +131,11 @@ BASELINE_STDDEV = Family(
 WINDOW_MEAN = Family(
     "grpo_window_mean", "gauge",
     "Mean of the signal's last window_steps values, shifted back by offset_steps.")
+BASELINE_RATIO = Family(
+    "grpo_window_baseline_ratio", "gauge",
+    "The signal's window_steps-step mean over its baseline mean (grpo_window_mean / "
+    "grpo_baseline_mean, 1.2 = 20% above its baseline), once the baseline is ready; none where "
+    "the baseline is 0.")
 GROWTH = Family(
     "grpo_window_growth_ratio", "gauge",
     "Growth of the signal's window_steps-step mean over the window before it, both shifted back "
@@ -238,8 +243,8 @@ PROMPT_TYPE_WINDOW_MEAN = Family(
 PROMPT_TYPE_INITIAL_MEAN = Family(
     "grpo_prompt_type_initial_mean", "gauge", "Mean of the prompt type's signal over its first steps.")
 FEATURE_FAMILIES: tuple[Family, ...] = (
-    BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, GROWTH, WINDOW_MIN,
-    WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
+    BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, WINDOW_MEAN, BASELINE_RATIO,
+    GROWTH, WINDOW_MIN, WINDOW_MAX, WINDOW_P10, WINDOW_P90, RUN_WINDOW_MEAN_MAX, RUN_WINDOW_MEAN_MIN, RISING,
     WINDOW_NONFINITE, NONFINITE_SINCE, WINDOW_SLOPE, RECORDS_MIN, RECORDS_MAX, RECORDS_MEDIAN, FIRST_RECORDS_MEDIAN,
     TREND_Z, TREND_SLOPE, TREND_FACTOR, HELDOUT_BEST, HELDOUT_RECENT, HELDOUT_NOISE, HELDOUT_POINTS, HELDOUT_REWARD_AT_BEST,
     HELDOUT_SMOOTH_BEST, HELDOUT_SMOOTH_RECENT, HELDOUT_REWARD_AT_SMOOTH_BEST, FORECAST_LAW_SCALE, FORECAST_LAW_OFFSET, FORECAST_CEILING, FORECAST_R2,
@@ -273,4 +278,5 @@ WHOLE_HISTORY: frozenset[str] = frozenset(f.name for f in (
 # that read a rank at its tail alone (a rank of performance signals only: ingest._tail_first)
 # publishes them for that rank once the backfill has read it whole, as the WHOLE_HISTORY ones.
 NEEDS_HEAD: frozenset[str] = frozenset(f.name for f in (
-    BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, INITIAL_MEAN, FIRST_RECORDS_MEDIAN))
+    BASELINE_READY, BASELINE_REMAINING, BASELINE_MEAN, BASELINE_STDDEV, BASELINE_RATIO, INITIAL_MEAN,
+    FIRST_RECORDS_MEDIAN))

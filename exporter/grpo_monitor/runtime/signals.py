@@ -33,6 +33,7 @@ from itertools import chain, filterfalse
 from typing import Any
 
 from grpo_monitor.contract import thresholds
+from grpo_monitor.contract.card_logic import feature_keys
 from grpo_monitor.contract.cards import CARDS_BY_NAME
 from grpo_monitor.runtime.forecast import BLOCK_STEPS, LawFit, LawSums
 from grpo_monitor.runtime.trend import Trend, trend_of
@@ -62,6 +63,12 @@ BASELINE_STEPS = thresholds.count("baseline_steps")
 # Performance signals are logged by every rank: a smaller menu keeps 1024 ranks affordable.
 PERF_MEANS: tuple[tuple[int, int], ...] = ((50, 0),)
 PERF_EXTREMES: tuple[int, ...] = (50,)
+# grpo_window_baseline_ratio: the BASELINE_RATIO_WINDOW-step mean (offset 0) over the baseline
+# mean. The step time's and throughput's cards judge it on every rank: one series a rank instead
+# of two joined in the rule, which at 16,384 ranks was most of their cost to the rule engine
+# (docs/scaling.md#rules-at-scale). A mean window published for every key (PERF_MEANS,
+# TRAINING_MEANS).
+BASELINE_RATIO_WINDOW = 50
 GROWTH_WINDOW = 100  # grpo_window_growth_ratio: mean(100 @ o) / mean(100 @ o+100) - 1
 GROWTH_OFFSETS: tuple[int, ...] = (0, 100, 200)
 RISING_WINDOW = 100  # grpo_rising_windows: streak of rising 100-step means
@@ -100,6 +107,11 @@ RECORD_WINDOWS: tuple[tuple[int, int, int], ...] = (
 # reason "trend"): a steady climb or fall that is a sickness in itself.
 TREND_KEYS: frozenset[str] = frozenset(
     k for c in CARDS_BY_NAME.values() for b in c.branches if b.reason == "trend" for k in b.keys)
+# The perf keys whose ratio to the baseline a card reads (a "baseline_ratio" series of its
+# declaration in contract/cards.py); every training key has one (the dashboards' ratio, rank 0's
+# in most jobs). Not every perf key: every rank logs them, and a series on every rank that no
+# card reads costs each scrape and the store's memory.
+RATIO_PERF_KEYS: frozenset[str] = feature_keys("baseline_ratio")
 # Published besides: the last PERSISTENCE_RECORDS records, "in each of its last 3 records", the
 # persistence of the cards that judge a run from its first records (an entropy cliff in a run's
 # first steps).
@@ -600,6 +612,12 @@ def window_mean(h: KeyHistory, now: int, window: int, offset: int, perf: bool) -
     return None if chunk is None else sum(chunk) / len(chunk)
 
 
+def baseline_ratio(mean: float | None, baseline: float) -> float | None:
+    """grpo_window_baseline_ratio: a window's mean over the baseline mean; None without the
+    mean, or where the baseline is 0 (no ratio says how far a signal moved from nothing)."""
+    return None if mean is None or baseline == 0 else mean / baseline
+
+
 def window_slope(h: KeyHistory, now: int, window: int) -> float | None:
     """grpo_window_slope: the least-squares slope per step of the key's last ``window`` steps."""
     points = h.window_points(now, window, 0)
@@ -636,6 +654,8 @@ class Features:
     trends: dict[str, Trend] = field(default_factory=dict)  # key -> trend of its last records
     # key -> the step its current streak of NaN / Inf began, for the keys counted in nonfinite
     nonfinite_since: dict[str, int] = field(default_factory=dict)
+    # key -> its BASELINE_RATIO_WINDOW-step mean over its baseline mean, once the baseline is ready
+    baseline_ratios: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -793,10 +813,11 @@ class RankSignals:
         none: "p10" / "p90" (grpo_window_p10 / _p90 over ``window`` steps), "mean"
         (grpo_window_mean over ``window``, ``offset`` steps back), "slope" (grpo_window_slope),
         "initial" (grpo_initial_mean), "baseline" / "stddev" (grpo_baseline_mean / _stddev, once
-        the baseline is ready), "floor" / "ceiling" (grpo_run_window_mean_min / _max), "rising"
-        (grpo_rising_windows), "trend_z" / "trend_factor" (grpo_trend_z / _factor),
-        "first_median" (grpo_first_records_median), "records_min" / "_max" / "_median"
-        (grpo_records_*: ``window`` records, ``offset`` records back), "least_growth" (the least
+        the baseline is ready), "baseline_ratio" (grpo_window_baseline_ratio of ``window``),
+        "floor" / "ceiling" (grpo_run_window_mean_min / _max), "rising" (grpo_rising_windows),
+        "trend_z" / "trend_factor" (grpo_trend_z / _factor), "first_median"
+        (grpo_first_records_median), "records_min" / "_max" / "_median" (grpo_records_*:
+        ``window`` records, ``offset`` records back), "least_growth" (the least
         grpo_window_growth_ratio of ``window``), "nonfinite" / "nonfinite_since"
         (grpo_window_nonfinite / _since_step); the rank's "heldout_*"
         (grpo_heldout_*, HELDOUT_READINGS) and "law_scale" / "law_r_squared"
@@ -851,9 +872,13 @@ class RankSignals:
             return None if perf else h.initial_mean(self.step, self.initial_steps)
         if feature == "first_median":
             return None if perf else h.first_records_median()
-        if feature in ("baseline", "stddev"):
+        if feature in ("baseline", "stddev", "baseline_ratio"):
             if not (self.ready and h.baseline.n):
                 return None
+            if feature == "baseline_ratio":
+                if window != BASELINE_RATIO_WINDOW or (perf and key not in RATIO_PERF_KEYS):
+                    return None
+                return baseline_ratio(window_mean(h, self.step, window, 0, perf), h.baseline.mean)
             return h.baseline.mean if feature == "baseline" else h.baseline.stddev
         if feature in ("floor", "ceiling"):  # published together
             if h.range_max is None or h.range_min is None:
@@ -998,6 +1023,7 @@ class RankSignals:
         records: list[tuple[str, int, int, float, float, float]] = []
         first_records: dict[str, float] = {}
         trends: dict[str, Trend] = {}
+        ratios: dict[str, float] = {}
         for key, h in self.keys.items():
             # Zero counts and streaks not yet judged are left out: at 1024 ranks x 30 keys,
             # series that say "nothing" would be most of a scrape. Absent reads as 0 in the rules.
@@ -1019,6 +1045,9 @@ class RankSignals:
                 before = by_window.get((GROWTH_WINDOW, offset + GROWTH_WINDOW))
                 if latest is not None and before:
                     growth.append((key, offset, latest / before - 1))
+            if (key in baseline and (not perf or key in RATIO_PERF_KEYS) and (ratio := baseline_ratio(
+                    by_window.get((BASELINE_RATIO_WINDOW, 0)), baseline[key][0])) is not None):
+                ratios[key] = ratio
             for window in PERF_EXTREMES if perf else TRAINING_EXTREMES:
                 chunk = h.window(now, window, 0)
                 if chunk is not None:
@@ -1047,7 +1076,7 @@ class RankSignals:
                 rising[key] = h.rising
         return Features(ready, baseline, initial, means, growth, extremes, percentiles, ranges,
                         rising, nonfinite, slopes, records, self.law.fit(), first_records,
-                        self.heldout.features(), trends, nonfinite_since)
+                        self.heldout.features(), trends, nonfinite_since, ratios)
 
 
 class PromptTypeSignals:

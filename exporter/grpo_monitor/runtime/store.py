@@ -31,6 +31,7 @@ from grpo_monitor.contract.keys import (
 from grpo_monitor.contract.snapshot import ROLLBACK, Snapshot, rollback_to
 from grpo_monitor.runtime import exposition as ex
 from grpo_monitor.runtime.signals import (
+    BASELINE_RATIO_WINDOW,
     BASELINE_STEPS,
     GROWTH_WINDOW,
     HISTORY,
@@ -253,6 +254,10 @@ class RankState:
             out[ex.WINDOW_MEAN.name].append(
                 f'{ex.WINDOW_MEAN.name}{{{base},key="{key}",window_steps="{window}",'
                 f'offset_steps="{offset}"}} {fv(mean)}\n')
+        for key, ratio in f.baseline_ratios.items():
+            out[ex.BASELINE_RATIO.name].append(
+                f'{ex.BASELINE_RATIO.name}{{{base},key="{key}",window_steps="{BASELINE_RATIO_WINDOW}"}} '
+                f'{fv(ratio)}\n')
         for key, offset, g in f.growth:
             out[ex.GROWTH.name].append(
                 f'{ex.GROWTH.name}{{{base},key="{key}",window_steps="{GROWTH_WINDOW}",'

@@ -111,10 +111,11 @@ compare them to the thresholds (`grpo:threshold:*`, generated from
 |---|---|---|
 | `{ready}` | run, rank | 1 once the baseline period is complete (`--signals.baseline-steps`, default {baseline}) |
 | `{remaining}` | run, rank | steps until the baseline is ready and the cards that wait for it can fire; 0 once they can |
-| `{bmean}` | run, rank, key | mean over the baseline period, present only while the baseline is ready (the step-time and throughput cards wait for the baseline through it) |
+| `{bmean}` | run, rank, key | mean over the baseline period, present only while the baseline is ready |
 | `{bstd}` | run, rank, key | sample standard deviation over the baseline period |
 | `{imean}` | run, rank, key | mean over the key's first {init} steps (`--signals.initial-steps`): its initial value, present once those steps are past (training keys) |
 | `{wmean}` | run, rank, key, window_steps, offset_steps | mean of the last `window_steps` values, shifted back by `offset_steps`; training keys: {train_means}; `perf/*`: {perf_means} |
+| `{ratio}` | run, rank, key, window_steps | the {ratio_w}-step mean (offset 0) over the baseline mean, of every training key and of the `perf/*` keys a card reads ({ratio_perf}): 1.2 is 20% above its baseline; present only while the baseline is ready, absent where the baseline is 0 (the step-time and throughput cards read it, and wait for the baseline through it) |
 | `{growth}` | run, rank, key, window_steps, offset_steps | growth of the {gw}-step mean over the {gw} steps before it, both shifted back by `offset_steps` ({goffs}): the ratio of the two means minus 1, positive while the signal grows (training keys) |
 | `{wmin}`, `{wmax}` | run, rank, key, window_steps | min / max of the last `window_steps` values; training keys: {train_ext}; `perf/*`: {perf_ext} |
 | `{p10}`, `{p90}` | run, rank, key, window_steps | 10th / 90th percentile of the last `window_steps` steps' values ({train_pct}; training keys), or of the last {persist} records where those steps hold fewer: "in 90% of the window" never rests on one or two logged values |
@@ -257,7 +258,9 @@ def render() -> str:
         ready=ex.BASELINE_READY.name, baseline=store.Limits.baseline_steps,
         remaining=ex.BASELINE_REMAINING.name,
         bmean=ex.BASELINE_MEAN.name, bstd=ex.BASELINE_STDDEV.name,
-        wmean=ex.WINDOW_MEAN.name, growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,
+        wmean=ex.WINDOW_MEAN.name, ratio=ex.BASELINE_RATIO.name, ratio_w=sig.BASELINE_RATIO_WINDOW,
+        ratio_perf=", ".join(f"`{k}`" for k in sorted(sig.RATIO_PERF_KEYS)),
+        growth=ex.GROWTH.name, gw=sig.GROWTH_WINDOW,
         goffs=", ".join(map(str, sig.GROWTH_OFFSETS)), wmin=ex.WINDOW_MIN.name, wmax=ex.WINDOW_MAX.name,
         rising=ex.RISING.name, nonfinite=ex.WINDOW_NONFINITE.name,
         nonfinite_since=ex.NONFINITE_SINCE.name,

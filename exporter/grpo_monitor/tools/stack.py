@@ -375,16 +375,16 @@ class NativeStack:
             shutil.rmtree(prov)
         shutil.copytree(root / "provisioning", prov)
         for ds in (prov / "datasources").glob("*.yml"):
-            # The Prometheus datasource asks whichever engine runs: VictoriaMetrics answers
-            # the same HTTP API.
-            text = ds.read_text().replace("http://prometheus:9090", f"http://127.0.0.1:{query_port}")
-            ds.write_text(text.replace("http://alertmanager:9093", f"http://127.0.0.1:{am_port}"))
+            ds.write_text(ds.read_text().replace("http://alertmanager:9093", f"http://127.0.0.1:{am_port}"))
         for dash in (prov / "dashboards").glob("*.yml"):
             dash.write_text(dash.read_text().replace("/var/lib/grafana/dashboards",
                                                      str((root / "dashboards").resolve())))
         env = {"GF_PATHS_PROVISIONING": str(prov), "GF_PATHS_DATA": str(c.state_dir / "grafana-data"),
                "GF_SERVER_HTTP_PORT": str(port), "GF_SERVER_HTTP_ADDR": "127.0.0.1",
-               "GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"}
+               "GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+               # The Prometheus datasource's URL (Grafana expands it in the provisioning file):
+               # whichever engine runs; VictoriaMetrics answers the same HTTP API.
+               "GRPO_DATASOURCE_URL": f"http://127.0.0.1:{query_port}"}
         self._spawn("grafana", [binary, f"--homepath={home}"], port, f"http://127.0.0.1:{port}", env)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
