@@ -134,8 +134,8 @@ WINDOW_MEAN = Family(
 BASELINE_RATIO = Family(
     "grpo_window_baseline_ratio", "gauge",
     "The signal's window_steps-step mean over its baseline mean (grpo_window_mean / "
-    "grpo_baseline_mean, 1.2 = 20% above its baseline), once the baseline is ready; none where "
-    "the baseline is 0.")
+    "grpo_baseline_mean: how far the signal runs from its baseline, as a multiple of it), once the "
+    "baseline is ready; none where the baseline is 0.")
 GROWTH = Family(
     "grpo_window_growth_ratio", "gauge",
     "Growth of the signal's window_steps-step mean over the window before it, both shifted back "

@@ -189,11 +189,21 @@ def render_scrape_config(source: str) -> str:
     return head + yaml.safe_dump(config, sort_keys=False)
 
 
+# The hand-written file whose parts `make docs` rewrites in place (as every --write module of the
+# docs target: TARGET and render(text)); the scrape configs are whole generated files beside it.
+TARGET = COMPOSE_OVERRIDE
+
+
+def render(text: str) -> str:
+    """``text`` (docker-compose.victoriametrics.yml) with its generated blocks written anew from
+    the committed prometheus/prometheus.yml."""
+    return render_compose(text, yaml.safe_load((CONFIG_DIR / "prometheus.yml").read_text(encoding="utf-8")))
+
+
 def generated() -> dict[Path, str]:
     """Every file this module generates, with the text it should hold."""
-    prometheus = yaml.safe_load((CONFIG_DIR / "prometheus.yml").read_text(encoding="utf-8"))
     out = {CONFIG_DIR / name: render_scrape_config(source) for name, source in SCRAPE_CONFIGS.items()}
-    out[COMPOSE_OVERRIDE] = render_compose(COMPOSE_OVERRIDE.read_text(encoding="utf-8"), prometheus)
+    out[TARGET] = render(TARGET.read_text(encoding="utf-8"))
     return out
 
 
